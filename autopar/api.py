@@ -1,0 +1,55 @@
+"""autopar.plan: capture, run the passes, and package the result as a Plan."""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Optional
+
+from torch import nn
+
+from autopar.capture import capture
+from autopar.cost_models.hardware import get_hardware
+from autopar.cost_models.model import CostModel
+from autopar.graph_ir import to_ir
+from autopar.mesh import Mesh
+from autopar.passes.base import Pass, PassContext, PassManager
+from autopar.passes.collectives import CollectivesPass
+from autopar.passes.predict import PredictPass
+from autopar.passes.shapes import ShapesPass
+from autopar.passes.solve_sharding import SolveShardingPass
+from autopar.passes.strategies import StrategiesPass
+from autopar.plan import Plan, SolverStats
+
+
+def default_passes() -> list[Pass]:
+    return [ShapesPass(), StrategiesPass(), SolveShardingPass(), CollectivesPass(), PredictPass()]
+
+
+def plan(model: nn.Module, example_inputs, *, mesh, hardware: str = "h100-sxm",
+         solver_time_limit_s: float = 60.0, progress: Optional[Callable[[str], None]] = None,
+         verbose: bool = False) -> Plan:
+    """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
+
+    Runs in one process on fake tensors: no process group and no real memory.
+    """
+    mesh = Mesh.parse(mesh)
+    hw = get_hardware(hardware)
+    if progress is None and verbose:
+        progress = lambda msg: print(f"[autopar] {msg}", file=sys.stderr)  # noqa: E731
+    ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw), options={"solver_time_limit_s": solver_time_limit_s},
+                      progress=progress)
+    ctx.report("capturing the training step ...")
+    program = capture(model, example_inputs)
+    history = PassManager(default_passes()).run(program, ctx)
+    result = program.table("solver")
+    return Plan(
+        mesh=mesh,
+        hardware=hw.name,
+        graph=to_ir(program),
+        strategies=dict(program.table("choice")),
+        redistributions=tuple(program.table("redistributions")),
+        predicted=program.table("predicted"),
+        fallback_nodes=dict(program.table("fallback")),
+        solver=SolverStats(result.backend, result.status, result.objective, result.bound, result.gap,
+                           result.seconds, result.n_variables),
+        history=tuple(history),
+    )

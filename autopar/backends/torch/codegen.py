@@ -1,0 +1,137 @@
+"""Torch backend: the plan as per-rank Python source.
+
+Every rank runs the same ``step`` on its local shards: one ATen call per line,
+a trailing comment with global shape, local shape and placement, and each
+collective on its own line through the runtime object ``rt``.
+"""
+from __future__ import annotations
+
+from autopar.backends.printer import header, human_bytes, human_seconds, literal, shape_text
+from autopar.graph_ir import IRNode, resolve_target
+from autopar.passes.rule_table import rule_for
+from autopar.plan import Plan
+
+
+def emit_torch(plan: Plan) -> str:
+    g = plan.graph
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    lines = header(plan, "autopar: per-rank training step for torch.distributed (generated; do not edit)")
+    lines += [
+        "# step(rt, *placeholders) -> (loss, *gradients), all on this rank's local shards.",
+        "import torch",
+        "",
+        "aten = torch.ops.aten",
+        "",
+        f"PLAN_HASH = {plan.hash!r}",
+        f"GRAPH_FINGERPRINT = {plan.fingerprint!r}",
+        f"PLACEHOLDERS = {[n.name for n in placeholders]!r}",
+        "",
+        "",
+        f"def step(rt, {', '.join(n.name for n in placeholders)}):",
+    ]
+    body = _Body(plan)
+    for node in g.nodes:
+        if node.op == "placeholder":
+            body.comment_placeholder(node)
+        elif node.op == "call":
+            body.call(node)
+        else:
+            body.output(node)
+    lines += ["    " + line for line in body.lines]
+    return "\n".join(lines) + "\n"
+
+
+class _Body:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.lines: list[str] = []
+        self.moved: dict[tuple[str, str], str] = {}  # (value, consumer) -> variable after redistribution
+        self.done: dict[str, str] = {}  # redistribution id -> variable
+        self.by_consumer: dict[tuple[str, str], list] = {}
+        for r in plan.redistributions:
+            for c in r.consumers:
+                self.by_consumer.setdefault((r.value, c), []).append(r)
+
+    def spec_comment(self, name: str, index: int = 0) -> str:
+        meta = self.plan.graph.node(name).outputs[index]
+        spec = self.plan.strategies[name].out_specs[index]
+        if meta is None:
+            return ""
+        local = spec.local_shape(meta.shape, self.plan.mesh)
+        return f"  # {shape_text(meta.shape)} -> local {shape_text(local)} {spec}"
+
+    def comment_placeholder(self, node: IRNode) -> None:
+        role = self.plan.graph.params.get(node.name) or self.plan.graph.buffers.get(node.name) or "input"
+        self.lines.append(f"# {node.name}: {role}{self.spec_comment(node.name)}")
+
+    def redistribute(self, value: str, consumer: str) -> str:
+        for r in self.by_consumer.get((value, consumer), []):
+            if r.id not in self.done:
+                var = f"{value}__{r.id}"
+                current = value
+                for step, seconds, nbytes in zip(r.steps, r.step_seconds, r.step_bytes):
+                    self.lines.append(f"{var} = {_step_call(step, current, self.plan.mesh.axis_names)}"
+                                      f"  # {r.id} {r.phase}: {r.src} -> {r.dst}, "
+                                      f"{human_bytes(nbytes)}, {human_seconds(seconds)}")
+                    current = var
+                self.done[r.id] = var
+            return self.done[r.id]
+        return value
+
+    def call(self, node: IRNode) -> None:
+        if node.target == "getitem":
+            src, index = node.args
+            self.lines.append(f"{node.name} = {src['ref']}[{index}]{self.spec_comment(src['ref'], index)}")
+            return
+        target = resolve_target(node.target)
+        rule = rule_for(target)
+        args = list(node.args)
+        if rule is not None and rule.shape_arg is not None and rule.shape_arg < len(args):
+            meta = node.outputs[0]
+            args[rule.shape_arg] = list(self.plan.strategies[node.name].out_specs[0].local_shape(meta.shape,
+                                                                                             self.plan.mesh))
+
+        def ref(name: str) -> str:
+            return self.redistribute(name, node.name)
+
+        text_args = [literal(a, ref, _special) for a in args]
+        text_args += [f"{k}={literal(v, ref, _special)}" for k, v in node.kwargs.items()]
+        comment = self.spec_comment(node.name) if len(node.outputs) == 1 else \
+            f"  # -> {', '.join(str(s) for s in self.plan.strategies[node.name].out_specs)}"
+        fallback = "  [replicated: no sharding rule]" if node.name in self.plan.fallback_nodes else ""
+        op = _LOCAL_EQUIVALENT.get(node.target, node.target)
+        self.lines.append(f"{node.name} = aten.{op.split('.', 1)[1]}({', '.join(text_args)}){comment}{fallback}")
+
+    def output(self, node: IRNode) -> None:
+        outs = [self.redistribute(name, "output") if name else "None" for name in self.plan.graph.outputs]
+        self.lines.append(f"return ({', '.join(outs)},)")
+
+
+# A local block can have other strides than the global tensor had (a collective's
+# output is contiguous, say), so a view that was valid globally may not be
+# locally. The graph is functional, so reshape (a view when possible, else a
+# copy) computes the same values.
+_LOCAL_EQUIVALENT = {"aten.view.default": "aten.reshape.default", "aten._unsafe_view.default": "aten.reshape.default"}
+
+
+def _step_call(step, var: str, axis_names) -> str:
+    axis = repr(axis_names[step.axis])
+    if step.kind in ("all_reduce", "zero_partial"):
+        return f"rt.{step.kind}({var}, {axis})"
+    if step.kind == "all_to_all":
+        return f"rt.all_to_all({var}, {axis}, src_dim={step.src_dim}, dst_dim={step.dim})"
+    return f"rt.{step.kind}({var}, {axis}, dim={step.dim})"
+
+
+def _special(value: dict) -> str | None:
+    if "dtype" in value:
+        return f"torch.{value['dtype']}"
+    if "device" in value:
+        return "rt.device"
+    if "layout" in value:
+        return f"torch.{value['layout']}"
+    if "memory_format" in value:
+        return f"torch.{value['memory_format']}"
+    return None
+
+

@@ -1,0 +1,98 @@
+"""Rewrites after capture that make more of the graph shardable.
+
+A mean divides by a global count: computed on a shard it would divide by the
+local count. Written as a sum and a division by the global count, the sum can be
+split (it becomes a partial sum) and the division stays exact.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from autopar.program import Program
+
+aten = torch.ops.aten
+
+
+def capture_decompositions() -> dict:
+    """Composite losses whose mean hides a local count; their decompositions use plain ops."""
+    from torch._decomp import get_decompositions
+
+    return get_decompositions([aten.mse_loss, aten.mse_loss_backward, aten.l1_loss, aten.smooth_l1_loss,
+                               aten.smooth_l1_loss_backward, aten.huber_loss, aten.huber_loss_backward])
+
+
+def canonicalize(program: Program) -> None:
+    _rewrite_mean_nll(program)
+    _rewrite_mean(program)
+    program.gm.graph.lint()
+    program.gm.recompile()
+
+
+def _replace_loss_name(program: Program, old: str, new: str) -> None:
+    if program.loss == old:
+        program.loss = new
+    program.outputs = [new if o == old else o for o in program.outputs]
+
+
+def _rewrite_mean(program: Program) -> None:
+    """mean(x, dims) -> sum(x, dims) / count."""
+    graph = program.gm.graph
+    for node in list(graph.nodes):
+        if node.target not in (aten.mean.dim, aten.mean.default):
+            continue
+        x = node.args[0]
+        val = x.meta["val"]
+        if not val.dtype.is_floating_point or node.kwargs.get("dtype") is not None:
+            continue
+        if node.target is aten.mean.default:
+            dims, keep = list(range(val.dim())), False
+        else:
+            dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else list(range(val.dim()))
+            keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        count = math.prod(val.shape[d] for d in dims) if dims else 1
+        with graph.inserting_before(node):
+            total = graph.call_function(aten.sum.dim_IntList, (x, list(dims), keep))
+            total.meta["val"] = node.meta["val"]
+            mean = graph.call_function(aten.div.Scalar, (total, count))
+            mean.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(mean)
+        _replace_loss_name(program, node.name, mean.name)
+        graph.erase_node(node)
+
+
+def _rewrite_mean_nll(program: Program) -> None:
+    """nll_loss(mean) -> nll_loss(sum) / total_weight.
+
+    The mean divides by a global count; as a sum and a count, both halves are
+    partial sums over a sharded batch and one all-reduce each makes them whole.
+    """
+    graph = program.gm.graph
+    for node in list(graph.nodes):
+        if node.target is not aten.nll_loss_forward.default or node.args[3] != 1:
+            continue
+        getters = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        if 0 not in getters:
+            continue
+        with graph.inserting_after(node):
+            summed = graph.call_function(aten.nll_loss_forward.default, (*node.args[:3], 2, *node.args[4:]))
+        summed.meta["val"] = node.meta["val"]
+        with graph.inserting_after(summed):
+            total = graph.call_function(operator.getitem, (summed, 0))
+        total.meta["val"] = node.meta["val"][0]
+        with graph.inserting_after(total):
+            weight = graph.call_function(operator.getitem, (summed, 1))
+        weight.meta["val"] = node.meta["val"][1]
+        with graph.inserting_after(weight):
+            mean = graph.call_function(aten.div.Tensor, (total, weight))
+        mean.meta["val"] = getters[0].meta["val"]
+        old_loss = getters[0].name
+        getters[0].replace_all_uses_with(mean)
+        if 1 in getters:
+            getters[1].replace_all_uses_with(weight)
+        for g in getters.values():
+            graph.erase_node(g)
+        graph.erase_node(node)
+        _replace_loss_name(program, old_loss, mean.name)

@@ -1,0 +1,52 @@
+"""The cost model the passes consult: op compute time and resharding time."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autopar.cost_models.collectives import axis_link, collective_time
+from autopar.cost_models.compute import roofline_time
+from autopar.cost_models.hardware import Hardware
+from autopar.mesh import Mesh
+from autopar.placement import Spec
+from autopar.program import TensorMeta
+from autopar.redistribute import Step, plan_steps
+
+
+@dataclass
+class CostModel:
+    mesh: Mesh
+    hardware: Hardware
+    _reshard_cache: dict = field(default_factory=dict)
+
+    def op_time(self, flops: float, nbytes: float, itemsize: int) -> float:
+        return roofline_time(flops, nbytes, itemsize, self.hardware)
+
+    def step_times(self, meta: TensorMeta, src: Spec, dst: Spec) -> list[tuple[Step, float, float]]:
+        """Each step of src -> dst with its time and the bytes it moves (full message size)."""
+        out = []
+        sharded = dict(src.sharded_dims())  # dim -> axis, tracked as steps change it
+        for step in plan_steps(src, dst):
+            local = meta.nbytes / math.prod(self.mesh.shape[a] for a in sharded.values()) if sharded else meta.nbytes
+            p = self.mesh.shape[step.axis]
+            message = local * p if step.kind == "all_gather" else local
+            seconds = collective_time(step.kind, message, p, axis_link(self.mesh, step.axis, self.hardware))
+            moved = 0.0 if step.kind in ("shard", "zero_partial") else message
+            out.append((step, seconds, moved))
+            if step.kind in ("all_gather", "all_to_all"):
+                sharded.pop(step.src_dim if step.kind == "all_to_all" else step.dim, None)
+            if step.kind in ("reduce_scatter", "shard", "all_to_all"):
+                sharded[step.dim] = step.axis
+        return out
+
+    def reshard_time(self, meta: TensorMeta, src: Spec, dst: Spec) -> float:
+        if src == dst:
+            return 0.0
+        key = (meta, src, dst)
+        hit = self._reshard_cache.get(key)
+        if hit is None:
+            hit = sum(t for _, t, _ in self.step_times(meta, src, dst))
+            self._reshard_cache[key] = hit
+        return hit
+
+

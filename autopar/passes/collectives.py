@@ -1,0 +1,87 @@
+"""collectives: an explicit redistribution wherever a producer's layout differs
+from what a consumer needs, in forward and backward (and for each gradient, into
+its parameter's layout)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.passes.base import Pass, PassContext
+from autopar.placement import Spec
+from autopar.program import Program, forward_nodes, is_multi_output, tensor_inputs
+from autopar.redistribute import Step
+
+COMMUNICATING = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
+@dataclass(frozen=True)
+class Redistribution:
+    id: str
+    value: str  # the node whose output moves
+    src: Spec
+    dst: Spec
+    steps: tuple[Step, ...]
+    step_seconds: tuple[float, ...]
+    step_bytes: tuple[float, ...]
+    phase: str  # forward | backward
+    consumers: tuple[str, ...]  # nodes reading the moved value; "output" for a final gradient
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.step_seconds)
+
+    @property
+    def communicates(self) -> bool:
+        return any(s.kind in COMMUNICATING for s in self.steps)
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "value": self.value, "src": self.src.to_json(), "dst": self.dst.to_json(),
+                "steps": [[s.kind, s.axis, s.dim, s.src_dim] for s in self.steps],
+                "step_seconds": list(self.step_seconds), "step_bytes": list(self.step_bytes),
+                "phase": self.phase, "consumers": list(self.consumers)}
+
+    @staticmethod
+    def from_json(d: dict) -> "Redistribution":
+        return Redistribution(d["id"], d["value"], Spec.from_json(d["src"]), Spec.from_json(d["dst"]),
+                              tuple(Step(*s) for s in d["steps"]), tuple(d["step_seconds"]),
+                              tuple(d["step_bytes"]), d["phase"], tuple(d["consumers"]))
+
+
+class CollectivesPass(Pass):
+    name = "collectives"
+    requires = ("meta", "choice")
+    provides = ("redistributions",)
+
+    def run(self, program: Program, ctx: PassContext) -> str:
+        meta, choice = program.table("meta"), program.table("choice")
+        forward = forward_nodes(program)
+        found: dict[tuple[str, Spec], dict] = {}
+
+        def need(value: str, dst: Spec, consumer: str, phase: str) -> None:
+            src = choice[value].out_specs[0]
+            if src == dst:
+                return
+            entry = found.setdefault((value, dst), {"src": src, "consumers": [], "phase": phase})
+            entry["consumers"].append(consumer)
+
+        for node in program.nodes():
+            if node.op != "call_function":
+                continue
+            for j, arg in enumerate(tensor_inputs(node)):
+                if is_multi_output(arg):
+                    continue  # getitem reads its tuple element in place
+                need(arg.name, choice[node.name].in_specs[j], node.name,
+                     "forward" if node.name in forward else "backward")
+        param_of = {fqn: ph for ph, fqn in program.params.items()}
+        for grad, fqn in program.grads.items():
+            need(grad, choice[param_of[fqn]].out_specs[0], "output", "backward")
+
+        redistributions = []
+        for k, ((value, dst), entry) in enumerate(found.items()):
+            timed = ctx.cost.step_times(meta[value][0], entry["src"], dst)
+            redistributions.append(Redistribution(
+                id=f"r{k}", value=value, src=entry["src"], dst=dst, steps=tuple(s for s, _, _ in timed),
+                step_seconds=tuple(t for _, t, _ in timed), step_bytes=tuple(b for _, _, b in timed),
+                phase=entry["phase"], consumers=tuple(entry["consumers"])))
+        program.tables["redistributions"] = redistributions
+        n_comm = sum(1 for r in redistributions for s in r.steps if s.kind in COMMUNICATING)
+        return f"{len(redistributions)} redistributions, {n_comm} collectives"

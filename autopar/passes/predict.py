@@ -1,0 +1,38 @@
+"""predict: step time and per-device memory of the solved plan."""
+from __future__ import annotations
+
+import math
+
+from autopar.passes.base import Pass, PassContext
+from autopar.program import Program, forward_nodes
+
+
+class PredictPass(Pass):
+    name = "predict"
+    requires = ("meta", "choice", "redistributions")
+    provides = ("predicted",)
+
+    def run(self, program: Program, ctx: PassContext) -> str:
+        from autopar.plan import Predicted
+
+        meta, choice = program.table("meta"), program.table("choice")
+        compute = sum(choice[n.name].compute_s for n in program.nodes() if n.op == "call_function")
+        comm = sum(r.seconds for r in program.table("redistributions"))
+
+        def local_bytes(name: str, index: int = 0) -> float:
+            m = meta[name][index]
+            if m is None:
+                return 0.0
+            return math.prod(choice[name].out_specs[index].local_shape(m.shape, ctx.mesh)) * m.itemsize
+
+        params = sum(local_bytes(ph) for ph in program.params)
+        forward = forward_nodes(program)
+        # saved activations: forward values that the backward reads (views share storage, but v0 counts them)
+        saved = 0.0
+        for node in program.nodes():
+            if node.op == "call_function" and node.name in forward and any(u.name not in forward for u in node.users):
+                if len(meta[node.name]) == 1:
+                    saved += local_bytes(node.name)
+        memory = {"parameters": params, "gradients": params, "saved_activations": saved}
+        program.tables["predicted"] = Predicted(compute + comm, compute, comm, memory)
+        return f"step {1e3 * (compute + comm):.4f} ms (compute {1e3 * compute:.4f}, communication {1e3 * comm:.4f})"

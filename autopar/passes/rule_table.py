@@ -1,0 +1,193 @@
+"""The sharding rule of every supported ATen op: one line per op.
+
+An op missing here is not an error: it gets the Replicate fallback and the plan
+lists it in ``Plan.fallback_ops``. ``register_rule`` adds or overrides an entry.
+"""
+from __future__ import annotations
+
+import string
+
+import torch
+
+from autopar.passes.rules import (
+    ExpandRule,
+    FactoryRule,
+    Letters,
+    LetterRule,
+    OpCall,
+    PermuteRule,
+    ReplicateOnly,
+    Rule,
+    ViewRule,
+    einsum,
+    fixed_dim_rule,
+    normalize,
+    pointwise,
+    reduction,
+    unary,
+)
+
+aten = torch.ops.aten
+
+
+def _layer_norm(call: OpCall) -> Letters:
+    rank = len(call.in_shapes[0])
+    n_norm = len(call.args[1])
+    batch, norm = string.ascii_lowercase[: rank - n_norm], string.ascii_lowercase[rank - n_norm: rank]
+    stat = batch + string.ascii_uppercase[:n_norm]  # mean/rstd keep size-1 normalised dims
+    ins = (batch + norm,) + (norm,) * (len(call.in_shapes) - 1)
+    return Letters(ins, (batch + norm, stat, stat), fixed=frozenset(norm + stat[len(batch):]))
+
+
+def _layer_norm_backward(call: OpCall) -> Letters:
+    rank = len(call.in_shapes[0])
+    n_norm = len(call.args[2])
+    batch, norm = string.ascii_lowercase[: rank - n_norm], string.ascii_lowercase[rank - n_norm: rank]
+    stat = batch + string.ascii_uppercase[:n_norm]
+    ins = (batch + norm, batch + norm, stat, stat) + (norm,) * (len(call.in_shapes) - 4)
+    outs = tuple(None if s is None else (batch + norm if i == 0 else norm) for i, s in enumerate(call.out_shapes))
+    # grad_weight and grad_bias sum over the batch letters, so they come out partial
+    return Letters(ins, outs, fixed=frozenset(norm + stat[len(batch):]))
+
+
+def _embedding(call: OpCall) -> Letters:
+    idx = string.ascii_lowercase[: len(call.in_shapes[1])]
+    # the vocabulary dim V stays whole: a vocab-sharded table would need masked lookups
+    return Letters(("Vz", idx), (idx + "z",), fixed=frozenset("V"))
+
+
+def _embedding_backward(call: OpCall) -> Letters:
+    idx = string.ascii_lowercase[: len(call.in_shapes[1])]
+    return Letters((idx + "z", idx), ("Vz",), fixed=frozenset("V"))
+
+
+def _nll_loss_forward(call: OpCall) -> Letters:
+    has_batch = len(call.in_shapes[0]) == 2
+    n = "n" if has_batch else ""
+    ins = (n + "C", n) + (("C",) if len(call.in_shapes) == 3 else ())
+    reduction_kind = call.arg(3, "reduction")
+    out = n if reduction_kind == 0 else ""
+    # reduction="mean" divides by a global count, so its batch dim must stay whole;
+    # capture rewrites mean into sum / total_weight so the batch can be sharded
+    fixed = "C" + ("n" if reduction_kind == 1 else "")
+    return Letters(ins, (out, ""), fixed=frozenset(fixed))
+
+
+def _nll_loss_backward(call: OpCall) -> Letters:
+    has_batch = len(call.in_shapes[1]) == 2
+    n = "n" if has_batch else ""
+    grad = n if call.arg(4, "reduction") == 0 else ""
+    ins = (grad, n + "C", n) + (("C",) if len(call.in_shapes) == 5 else ()) + ("",)
+    return Letters(ins, (n + "C",), fixed=frozenset("C"))
+
+
+def _sdpa_letters(call: OpCall, head: tuple[str, ...], outs: tuple[str, ...]) -> Letters:
+    """Attention is independent per (batch, head): only those dims shard."""
+    ins = list(head)
+    for shape in call.in_shapes[len(head):]:  # an attention mask, broadcast against (b, h, t, s)
+        full = "bhts"[-len(shape):]
+        ins.append("".join(c if n > 1 else c.upper() for c, n in zip(full, shape)))
+    return Letters(tuple(ins), outs, fixed=frozenset("tsdTSBH"))
+
+
+def _sdpa_flops(in_shapes, out_shapes):
+    b, h, t, d = in_shapes[0]
+    s = in_shapes[1][2]
+    return 4.0 * b * h * t * s * d
+
+
+def _sdpa_backward_flops(in_shapes, out_shapes):
+    return 2.5 * _sdpa_flops(in_shapes[1:], out_shapes)
+
+
+SDPA_FORWARD = LetterRule(lambda c: _sdpa_letters(c, ("bhtd", "bhsd", "bhsd"), ("bhtd", "bht")),
+                          flop_fn=_sdpa_flops)
+SDPA_BACKWARD = LetterRule(
+    lambda c: _sdpa_letters(c, ("bhtd", "bhtd", "bhsd", "bhsd", "bhtd", "bht"), ("bhtd", "bhsd", "bhsd")),
+    flop_fn=_sdpa_backward_flops)
+
+_UNARY = ["relu", "gelu", "silu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt", "erf", "sin", "cos", "abs",
+          "reciprocal", "logical_not", "bitwise_not", "sign"]
+_UNARY_LINEAR = ["neg", "detach", "clone", "alias", "_to_copy", "lift_fresh_copy"]
+_SCALAR = ["add.Scalar", "sub.Scalar", "rsub.Scalar", "pow.Tensor_Scalar", "eq.Scalar", "ne.Scalar", "gt.Scalar",
+           "lt.Scalar", "ge.Scalar", "le.Scalar", "clamp.default", "fill.Scalar", "ones_like.default",
+           "zeros_like.default", "full_like.default", "empty_like.default", "masked_fill.Scalar"]
+_SCALAR_LINEAR = ["mul.Scalar", "div.Scalar"]
+_BINARY = ["maximum", "minimum", "eq.Tensor", "ne.Tensor", "gt.Tensor", "lt.Tensor", "ge.Tensor", "le.Tensor",
+           "logical_and", "logical_or", "pow.Tensor_Tensor", "where.self", "masked_fill.Tensor"]
+# backward ops that are linear in their first argument, the incoming gradient
+_GRAD_LINEAR = ["gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward"]
+
+
+def _op(name: str):
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(aten, packet), overload or "default")
+
+
+RULES: dict = {
+    aten.mm.default: einsum("mk,kn->mn"),
+    aten.addmm.default: einsum("mk,kn->mn", bias="n"),
+    aten.bmm.default: einsum("bmk,bkn->bmn"),
+    aten.add.Tensor: pointwise("all"),
+    aten.sub.Tensor: pointwise("all"),
+    aten.mul.Tensor: pointwise("one"),
+    aten.div.Tensor: pointwise("first"),
+    aten.sum.dim_IntList: reduction(1, 2, "sum"),
+    aten.sum.default: reduction(None, None, "sum"),
+    aten.mean.dim: reduction(1, 2, "mean"),
+    aten.mean.default: reduction(None, None, "mean"),
+    aten.amax.default: reduction(1, 2, "max"),
+    aten._softmax.default: normalize(1),
+    aten._log_softmax.default: normalize(1),
+    aten._softmax_backward_data.default: normalize(2),
+    aten._log_softmax_backward_data.default: normalize(2),
+    aten.native_layer_norm.default: LetterRule(_layer_norm),
+    aten.native_layer_norm_backward.default: LetterRule(_layer_norm_backward),
+    aten.embedding.default: LetterRule(_embedding),
+    aten.embedding_dense_backward.default: LetterRule(_embedding_backward),
+    aten.nll_loss_forward.default: LetterRule(_nll_loss_forward),
+    aten.nll_loss_backward.default: LetterRule(_nll_loss_backward),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: SDPA_FORWARD,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: SDPA_BACKWARD,
+    aten.view.default: ViewRule(),
+    aten._unsafe_view.default: ViewRule(),
+    aten.reshape.default: ViewRule(),
+    aten.unsqueeze.default: ViewRule(shape_arg=None),
+    aten.squeeze.dim: ViewRule(shape_arg=None),
+    aten.squeeze.dims: ViewRule(shape_arg=None),
+    aten.squeeze.default: ViewRule(shape_arg=None),
+    aten.expand.default: ExpandRule(),
+    aten.permute.default: PermuteRule("permute"),
+    aten.transpose.int: PermuteRule("transpose"),
+    aten.t.default: PermuteRule("t"),
+    aten.slice.Tensor: fixed_dim_rule(1),
+    aten.select.int: fixed_dim_rule(1),
+    aten.split.Tensor: fixed_dim_rule(2),
+    aten.split_with_sizes.default: fixed_dim_rule(2),
+    aten.cat.default: fixed_dim_rule(1),
+    aten.full.default: FactoryRule(),
+    aten.zeros.default: FactoryRule(),
+    aten.ones.default: FactoryRule(),
+    aten.empty.memory_format: FactoryRule(),
+    aten.scalar_tensor.default: FactoryRule(shardable=False),
+    aten.arange.default: ReplicateOnly(reason="values depend on global positions"),
+    aten.arange.start: ReplicateOnly(reason="values depend on global positions"),
+    aten.arange.start_step: ReplicateOnly(reason="values depend on global positions"),
+}
+RULES.update({_op(n): unary() for n in _UNARY})
+RULES.update({_op(n): unary(linear=True) for n in _UNARY_LINEAR})
+RULES.update({_op(n): unary() for n in _SCALAR})
+RULES.update({_op(n): unary(linear=True) for n in _SCALAR_LINEAR})
+RULES.update({_op(n): pointwise("none") for n in _BINARY})
+RULES.update({_op(n): pointwise("first") for n in _GRAD_LINEAR})
+
+
+def rule_for(target) -> Rule | None:
+    return RULES.get(target)
+
+
+def register_rule(op, rule: Rule) -> None:
+    """Add or replace the sharding rule of ``op`` (an ``OpOverload``)."""
+    if not isinstance(rule, Rule):
+        raise TypeError(f"a rule must be an autopar Rule (einsum(...), pointwise(...), ...), got {type(rule).__name__}")
+    RULES[op] = rule

@@ -1,0 +1,161 @@
+"""strategies: candidate layouts per node, expanded from the rule table onto the mesh.
+
+Followers (ops with one tensor input whose rule allows it: views, unary
+pointwise, getitem) get one strategy per strategy of their producer and share
+its solver variable (Alpa's followers), which keeps the solve small.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from typing import Optional
+
+from torch import fx
+
+from autopar.cost_models.model import CostModel
+from autopar.mesh import Mesh
+from autopar.passes.base import Pass, PassContext
+from autopar.passes.rule_table import rule_for
+from autopar.passes.rules import ExpandRule, OpCall, PermuteRule, ReplicateOnly, Rule, ViewRule
+from autopar.placement import Partial, R, Shard, Spec
+from autopar.program import Program, TensorMeta, is_multi_output, tensor_inputs
+from autopar.strategy import Strategy
+
+_FREE_RULES = (ViewRule, PermuteRule, ExpandRule)  # metadata-only ops: no kernel runs
+FALLBACK = ReplicateOnly(reason="no sharding rule for this op")
+
+
+def op_name(target) -> str:
+    return str(target).replace("aten::", "aten.")
+
+
+class StrategiesPass(Pass):
+    name = "strategies"
+    requires = ("meta",)
+    provides = ("strategies", "tied_to", "fallback")
+
+    def run(self, program: Program, ctx: PassContext) -> str:
+        meta = program.table("meta")
+        strategies: dict[str, list[Strategy]] = {}
+        tied: dict[str, str] = {}
+        fallback: dict[str, str] = {}
+        for node in program.nodes():
+            if node.op == "output":
+                continue
+            if node.op == "placeholder":
+                strategies[node.name] = placeholder_strategies(meta[node.name][0], ctx.mesh)
+                continue
+            if node.target is operator.getitem and is_multi_output(node.args[0]):
+                src, i = node.args
+                strategies[node.name] = [Strategy((s.out_specs[i],), (s.out_specs[i],)) for s in strategies[src.name]]
+                tied[node.name] = src.name
+                continue
+            rule = _rule(node, fallback)
+            inputs = tensor_inputs(node)
+            own = expand(rule, node, meta, ctx.mesh, ctx.cost)
+            if rule.follower and len(inputs) == 1 and len(strategies[inputs[0].name]) > 0:
+                src = inputs[0]
+                src_meta = meta[src.name][0]
+                strategies[node.name] = [follow(own, s.out_specs[0], src_meta, ctx.cost) for s in strategies[src.name]]
+                tied[node.name] = src.name
+            else:
+                strategies[node.name] = own
+        program.tables.update(strategies=strategies, tied_to=tied, fallback=fallback)
+        free = sum(1 for n in strategies if n not in tied)
+        return f"{len(strategies)} nodes, {free} free, {sum(len(strategies[n]) for n in strategies if n not in tied)} strategies, {len(fallback)} fallbacks"
+
+
+def _rule(node: fx.Node, fallback: dict) -> Rule:
+    rule = rule_for(node.target)
+    if rule is None:
+        fallback[node.name] = op_name(node.target)
+        return FALLBACK
+    return rule
+
+
+def placeholder_strategies(meta: Optional[TensorMeta], mesh: Mesh) -> list[Strategy]:
+    if meta is None:
+        return [Strategy((), (Spec.replicated(mesh.ndim),))]
+    per_axis = [R] + [Shard(d) for d, n in enumerate(meta.shape) if n > 1]
+    out = []
+    for combo in itertools.product(per_axis, repeat=mesh.ndim):
+        spec = Spec(combo)
+        if spec_fits(spec, meta, mesh):
+            out.append(Strategy((), (spec,)))
+    return out
+
+
+def spec_fits(spec: Spec, meta: Optional[TensorMeta], mesh: Mesh) -> bool:
+    if meta is None:
+        return spec.is_replicated()
+    dims = [p.dim for p in spec.placements if isinstance(p, Shard)]
+    if len(dims) != len(set(dims)):
+        return False  # one tensor dim split by two axes: not modelled
+    for axis, p in enumerate(spec.placements):
+        if isinstance(p, Shard):
+            if p.dim >= len(meta.shape) or meta.shape[p.dim] % mesh.shape[axis] != 0:
+                return False  # never shard unevenly
+        elif isinstance(p, Partial) and not meta.is_floating:
+            return False
+    return True
+
+
+def make_call(node: fx.Node, meta: dict) -> OpCall:
+    in_metas = [meta[a.name][0] for a in tensor_inputs(node)]
+    return OpCall(
+        target=node.target,
+        args=tuple(node.args),
+        kwargs=dict(node.kwargs),
+        in_shapes=tuple(m.shape if m else () for m in in_metas),
+        out_shapes=tuple(m.shape if m else None for m in meta[node.name]),
+        in_floating=tuple(bool(m and m.is_floating) for m in in_metas),
+    )
+
+
+def expand(rule: Rule, node: fx.Node, meta: dict, mesh: Mesh, cost: CostModel) -> list[Strategy]:
+    """All combinations of the rule's 1-D options over the mesh axes that fit the shapes."""
+    call = make_call(node, meta)
+    in_metas = [meta[a.name][0] for a in tensor_inputs(node)]
+    out_metas = list(meta[node.name])
+    options = rule.options(call)
+    for o in options:
+        if len(o.inputs) != len(in_metas) or len(o.outputs) != len(out_metas):
+            raise AssertionError(f"rule for {op_name(node.target)} gave {o} for {len(in_metas)} inputs, "
+                                 f"{len(out_metas)} outputs")
+    found: dict = {}
+    for combo in itertools.product(options, repeat=mesh.ndim):
+        in_specs = tuple(Spec(tuple(o.inputs[j] for o in combo)) for j in range(len(in_metas)))
+        out_specs = tuple(Spec(tuple(o.outputs[j] for o in combo)) for j in range(len(out_metas)))
+        if (in_specs, out_specs) in found:
+            continue
+        if not all(spec_fits(s, m, mesh) for s, m in zip(in_specs + out_specs, in_metas + out_metas)):
+            continue
+        found[(in_specs, out_specs)] = Strategy(in_specs, out_specs, _compute_time(rule, call, in_specs, out_specs,
+                                                                                 in_metas, out_metas, mesh, cost))
+    return list(found.values())
+
+
+def _compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cost: CostModel) -> float:
+    if isinstance(rule, _FREE_RULES):
+        return 0.0
+    in_local = [s.local_shape(m.shape, mesh) if m else () for s, m in zip(in_specs, in_metas)]
+    out_local = [s.local_shape(m.shape, mesh) if m else None for s, m in zip(out_specs, out_metas)]
+    nbytes = 0.0
+    itemsize = 4
+    for shape, m in list(zip(in_local, in_metas)) + list(zip(out_local, out_metas)):
+        if m is not None:
+            nbytes += math.prod(shape) * m.itemsize
+            if m.is_floating:
+                itemsize = m.itemsize
+    return cost.op_time(rule.flops(call, in_local, out_local), nbytes, itemsize)
+
+
+def follow(own: list[Strategy], src_spec: Spec, src_meta: Optional[TensorMeta], cost: CostModel) -> Strategy:
+    """The follower's best strategy given its producer's layout."""
+    exact = [s for s in own if s.in_specs[0] == src_spec]
+    if exact:
+        return min(exact, key=lambda s: s.compute_s)
+    return min(own, key=lambda s: s.compute_s + cost.reshard_time(src_meta, src_spec, s.in_specs[0]))
+
+

@@ -1,0 +1,158 @@
+"""Plan: the solved layout as pure data. JSON round trip, summary, emission."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+from autopar.errors import PlanFormatError
+from autopar.graph_ir import GraphIR
+from autopar.mesh import Mesh
+from autopar.passes.base import PassRecord
+from autopar.passes.collectives import COMMUNICATING, Redistribution
+from autopar.placement import Spec
+from autopar.strategy import Strategy
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Predicted:
+    step_time_s: float
+    compute_s: float
+    communication_s: float
+    memory_bytes: dict  # per device: parameters, gradients, saved_activations
+
+    @property
+    def memory_per_device_bytes(self) -> float:
+        return sum(self.memory_bytes.values())
+
+
+@dataclass(frozen=True)
+class SolverStats:
+    backend: str
+    status: str
+    objective_s: float
+    bound_s: float
+    gap: float
+    seconds: float
+    n_variables: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    mesh: Mesh
+    hardware: str
+    graph: GraphIR
+    strategies: dict  # node name -> chosen Strategy
+    redistributions: tuple[Redistribution, ...]
+    predicted: Predicted
+    fallback_nodes: dict  # node name -> op that got the Replicate fallback
+    solver: SolverStats
+    history: tuple[PassRecord, ...] = field(default=())
+    format_version: int = FORMAT_VERSION
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def fallback_ops(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.fallback_nodes.values())))
+
+    @property
+    def fingerprint(self) -> str:
+        return self.graph.fingerprint()
+
+    @property
+    def hash(self) -> str:
+        """Identifies the decisions: graph, mesh, hardware and every layout (not timings)."""
+        body = {"graph": self.fingerprint, "mesh": self.mesh.to_json(), "hardware": self.hardware,
+                "strategies": {n: _strategy_json(s) for n, s in sorted(self.strategies.items())}}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+    def out_spec(self, node: str) -> Spec:
+        return self.strategies[node].out_specs[0]
+
+    def param_spec(self, fqn: str) -> Spec:
+        for ph, name in self.graph.params.items():
+            if name == fqn:
+                return self.out_spec(ph)
+        raise KeyError(f"no parameter {fqn!r}; parameters are {sorted(self.graph.params.values())}")
+
+    def collectives(self, phase: str | None = None) -> list[tuple[Redistribution, int]]:
+        """(redistribution, step index) for every communicating step, optionally of one phase."""
+        return [(r, i) for r in self.redistributions for i, s in enumerate(r.steps)
+                if s.kind in COMMUNICATING and (phase is None or r.phase == phase)]
+
+    # ---- output --------------------------------------------------------------------
+    def emit(self, backend: str = "torch") -> str:
+        if backend == "torch":
+            from autopar.backends.torch.codegen import emit_torch
+
+            return emit_torch(self)
+        raise ValueError(f"unknown backend {backend!r}; available: 'torch'")
+
+    def summary(self) -> str:
+        from autopar.summary import summarize
+
+        return summarize(self)
+
+    # ---- JSON ----------------------------------------------------------------------
+    def to_json(self) -> str:
+        body = {
+            "format_version": self.format_version,
+            "mesh": self.mesh.to_json(),
+            "hardware": self.hardware,
+            "graph": self.graph.to_json(),
+            "strategies": {n: _strategy_json(s) for n, s in self.strategies.items()},
+            "redistributions": [r.to_json() for r in self.redistributions],
+            "predicted": {"step_time_s": self.predicted.step_time_s, "compute_s": self.predicted.compute_s,
+                          "communication_s": self.predicted.communication_s,
+                          "memory_bytes": self.predicted.memory_bytes},
+            "fallback_nodes": self.fallback_nodes,
+            "solver": self.solver.__dict__,
+            "history": [r.__dict__ for r in self.history],
+        }
+        return json.dumps(body, indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        try:
+            d = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise PlanFormatError(f"the plan file is not valid JSON ({exc}); re-create it with `autopar plan`") from exc
+        version = d.get("format_version") if isinstance(d, dict) else None
+        if version != FORMAT_VERSION:
+            raise PlanFormatError(f"the plan has format version {version!r} but this autopar reads version "
+                                  f"{FORMAT_VERSION}; re-create it with `autopar plan`")
+        try:
+            return Plan(
+                mesh=Mesh.from_json(d["mesh"]),
+                hardware=d["hardware"],
+                graph=GraphIR.from_json(d["graph"]),
+                strategies={n: _strategy_from_json(s) for n, s in d["strategies"].items()},
+                redistributions=tuple(Redistribution.from_json(r) for r in d["redistributions"]),
+                predicted=Predicted(**d["predicted"]),
+                fallback_nodes=dict(d["fallback_nodes"]),
+                solver=SolverStats(**d["solver"]),
+                history=tuple(PassRecord(**r) for r in d["history"]),
+                format_version=version,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanFormatError(f"the plan file is corrupt ({type(exc).__name__}: {exc}); "
+                                  f"re-create it with `autopar plan`") from exc
+
+
+def _strategy_json(s: Strategy) -> dict:
+    return {"in": [x.to_json() for x in s.in_specs], "out": [x.to_json() for x in s.out_specs],
+            "compute_s": s.compute_s}
+
+
+def _strategy_from_json(d: dict) -> Strategy:
+    return Strategy(tuple(Spec.from_json(x) for x in d["in"]), tuple(Spec.from_json(x) for x in d["out"]),
+                    d["compute_s"])
+
+
+def local_nbytes(meta, spec: Spec, mesh: Mesh) -> float:
+    if meta is None:
+        return 0.0
+    return math.prod(spec.local_shape(meta.shape, mesh)) * meta.itemsize

@@ -1,0 +1,124 @@
+"""A pool of local worker processes joined in one gloo process group.
+
+Starting a process and importing torch costs seconds on a small machine, so
+pools are kept alive and reused (one per world size) until the parent exits.
+Jobs are picklable functions ``fn(rank, world_size, *args)``; every rank runs
+the job and the results come back as a list ordered by rank.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import socket
+import traceback
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+from autopar.errors import AutoparError
+
+
+class WorkerError(AutoparError):
+    """A job raised on a worker; the message carries the worker's traceback."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    results.put((rank, True, "ready"))
+    while True:
+        job = tasks.get()
+        if job is None:
+            break
+        fn, args = job
+        try:
+            results.put((rank, True, fn(rank, world_size, *args)))
+        except BaseException:  # noqa: BLE001 - report everything to the parent
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class LocalCluster:
+    def __init__(self, world_size: int, timeout_s: float = 600.0):
+        ctx = mp.get_context("spawn")
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.tasks = [ctx.Queue() for _ in range(world_size)]
+        self.results = ctx.Queue()
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+        port = _free_port()
+        self.procs = [ctx.Process(target=_worker_main, args=(r, world_size, port, self.tasks[r], self.results,
+                                                             threads), daemon=True)
+                      for r in range(world_size)]
+        for p in self.procs:
+            p.start()
+        self._collect()  # wait until every rank joined the group
+
+    def run(self, fn, *args) -> list:
+        for q in self.tasks:
+            q.put((fn, args))
+        return self._collect()
+
+    def _collect(self) -> list:
+        out: list = [None] * self.world_size
+        errors = []
+        for _ in range(self.world_size):
+            try:
+                rank, ok, value = self.results.get(timeout=self.timeout_s)
+            except queue.Empty:
+                self.close()
+                raise WorkerError(f"local workers gave no answer within {self.timeout_s:.0f} s") from None
+            if ok:
+                out[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+        if errors:
+            self.close()  # a failed collective can leave the group unusable: start afresh next time
+            raise WorkerError("a job failed on the local workers:\n" + "\n".join(errors))
+        return out
+
+    @property
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def close(self) -> None:
+        for q, p in zip(self.tasks, self.procs):
+            if p.is_alive():
+                try:
+                    q.put(None)
+                except (OSError, ValueError):
+                    pass
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+        _POOLS.pop(self.world_size, None) if _POOLS.get(self.world_size) is self else None
+
+
+_POOLS: dict[int, LocalCluster] = {}
+
+
+def get_cluster(world_size: int) -> LocalCluster:
+    """A live pool of ``world_size`` workers, started on first use and then reused."""
+    cluster = _POOLS.get(world_size)
+    if cluster is None or not cluster.alive:
+        cluster = LocalCluster(world_size)
+        _POOLS[world_size] = cluster
+    return cluster
+
+
+@atexit.register
+def _shutdown() -> None:
+    for cluster in list(_POOLS.values()):
+        cluster.close()

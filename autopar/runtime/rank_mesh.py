@@ -1,0 +1,109 @@
+"""What emitted programs call: this rank's place on the mesh and its collectives.
+
+Collectives return new tensors and never change their input, because a value
+may still be read in its old layout by another consumer. On gloo, which lacks
+reduce-scatter and all-to-all on CPU tensors, those two are composed from
+all-reduce/all-gather plus a local slice (same result, more traffic).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+
+from autopar.mesh import Mesh
+from autopar.placement import Partial, Shard, Spec
+
+
+class RankMesh:
+    def __init__(self, mesh: Mesh, rank: int | None = None, device: torch.device | str = "cpu"):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            raise RuntimeError("RankMesh needs an initialised process group (torchrun or autopar.check)")
+        mesh.check_world_size(dist.get_world_size())
+        self.mesh = mesh
+        self.rank = dist.get_rank() if rank is None else rank
+        self.coords = mesh.coords(self.rank)
+        self.device = torch.device(device)
+        self.device_mesh = init_device_mesh(self.device.type, mesh.shape, mesh_dim_names=mesh.axis_names)
+        self.groups = {name: self.device_mesh.get_group(name) for name in mesh.axis_names}
+        self._gloo = dist.get_backend() == "gloo"
+        self.bytes_moved: Counter = Counter()  # collective kind -> bytes sent by this rank
+
+    def _axis(self, name: str) -> tuple[int, int, object]:
+        axis = self.mesh.axis_names.index(name)
+        return self.coords[axis], self.mesh.shape[axis], self.groups[name]
+
+    def all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
+        _, p, group = self._axis(axis)
+        out = x.detach().clone()
+        dist.all_reduce(out, group=group)
+        self.bytes_moved["all_reduce"] += out.numel() * out.element_size()
+        return out
+
+    def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        _, p, group = self._axis(axis)
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(p)]
+        dist.all_gather(parts, x, group=group)
+        self.bytes_moved["all_gather"] += x.numel() * x.element_size() * p
+        return torch.cat(parts, dim=dim)
+
+    def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        coord, p, group = self._axis(axis)
+        if self._gloo:
+            return self.shard(self.all_reduce(x, axis), axis, dim)
+        parts = [c.contiguous() for c in x.chunk(p, dim)]
+        out = torch.empty_like(parts[coord])
+        dist.reduce_scatter(out, parts, group=group)
+        self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
+        return out
+
+    def all_to_all(self, x: torch.Tensor, axis: str, src_dim: int, dst_dim: int) -> torch.Tensor:
+        coord, p, group = self._axis(axis)
+        if self._gloo:
+            return self.shard(self.all_gather(x, axis, src_dim), axis, dst_dim)
+        sends = [c.contiguous() for c in x.chunk(p, dst_dim)]
+        recvs = [torch.empty_like(sends[0]) for _ in range(p)]
+        dist.all_to_all(recvs, sends, group=group)
+        self.bytes_moved["all_to_all"] += x.numel() * x.element_size()
+        return torch.cat(recvs, dim=src_dim)
+
+    def shard(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        coord, p, _ = self._axis(axis)
+        return x.chunk(p, dim)[coord].contiguous()
+
+    def zero_partial(self, x: torch.Tensor, axis: str) -> torch.Tensor:
+        """Replicate -> Partial: one rank keeps the value, the others hold zeros, so the sum is unchanged."""
+        coord, _, _ = self._axis(axis)
+        return x if coord == 0 else torch.zeros_like(x)
+
+
+def local_shard(x: torch.Tensor, spec: Spec, mesh: Mesh, coords: tuple[int, ...]) -> torch.Tensor:
+    """This rank's block of a global tensor."""
+    for axis, p in enumerate(spec.placements):
+        if isinstance(p, Shard):
+            x = x.chunk(mesh.shape[axis], p.dim)[coords[axis]]
+        elif isinstance(p, Partial):
+            raise ValueError("a global tensor has no partial layout to take a block of")
+    return x.contiguous()
+
+
+def assemble(local_by_rank: list[torch.Tensor], spec: Spec, mesh: Mesh, global_shape) -> torch.Tensor:
+    """Rebuild a global tensor from every rank's block (replicated axes: any copy)."""
+    out = torch.empty(global_shape, dtype=local_by_rank[0].dtype)
+    for rank, local in enumerate(local_by_rank):
+        coords = mesh.coords(rank)
+        index = [slice(None)] * len(global_shape)
+        for axis, p in enumerate(spec.placements):
+            if isinstance(p, Shard):
+                size = global_shape[p.dim] // mesh.shape[axis]
+                index[p.dim] = slice(coords[axis] * size, (coords[axis] + 1) * size)
+            elif isinstance(p, Partial):
+                raise ValueError("assemble() takes sharded or replicated tensors, not partial sums")
+        out[tuple(index)] = local
+    return out
+
+

@@ -1,0 +1,192 @@
+"""The sharding solver over plain arrays, so it is testable and swappable.
+
+Problem: pick one strategy per node minimising Σ node cost + Σ edge cost, where
+an edge (i, j, M) costs M[a][b] when node i takes a and node j takes b;
+``math.inf`` forbids a choice or a pair.
+
+Formulation (DESIGN.md): one boolean per (node, strategy) with exactly one per
+node, and per edge "marginal" booleans y[a, b] whose row sums equal x_i[a] and
+column sums equal x_j[b]. Its LP relaxation is the local polytope, much tighter
+than y >= x_i + x_j - 1 linking.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from autopar.errors import SolverError
+
+Matrix = Sequence[Sequence[float]]
+SCALE = 1e9  # objective in nanoseconds (integers for CP-SAT)
+
+
+@dataclass(frozen=True)
+class SolverResult:
+    choice: tuple[int, ...]
+    objective: float  # seconds, re-evaluated exactly from the float costs
+    bound: float  # seconds: proven lower bound
+    status: str  # "optimal" | "feasible"
+    seconds: float
+    backend: str
+    n_variables: int
+
+    @property
+    def gap(self) -> float:
+        if self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+def evaluate(node_costs: Sequence[Sequence[float]], edges, choice: Sequence[int]) -> float:
+    total = sum(node_costs[i][k] for i, k in enumerate(choice))
+    total += sum(m[choice[i]][choice[j]] for i, j, m in edges)
+    return total
+
+
+def brute_force(node_costs, edges) -> tuple[tuple[int, ...], float]:
+    best, best_choice = math.inf, None
+    for choice in itertools.product(*(range(len(c)) for c in node_costs)):
+        value = evaluate(node_costs, edges, choice)
+        if value < best:
+            best, best_choice = value, choice
+    if best_choice is None:
+        raise SolverError("no feasible assignment")
+    return best_choice, best
+
+
+def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0,
+          hint: Optional[Sequence[int]] = None, progress: Optional[Callable[[str], None]] = None) -> SolverResult:
+    """``backend``: "mip" (SCIP through pywraplp; the default, since it proves optimality on our
+    graphs where CP-SAT stalls: GPT-2-style 2-layer model on a 2-D mesh, SCIP 5 s optimal vs
+    CP-SAT 60 s with a 33% gap) or "cp-sat"."""
+    start = time.perf_counter()
+    if backend == "mip":
+        choice, status, bound, n_vars = _solve_mip(node_costs, edges, time_limit_s, hint)
+    elif backend == "cp-sat":
+        choice, status, bound, n_vars = _solve_cpsat(node_costs, edges, time_limit_s, hint, progress)
+    else:
+        raise ValueError(f"unknown solver backend {backend!r}; use 'mip' or 'cp-sat'")
+    if choice is None:
+        if hint is None or math.isinf(evaluate(node_costs, edges, hint)):
+            raise SolverError(f"the sharding solver ({backend}) found no feasible plan within {time_limit_s:.0f} s; "
+                              f"raise solver_time_limit_s")
+        choice, status = tuple(hint), "feasible"  # the warm start is always a valid plan
+    value = evaluate(node_costs, edges, choice)
+    return SolverResult(tuple(choice), value, value if status == "optimal" else min(bound, value), status,
+                        time.perf_counter() - start, backend, n_vars)
+
+
+def _solve_mip(node_costs, edges, time_limit_s, hint):
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    objective = solver.Objective()
+    x = []
+    for costs in node_costs:
+        row = [solver.BoolVar("") for _ in costs]
+        solver.Add(sum(row) == 1)
+        for var, c in zip(row, costs):
+            if math.isinf(c):
+                solver.Add(var == 0)
+            elif c:
+                objective.SetCoefficient(var, c * SCALE)
+        x.append(row)
+    n_vars = sum(len(r) for r in x)
+    for i, j, m in edges:
+        if {v for r in m for v in r} == {0.0}:
+            continue
+        # y may be continuous: once x is integral, the marginal equalities force y integral too
+        y = {}
+        for a, r in enumerate(m):
+            for b, c in enumerate(r):
+                if not math.isinf(c):
+                    y[a, b] = solver.NumVar(0.0, 1.0, "")
+                    if c:
+                        objective.SetCoefficient(y[a, b], c * SCALE)
+        _marginals(solver.Add, x[i], x[j], y, len(m), len(m[0]))
+        n_vars += len(y)
+    objective.SetMinimization()
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    if hint is not None:
+        flat = [(var, float(k == hint[i])) for i, row in enumerate(x) for k, var in enumerate(row)]
+        solver.SetHint([v for v, _ in flat], [h for _, h in flat])
+    status = solver.Solve()
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        return None, None, 0.0, n_vars
+    choice = tuple(max(range(len(row)), key=lambda k: row[k].solution_value()) for row in x)
+    return choice, "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible", objective.BestBound() / SCALE, n_vars
+
+
+def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress):
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    x, terms = [], []
+    for costs in node_costs:
+        row = [model.NewBoolVar("") for _ in costs]
+        model.AddExactlyOne(row)
+        for var, c in zip(row, costs):
+            if math.isinf(c):
+                model.Add(var == 0)
+            elif c:
+                terms.append(_ns(c) * var)
+        x.append(row)
+    n_vars = sum(len(r) for r in x)
+    for i, j, m in edges:
+        if {v for r in m for v in r} == {0.0}:
+            continue
+        y = {}
+        for a, r in enumerate(m):
+            for b, c in enumerate(r):
+                if not math.isinf(c):
+                    y[a, b] = model.NewBoolVar("")
+                    if c:
+                        terms.append(_ns(c) * y[a, b])
+        _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
+        n_vars += len(y)
+    model.Minimize(sum(terms))
+    if hint is not None:
+        for i, k in enumerate(hint):
+            for kk, var in enumerate(x[i]):
+                model.AddHint(var, kk == k)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1  # deterministic plans
+    status = solver.Solve(model, _Progress(progress)) if progress else solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, None, 0.0, n_vars
+    choice = tuple(next(k for k, v in enumerate(row) if solver.Value(v)) for row in x)
+    return choice, "optimal" if status == cp_model.OPTIMAL else "feasible", solver.BestObjectiveBound() / SCALE, n_vars
+
+
+def _marginals(add, xi, xj, y, n_a, n_b) -> None:
+    for a in range(n_a):
+        add(sum(y[a, b] for b in range(n_b) if (a, b) in y) == xi[a])
+    for b in range(n_b):
+        add(sum(y[a, b] for a in range(n_a) if (a, b) in y) == xj[b])
+
+
+def _ns(seconds: float) -> int:
+    return max(1, round(seconds * SCALE))
+
+
+def _progress_class():
+    from ortools.sat.python import cp_model
+
+    class Progress(cp_model.CpSolverSolutionCallback):
+        def __init__(self, report):
+            super().__init__()
+            self.report = report
+
+        def on_solution_callback(self):
+            self.report(f"solver: objective {self.ObjectiveValue() / SCALE * 1e3:.3f} ms, "
+                        f"bound {self.BestObjectiveBound() / SCALE * 1e3:.3f} ms")
+
+    return Progress
+
+
+def _Progress(report):
+    return _progress_class()(report)
