@@ -1,7 +1,16 @@
 """autopar: automatic parallelization of PyTorch training steps."""
 from autopar.api import plan
+from autopar.check import CheckReport, check
+from autopar.cost_models.hardware import PRESETS, Hardware, Link
+from autopar.errors import AutoparError, CaptureError, MeshError, PlanFormatError, PlanMismatchError, SolverError
 from autopar.mesh import Mesh
+from autopar.parallelize import autoparallelize, plan_of
+from autopar.passes.rule_table import register_rule
 from autopar.placement import Partial, Replicate, Shard, Spec
 from autopar.plan import Plan
 
-__all__ = ["plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "Spec"]
+__all__ = [
+    "plan", "check", "CheckReport", "autoparallelize", "plan_of", "register_rule", "Plan", "Mesh", "Shard",
+    "Replicate", "Partial", "Spec", "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError",
+    "PlanFormatError", "PlanMismatchError", "SolverError",
+]

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 from torch import nn
 
 from autopar.capture import capture
-from autopar.cost_models.hardware import get_hardware
+from autopar.cost_models.hardware import Hardware, get_hardware
 from autopar.cost_models.model import CostModel
 from autopar.graph_ir import to_ir
 from autopar.mesh import Mesh
@@ -24,19 +24,20 @@ def default_passes() -> list[Pass]:
     return [ShapesPass(), StrategiesPass(), SolveShardingPass(), CollectivesPass(), PredictPass()]
 
 
-def plan(model: nn.Module, example_inputs, *, mesh, hardware: str = "h100-sxm",
-         solver_time_limit_s: float = 60.0, progress: Optional[Callable[[str], None]] = None,
-         verbose: bool = False) -> Plan:
+def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" = "h100-sxm",
+         solver: str = "mip", solver_time_limit_s: float = 60.0,
+         progress: Optional[Callable[[str], None]] = None, verbose: bool = False) -> Plan:
     """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
 
-    Runs in one process on fake tensors: no process group and no real memory.
+    Runs in one process on fake tensors: no process group and no real memory, so
+    models built on the meta device plan too. ``solver`` is "mip" (SCIP) or "cp-sat".
     """
     mesh = Mesh.parse(mesh)
     hw = get_hardware(hardware)
     if progress is None and verbose:
         progress = lambda msg: print(f"[autopar] {msg}", file=sys.stderr)  # noqa: E731
-    ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw), options={"solver_time_limit_s": solver_time_limit_s},
-                      progress=progress)
+    ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw),
+                      options={"solver": solver, "solver_time_limit_s": solver_time_limit_s}, progress=progress)
     ctx.report("capturing the training step ...")
     program = capture(model, example_inputs)
     history = PassManager(default_passes()).run(program, ctx)

@@ -23,22 +23,26 @@ class GPT2Config:
 SIZES = {
     "tiny": GPT2Config(vocab=256, seq=32, layers=2, heads=4, width=128, batch=8),
     "small": GPT2Config(vocab=1024, seq=128, layers=2, heads=8, width=512, batch=8),
+    "demo": GPT2Config(vocab=2048, seq=128, layers=2, heads=16, width=1024, batch=8),
     "gpt2-124m": GPT2Config(vocab=50304, seq=1024, layers=12, heads=12, width=768, batch=8),
     "gpt2-1.5b": GPT2Config(vocab=50304, seq=1024, layers=48, heads=25, width=1600, batch=8),
 }
 
 
 class Attention(nn.Module):
+    # Separate q/k/v projections (as in Llama): a fused qkv weight split along its
+    # output dim cannot be column-sharded without reordering its rows per head.
     def __init__(self, cfg: GPT2Config):
         super().__init__()
         self.heads = cfg.heads
-        self.qkv = nn.Linear(cfg.width, 3 * cfg.width)
+        self.q = nn.Linear(cfg.width, cfg.width)
+        self.k = nn.Linear(cfg.width, cfg.width)
+        self.v = nn.Linear(cfg.width, cfg.width)
         self.proj = nn.Linear(cfg.width, cfg.width)
 
     def forward(self, x):
         b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        q, k, v = (lin(x).view(b, t, self.heads, c // self.heads).transpose(1, 2) for lin in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 

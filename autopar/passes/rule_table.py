@@ -108,7 +108,8 @@ SDPA_BACKWARD = LetterRule(
 
 _UNARY = ["relu", "gelu", "silu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt", "erf", "sin", "cos", "abs",
           "reciprocal", "logical_not", "bitwise_not", "sign"]
-_UNARY_LINEAR = ["neg", "detach", "clone", "alias", "_to_copy", "lift_fresh_copy"]
+_UNARY_LINEAR = ["neg", "clone", "_to_copy", "lift_fresh_copy"]
+_ALIASES = ["detach", "alias"]
 _SCALAR = ["add.Scalar", "sub.Scalar", "rsub.Scalar", "pow.Tensor_Scalar", "eq.Scalar", "ne.Scalar", "gt.Scalar",
            "lt.Scalar", "ge.Scalar", "le.Scalar", "clamp.default", "fill.Scalar", "ones_like.default",
            "zeros_like.default", "full_like.default", "empty_like.default", "masked_fill.Scalar"]
@@ -160,10 +161,10 @@ RULES: dict = {
     aten.permute.default: PermuteRule("permute"),
     aten.transpose.int: PermuteRule("transpose"),
     aten.t.default: PermuteRule("t"),
-    aten.slice.Tensor: fixed_dim_rule(1),
-    aten.select.int: fixed_dim_rule(1),
-    aten.split.Tensor: fixed_dim_rule(2),
-    aten.split_with_sizes.default: fixed_dim_rule(2),
+    aten.slice.Tensor: fixed_dim_rule(1, free=True),
+    aten.select.int: fixed_dim_rule(1, free=True),
+    aten.split.Tensor: fixed_dim_rule(2, free=True),
+    aten.split_with_sizes.default: fixed_dim_rule(2, free=True),
     aten.cat.default: fixed_dim_rule(1),
     aten.full.default: FactoryRule(),
     aten.zeros.default: FactoryRule(),
@@ -176,6 +177,7 @@ RULES: dict = {
 }
 RULES.update({_op(n): unary() for n in _UNARY})
 RULES.update({_op(n): unary(linear=True) for n in _UNARY_LINEAR})
+RULES.update({_op(n): LetterRule(unary(linear=True).make, follower=True, free=True) for n in _ALIASES})
 RULES.update({_op(n): unary() for n in _SCALAR})
 RULES.update({_op(n): unary(linear=True) for n in _SCALAR_LINEAR})
 RULES.update({_op(n): pointwise("none") for n in _BINARY})

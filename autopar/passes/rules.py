@@ -68,6 +68,7 @@ class Rule:
 
     follower: bool = False
     shape_arg: Optional[int] = None  # argument holding the output size: rewritten to the local size
+    free: bool = False  # metadata-only (a view): no kernel runs, so no compute time
 
     def options(self, call: OpCall) -> list[Option]:
         raise NotImplementedError
@@ -100,6 +101,7 @@ class LetterRule(Rule):
     shape_arg: Optional[int] = None
     contraction: bool = False  # flops = 2 * prod(letter sizes), as for matmuls
     flop_fn: Optional[Callable] = None
+    free: bool = False
 
     def options(self, call: OpCall) -> list[Option]:
         return letter_options(self.make(call))
@@ -239,6 +241,7 @@ class ViewRule(Rule):
     """view/reshape/squeeze/unsqueeze: a sharded dim survives when it leads its group of merged or split dims."""
 
     follower: bool = True
+    free: bool = True
     shape_arg: Optional[int] = 1
 
     def options(self, call: OpCall) -> list[Option]:
@@ -281,6 +284,7 @@ class ExpandRule(Rule):
     """expand: kept dims follow the input; broadcast dims may be sharded from a replicated input."""
 
     follower: bool = True
+    free: bool = True
     shape_arg: Optional[int] = 1
 
     def options(self, call: OpCall) -> list[Option]:
@@ -302,6 +306,7 @@ class PermuteRule(Rule):
 
     kind: str = "permute"
     follower: bool = True
+    free: bool = True
 
     def options(self, call: OpCall) -> list[Option]:
         rank = len(call.in_shapes[0])
@@ -333,8 +338,8 @@ class FactoryRule(Rule):
         return opts
 
 
-def fixed_dim_rule(dim_arg: int) -> LetterRule:
-    """slice/select/split/cat: the dim they cut or join stays whole; the others shard freely."""
+def fixed_dim_rule(dim_arg: int, free: bool = False) -> LetterRule:
+    """slice/select/split (views: ``free``) and cat: the dim they cut or join stays whole."""
 
     def make(call: OpCall) -> Letters:
         rank = len(call.in_shapes[0])
@@ -352,4 +357,4 @@ def fixed_dim_rule(dim_arg: int) -> LetterRule:
         return Letters(ins, tuple(outs), fixed=frozenset({letters[d]}),
                        partial_inputs=(frozenset(range(len(ins))),))
 
-    return LetterRule(make, follower=True)
+    return LetterRule(make, follower=True, free=free)

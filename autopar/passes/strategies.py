@@ -17,12 +17,11 @@ from autopar.cost_models.model import CostModel
 from autopar.mesh import Mesh
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.rule_table import rule_for
-from autopar.passes.rules import ExpandRule, OpCall, PermuteRule, ReplicateOnly, Rule, ViewRule
+from autopar.passes.rules import OpCall, ReplicateOnly, Rule
 from autopar.placement import Partial, R, Shard, Spec
 from autopar.program import Program, TensorMeta, is_multi_output, tensor_inputs
 from autopar.strategy import Strategy
 
-_FREE_RULES = (ViewRule, PermuteRule, ExpandRule)  # metadata-only ops: no kernel runs
 FALLBACK = ReplicateOnly(reason="no sharding rule for this op")
 
 
@@ -137,7 +136,7 @@ def expand(rule: Rule, node: fx.Node, meta: dict, mesh: Mesh, cost: CostModel) -
 
 
 def _compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cost: CostModel) -> float:
-    if isinstance(rule, _FREE_RULES):
+    if rule.free:
         return 0.0
     in_local = [s.local_shape(m.shape, mesh) if m else () for s, m in zip(in_specs, in_metas)]
     out_local = [s.local_shape(m.shape, mesh) if m else None for s, m in zip(out_specs, out_metas)]

@@ -1,0 +1,136 @@
+"""autoparallelize: the one-line API for training scripts launched by torchrun.
+
+    @autopar.autoparallelize(mesh={"dp": 2, "tp": 2})
+    class MyModel(nn.Module): ...
+
+    model = MyModel()                      # same init on every rank (or rank 0's is broadcast)
+    opt = torch.optim.AdamW(model.parameters())
+    loss = model(x, y)                     # first call: rank 0 plans, all ranks shard and run
+    loss.backward(); opt.step()
+
+Every rank passes the same global batch; each takes its own block of it.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autopar.errors import AutoparError
+from autopar.mesh import Mesh
+from autopar.plan import Plan
+
+
+class _Runner:
+    """Plans on the first call, then runs the emitted program on every call."""
+
+    def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str]):
+        self.mesh = Mesh.parse(mesh)
+        self.hardware = hardware
+        self.plan = plan
+        self.device = device
+        self.parallel = None
+
+    def __call__(self, model: nn.Module, *inputs):
+        if self.parallel is None:
+            self.parallel = self._start(model, inputs)
+        return self.parallel(*inputs)
+
+    def _start(self, model: nn.Module, inputs):
+        from autopar.api import plan as make_plan
+        from autopar.runtime.module import ParallelModule
+        from autopar.runtime.rank_mesh import RankMesh
+
+        _ensure_process_group()
+        self.mesh.check_world_size(dist.get_world_size())  # before any planning or communication
+        plan = self.plan
+        if plan is None:
+            text = [make_plan(model, inputs, mesh=self.mesh, hardware=self.hardware).to_json()
+                    if dist.get_rank() == 0 else None]
+            dist.broadcast_object_list(text, src=0)
+            plan = Plan.from_json(text[0])
+        elif plan.mesh != self.mesh:
+            raise AutoparError(f"the given plan is for mesh {plan.mesh}, not {self.mesh}")
+        device = self.device or ("cuda" if dist.get_backend() == "nccl" else "cpu")
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+            device = f"cuda:{torch.cuda.current_device()}"
+        with torch.no_grad():  # identical weights on every rank before each takes its block
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                moved = tensor.data.to(device)
+                dist.broadcast(moved, src=0)
+                tensor.data = moved
+        self.plan = plan
+        return ParallelModule(model, plan, RankMesh(self.mesh, device=device))
+
+
+_RUNNERS: "weakref.WeakKeyDictionary[nn.Module, _Runner]" = weakref.WeakKeyDictionary()
+
+
+class AutoParallel(nn.Module):
+    """Wraps a model instance: ``autopar.autoparallelize(model, mesh=...)``."""
+
+    def __init__(self, model: nn.Module, runner: _Runner):
+        super().__init__()
+        self.model = model
+        self._runner = runner
+
+    def forward(self, *inputs):
+        return self._runner(self.model, *inputs)
+
+    @property
+    def plan(self) -> Optional[Plan]:
+        return self._runner.plan
+
+
+def autoparallelize(model=None, *, mesh, hardware: str = "h100-sxm", plan: Optional[Plan] = None,
+                    device: Optional[str] = None):
+    """Use on an instance (returns a wrapper module) or as a class decorator."""
+    Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
+
+    def runner() -> _Runner:
+        return _Runner(mesh, hardware, plan, device)
+
+    if model is None:
+        return lambda cls: _decorate_class(cls, runner)
+    if isinstance(model, type):
+        return _decorate_class(model, runner)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"autoparallelize takes an nn.Module instance or class, got {type(model).__name__}")
+    return AutoParallel(model, runner())
+
+
+def _decorate_class(cls, make_runner):
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"@autoparallelize decorates nn.Module subclasses, got {cls!r}")
+
+    def __call__(self, *inputs):
+        if self not in _RUNNERS:
+            _RUNNERS[self] = make_runner()
+        return _RUNNERS[self](self, *inputs)
+
+    # capture calls forward() directly, so only __call__ routes through the runner
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+
+
+def plan_of(model: nn.Module) -> Optional[Plan]:
+    """The plan an autoparallelized model is running (None before its first call)."""
+    if isinstance(model, AutoParallel):
+        return model.plan
+    runner = _RUNNERS.get(model)
+    return runner.plan if runner else None
+
+
+def _ensure_process_group() -> None:
+    if dist.is_initialized():
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        return
+    raise AutoparError("an autoparallelized model runs inside a process group: launch the script with "
+                       "`torchrun --nproc-per-node=N script.py`; to try a plan in one process use autopar.check")

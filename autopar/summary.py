@@ -1,0 +1,62 @@
+"""Plan.summary(): what the plan decided and what it costs, as text."""
+from __future__ import annotations
+
+from collections import Counter
+
+from autopar.backends.printer import human_bytes, human_seconds, shape_text
+from autopar.plan import Plan
+
+_MAX_ROWS = 40
+_METADATA_OPS = ("getitem", "aten.view.", "aten._unsafe_view.", "aten.reshape.", "aten.t.", "aten.transpose.",
+                 "aten.permute.", "aten.expand.", "aten.detach.", "aten.unsqueeze.", "aten.squeeze.", "aten.alias.")
+
+
+def summarize(plan: Plan) -> str:
+    g, p = plan.graph, plan.predicted
+    n_forward = sum(1 for n in g.nodes if n.op == "call" and n.phase == "forward")
+    n_calls = sum(1 for n in g.nodes if n.op == "call")
+    axes = ", ".join(plan.mesh.axis_names)
+    s = plan.solver
+    out = [
+        f"autopar plan {plan.hash}: mesh {plan.mesh} on {plan.hardware}, graph {plan.fingerprint} "
+        f"({n_calls} ops: {n_forward} forward, {n_calls - n_forward} backward)",
+        f"solver: {s.backend} {s.status} in {s.seconds:.2f} s ({s.n_variables} variables), "
+        f"objective {human_seconds(s.objective_s)}, gap {s.gap:.2%}",
+        f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
+        f"+ communication {human_seconds(p.communication_s)}",
+        "memory per device: " + ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items())
+        + f" (total {human_bytes(p.memory_per_device_bytes)})",
+        "",
+        f"parameters (placement per mesh axis: {axes}):",
+    ]
+    params = [(fqn, g.node(ph).outputs[0].shape, plan.out_spec(ph)) for ph, fqn in g.params.items()]
+    width = max((len(f) for f, _, _ in params), default=10)
+    out += [f"  {fqn:<{width}}  {shape_text(shape):<16} {spec}" for fqn, shape, spec in params]
+
+    ops = [n for n in g.nodes if n.op == "call" and n.phase == "forward" and not n.target.startswith(_METADATA_OPS)]
+    ops.sort(key=lambda n: -plan.strategies[n.name].compute_s)
+    out += ["", f"forward compute ops, costliest first ({len(ops)}):"]
+    for n in ops[:_MAX_ROWS]:
+        st = plan.strategies[n.name]
+        shape = shape_text(n.outputs[0].shape) if n.outputs and n.outputs[0] else "-"
+        out.append(f"  {n.name:<28} {n.target:<44} {shape:<16} {', '.join(str(x) for x in st.out_specs):<14} "
+                   f"{human_seconds(st.compute_s)}")
+    if len(ops) > _MAX_ROWS:
+        out.append(f"  ... {len(ops) - _MAX_ROWS} more")
+
+    coll = plan.collectives()
+    phases = Counter(r.phase for r, _ in coll)
+    out += ["", f"collectives ({len(coll)}: {phases.get('forward', 0)} forward, {phases.get('backward', 0)} backward):"]
+    if coll:
+        out.append(f"  {'phase':<9} {'kind':<15} {'axis':<6} {'tensor':<28} {'bytes':>10} {'time':>10}")
+    for r, i in sorted(coll, key=lambda c: -c[0].step_seconds[c[1]])[:_MAX_ROWS]:
+        step = r.steps[i]
+        out.append(f"  {r.phase:<9} {step.kind:<15} {plan.mesh.axis_names[step.axis]:<6} {r.value:<28} "
+                   f"{human_bytes(r.step_bytes[i]):>10} {human_seconds(r.step_seconds[i]):>10}")
+    if len(coll) > _MAX_ROWS:
+        out.append(f"  ... {len(coll) - _MAX_ROWS} more")
+
+    counts = Counter(plan.fallback_nodes.values())
+    out += ["", "fallback ops (no sharding rule; replicated): " +
+            (", ".join(f"{op} x{c}" for op, c in sorted(counts.items())) if counts else "none")]
+    return "\n".join(out)
