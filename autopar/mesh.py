@@ -44,6 +44,8 @@ class Mesh:
                 name, sep, size = part.strip().partition("=")
                 if not sep or not size.strip().isdigit():
                     raise MeshError(f"cannot read mesh {spec!r}: write it as 'dp=2,tp=2'")
+                if name.strip() in axes:
+                    raise MeshError(f"mesh {spec!r} names axis {name.strip()!r} twice")
                 axes[name.strip()] = int(size)
             return Mesh.of(**axes)
         raise MeshError(f"cannot read a mesh from {type(spec).__name__}: pass a dict like {{'dp': 2, 'tp': 2}}")

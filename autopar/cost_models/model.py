@@ -30,8 +30,15 @@ class CostModel:
             local = meta.nbytes / math.prod(self.mesh.shape[a] for a in sharded.values()) if sharded else meta.nbytes
             p = self.mesh.shape[step.axis]
             message = local * p if step.kind == "all_gather" else local
-            seconds = collective_time(step.kind, message, p, axis_link(self.mesh, step.axis, self.hardware))
-            moved = 0.0 if step.kind in ("shard", "zero_partial") else message
+            hw = self.hardware
+            if step.kind == "shard":  # a local copy of this rank's block
+                seconds, moved = 2 * local / p / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
+            elif step.kind == "zero_partial":  # a local fill with zeros
+                seconds, moved = local / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
+            else:  # every collective also pays a launch, like any kernel
+                seconds = collective_time(step.kind, message, p, axis_link(self.mesh, step.axis, hw)) \
+                    + hw.kernel_floor_s
+                moved = message
             out.append((step, seconds, moved))
             if step.kind in ("all_gather", "all_to_all"):
                 sharded.pop(step.src_dim if step.kind == "all_to_all" else step.dim, None)

@@ -1,0 +1,42 @@
+"""Small models for tests. Importable by the worker processes (tests/ is on sys.path)."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CumsumModel(nn.Module):
+    """Uses torch.cumsum, which has no sharding rule: it must fall back to replication."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.fc(x).cumsum(dim=1).pow(2).mean()
+
+
+class BranchyModel(nn.Module):
+    """Branches on a tensor's value: cannot be one static graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.sum() > 0:  # data-dependent control flow
+            h = h * 2
+        return h.mean()
+
+
+class TupleLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x)  # not a scalar loss
+
+
+def mlp_loss(model, x, y):
+    return F.mse_loss(model(x), y)

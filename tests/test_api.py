@@ -1,0 +1,64 @@
+"""The one-line API inside a process group, and the CLI."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autopar
+from autopar.cli import main as cli
+from autopar.runtime.local_cluster import get_cluster
+from tests import workers
+
+
+def test_decorated_class_trains_like_eager():
+    results = get_cluster(4).run(workers.train_decorated, 3)
+    torch.manual_seed(0)
+    reference = workers.DecoratedMLP.__mro__[1]()  # the undecorated class, with rank 0's init
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g)
+    expected = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = F.mse_loss(reference.fc2(F.gelu(reference.fc1(x))), y)
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    assert len({r["plan"] for r in results}) == 1  # rank 0 planned, the others received the same plan
+    assert results[0]["sharded_params"] > 0
+    full_shapes = [tuple(p.shape) for p in reference.parameters()]
+    assert results[0]["local_shapes"] != full_shapes  # parameters now hold local blocks
+    for r in results:
+        assert r["losses"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_mesh_that_does_not_fit_the_world_is_refused_before_planning():
+    results = get_cluster(2).run(workers.wrap_instance_with_wrong_mesh)
+    for r in results:
+        assert r["error"] and "4 devices but the process group has 2 ranks" in r["error"]
+        assert r["planned"] is False
+
+
+def test_cli_plan_writes_plan_and_program(tmp_path, capsys):
+    out, gen = tmp_path / "plan.json", tmp_path / "gen.py"
+    code = cli(["plan", "examples.mlp:factory", "--mesh", "tp=4", "--out", str(out), "--emit", f"torch:{gen}",
+                "--quiet"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "fc1.weight" in text and "predicted step time" in text
+    plan = autopar.Plan.from_json(out.read_text())
+    assert json.loads(out.read_text())["format_version"] == 1
+    assert gen.read_text() == plan.emit("torch")
+
+
+def test_cli_check_runs_and_reports(capsys):
+    assert cli(["check", "examples.mlp:factory", "--mesh", "dp=2"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_cli_reports_bad_input_clearly(capsys):
+    assert cli(["plan", "examples.mlp", "--mesh", "tp=4"]) == 2
+    assert "MODULE:FACTORY" in capsys.readouterr().err
+    assert cli(["plan", "examples.mlp:factory", "--mesh", "tp"]) == 2
+    assert "dp=2,tp=2" in capsys.readouterr().err

@@ -1,0 +1,53 @@
+import pytest
+
+from autopar import Mesh, MeshError
+from autopar.passes.rules import view_groups
+from autopar.placement import P, R, Shard, Spec
+from autopar.redistribute import plan_steps
+
+
+def test_mesh_parse_and_coords():
+    mesh = Mesh.parse("dp=2,tp=4")
+    assert mesh == Mesh.of(dp=2, tp=4) == Mesh.parse({"dp": 2, "tp": 4})
+    assert mesh.size == 8
+    assert [mesh.coords(r) for r in (0, 1, 4, 7)] == [(0, 0), (0, 1), (1, 0), (1, 3)]
+
+
+@pytest.mark.parametrize("bad", ["dp", "dp=x", "dp=0", "dp=2,dp=2"])
+def test_mesh_rejects_bad_text(bad):
+    with pytest.raises(MeshError):
+        Mesh.parse(bad)
+
+
+def test_mesh_world_size_mismatch_names_both_sizes():
+    with pytest.raises(MeshError, match="4 devices but the process group has 2 ranks"):
+        Mesh.of(dp=2, tp=2).check_world_size(2)
+
+
+def test_spec_local_shape_and_json():
+    mesh = Mesh.of(dp=2, tp=4)
+    spec = Spec((Shard(0), Shard(1)))
+    assert spec.local_shape((8, 16, 3), mesh) == (4, 4, 3)
+    assert Spec.from_json(spec.to_json()) == spec
+    assert str(Spec((R, P))) == "(R, P)"
+    assert spec.to_partition_spec(mesh, 3) == ("dp", "tp", None)
+
+
+def test_view_groups_pair_merged_and_split_dims():
+    assert view_groups((2, 8, 16), (16, 16)) == [([0, 1], [0]), ([2], [1])]
+    assert view_groups((16, 16), (2, 8, 4, 4)) == [([0], [0, 1]), ([1], [2, 3])]
+
+
+@pytest.mark.parametrize("src,dst,kinds", [
+    ((P,), (R,), ["all_reduce"]),
+    ((P,), (Shard(0),), ["reduce_scatter"]),
+    ((Shard(0),), (R,), ["all_gather"]),
+    ((Shard(0),), (Shard(1),), ["all_to_all"]),
+    ((R,), (Shard(1),), ["shard"]),
+    ((R,), (P,), ["zero_partial"]),
+    # the gather on dp must come before the local slice on tp of the same dim
+    ((Shard(0), R), (R, Shard(0)), ["all_gather", "shard"]),
+])
+def test_redistribution_steps(src, dst, kinds):
+    steps = plan_steps(Spec(src), Spec(dst))
+    assert [s.kind for s in steps] == kinds

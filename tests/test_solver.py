@@ -1,0 +1,41 @@
+import math
+import random
+
+import pytest
+
+from autopar.solver import brute_force, evaluate, solve
+
+
+def random_problem(rng: random.Random):
+    n = rng.randint(2, 8)
+    sizes = [rng.randint(1, 4) for _ in range(n)]
+    node_costs = [[rng.uniform(0, 1e-3) for _ in range(s)] for s in sizes]
+    edges = []
+    for _ in range(rng.randint(1, 12)):
+        i, j = rng.sample(range(n), 2)
+        matrix = [[rng.uniform(0, 2e-3) for _ in range(sizes[j])] for _ in range(sizes[i])]
+        if sizes[i] > 1 and sizes[j] > 1 and rng.random() < 0.3:
+            matrix[0][1] = math.inf  # a forbidden pair
+        edges.append((i, j, matrix))
+    return node_costs, edges
+
+
+@pytest.mark.parametrize("backend", ["mip", "cp-sat"])
+def test_solver_matches_brute_force(backend):
+    rng = random.Random(1234)
+    for _ in range(25):
+        node_costs, edges = random_problem(rng)
+        _, best = brute_force(node_costs, edges)
+        result = solve(node_costs, edges, backend=backend)
+        assert result.status == "optimal"
+        assert result.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
+        assert evaluate(node_costs, edges, result.choice) == pytest.approx(best, rel=1e-9, abs=1e-12)
+        assert result.gap == pytest.approx(0.0, abs=1e-9)
+
+
+def test_forbidden_choice_is_never_taken():
+    node_costs = [[0.0, math.inf], [1.0, 0.5]]
+    edges = [(0, 1, [[0.0, 2.0], [0.0, 0.0]])]
+    result = solve(node_costs, edges)
+    assert result.choice == (0, 0)
+    assert result.objective == pytest.approx(1.0)

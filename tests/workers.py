@@ -1,0 +1,52 @@
+"""Jobs run on every rank of a local gloo group by tests (importable by workers)."""
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autopar
+
+
+# links so fast that the planner shards: the test then runs real collectives
+FAST = dataclasses.replace(autopar.PRESETS["h100-sxm"], name="fast", intra_node=autopar.Link(450e12, 1e-9),
+                           inter_node=autopar.Link(450e12, 1e-9), kernel_floor_s=0.0)
+
+
+@autopar.autoparallelize(mesh={"dp": 2, "tp": 2}, hardware=FAST)
+class DecoratedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(32, 128)
+        self.fc2 = nn.Linear(128, 32)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.fc2(F.gelu(self.fc1(x))), y)
+
+
+def train_decorated(rank, world_size, steps):
+    torch.manual_seed(rank)  # different init per rank: rank 0's weights must be broadcast
+    model = DecoratedMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    plan = autopar.plan_of(model)
+    sharded = sum(not plan.out_spec(ph).is_replicated() for ph in plan.graph.params)
+    return {"losses": losses, "plan": plan.hash, "sharded_params": sharded,
+            "local_shapes": [tuple(p.shape) for p in model.parameters()]}
+
+
+def wrap_instance_with_wrong_mesh(rank, world_size):
+    model = autopar.autoparallelize(nn.Linear(4, 4), mesh="dp=4")
+    try:
+        model(torch.randn(2, 4))
+    except autopar.MeshError as exc:
+        return {"error": str(exc), "planned": autopar.plan_of(model) is not None}
+    return {"error": None}
