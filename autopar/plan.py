@@ -11,22 +11,11 @@ from autopar.graph_ir import GraphIR
 from autopar.mesh import Mesh
 from autopar.passes.base import PassRecord
 from autopar.passes.collectives import COMMUNICATING, Redistribution
+from autopar.passes.predict import Predicted
 from autopar.placement import Spec
 from autopar.strategy import Strategy
 
 FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Predicted:
-    step_time_s: float
-    compute_s: float
-    communication_s: float
-    memory_bytes: dict  # per device: parameters, gradients, saved_activations
-
-    @property
-    def memory_per_device_bytes(self) -> float:
-        return sum(self.memory_bytes.values())
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 from collections import Counter
-
 from autopar.backends.printer import human_bytes, human_seconds, shape_text
-from autopar.plan import Plan
 
 _MAX_ROWS = 40
 _METADATA_OPS = ("getitem", "aten.view.", "aten._unsafe_view.", "aten.reshape.", "aten.t.", "aten.transpose.",
                  "aten.permute.", "aten.expand.", "aten.detach.", "aten.unsqueeze.", "aten.squeeze.", "aten.alias.")
 
 
-def summarize(plan: Plan) -> str:
+def summarize(plan: "Plan") -> str:
     g, p = plan.graph, plan.predicted
     n_forward = sum(1 for n in g.nodes if n.op == "call" and n.phase == "forward")
     n_calls = sum(1 for n in g.nodes if n.op == "call")

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from autopar.plan import Plan
 
-
-def header(plan: Plan, title: str) -> list[str]:
+def header(plan: "Plan", title: str) -> list[str]:
     lines = [
         f"# {title}",
         f"# plan {plan.hash} | graph {plan.fingerprint} | mesh {plan.mesh} | hardware {plan.hardware}",

@@ -2,9 +2,22 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from autopar.passes.base import Pass, PassContext
 from autopar.program import Program, forward_nodes
+
+
+@dataclass(frozen=True)
+class Predicted:
+    step_time_s: float
+    compute_s: float
+    communication_s: float
+    memory_bytes: dict  # per device: parameters, gradients, saved_activations
+
+    @property
+    def memory_per_device_bytes(self) -> float:
+        return sum(self.memory_bytes.values())
 
 
 class PredictPass(Pass):
@@ -13,8 +26,6 @@ class PredictPass(Pass):
     provides = ("predicted",)
 
     def run(self, program: Program, ctx: PassContext) -> str:
-        from autopar.plan import Predicted
-
         meta, choice = program.table("meta"), program.table("choice")
         compute = sum(choice[n.name].compute_s for n in program.nodes() if n.op == "call_function")
         comm = sum(r.seconds for r in program.table("redistributions"))

@@ -9,10 +9,9 @@ from __future__ import annotations
 from autopar.backends.printer import header, human_bytes, human_seconds, literal, shape_text
 from autopar.graph_ir import IRNode, resolve_target
 from autopar.passes.rule_table import rule_for
-from autopar.plan import Plan
 
 
-def emit_torch(plan: Plan) -> str:
+def emit_torch(plan: "Plan") -> str:
     g = plan.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     lines = header(plan, "autopar: per-rank training step for torch.distributed (generated; do not edit)")
@@ -42,7 +41,7 @@ def emit_torch(plan: Plan) -> str:
 
 
 class _Body:
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: "Plan"):
         self.plan = plan
         self.lines: list[str] = []
         self.moved: dict[tuple[str, str], str] = {}  # (value, consumer) -> variable after redistribution
