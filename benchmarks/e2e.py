@@ -6,7 +6,7 @@ objective, predicted step time and number of collectives. Then, for the
 (dp=2, tp=2) plan of the smallest size on 4 local CPU processes (gloo), the
 emitted program's step time next to single-process eager's, in the same run.
 
-    python benchmarks/e2e.py [--sizes tiny,small,demo] [--steps 5]
+    python benchmarks/e2e.py [--sizes tiny,demo,gpt2-124m] [--run-size small] [--steps 5]
 """
 from __future__ import annotations
 
@@ -79,10 +79,10 @@ def eager_step_time(model, inputs, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="tiny,small,demo")
+    parser.add_argument("--sizes", default="tiny,demo,gpt2-124m")
     parser.add_argument("--mesh", default="dp=2,tp=2")
     parser.add_argument("--hardware", default="h100-sxm")
-    parser.add_argument("--run-size", default="tiny", help="size to run on local CPU processes")
+    parser.add_argument("--run-size", default="small", help="size to run on local CPU processes")
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
 

@@ -1,10 +1,12 @@
 """Every emitted program against single-process eager: loss and every gradient,
 and the losses over 3 SGD steps, on a local gloo group (fp32, rtol 1e-4)."""
 import pytest
+import torch
 
 import autopar
 from autopar.check import RTOL
 from examples import gpt2, mlp
+from tests.models import CumsumModel
 
 MESHES = ["dp=2", "tp=2", "tp=4", "dp=2,tp=2"]
 MODELS = {
@@ -54,3 +56,24 @@ def _corrupt(plan):
     keep = tuple(r for r in plan.redistributions if not (r.phase == "forward" and r.communicates))
     assert len(keep) < len(plan.redistributions)
     return replace(plan, redistributions=keep)
+
+
+def test_the_plan_the_h100_preset_picks_runs_correctly():
+    """Not only the fast-network plans: the real preset's Megatron-style plan for a GPT-2-style model."""
+    model, inputs = gpt2.make("small")
+    plan = autopar.plan(model, inputs, mesh="tp=4", hardware="h100-sxm")
+    assert not plan.param_spec("blocks.0.fc.weight").is_replicated()
+    report = autopar.check(model, inputs, plan=plan)
+    assert report.ok, str(report)
+
+
+def test_indivisible_dims_and_fallback_ops_still_give_correct_programs(fast_network):
+    model, inputs = mlp.make(batch=6, width=6, hidden=10)
+    report = autopar.check(model, inputs, mesh="tp=4", hardware=fast_network)
+    assert report.ok, str(report)
+    model = CumsumModel()
+    inputs = (torch.randn(4, 16),)
+    plan = autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network)
+    assert "aten.cumsum.default" in plan.fallback_ops
+    report = autopar.check(model, inputs, plan=plan)
+    assert report.ok, str(report)
