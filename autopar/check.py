@@ -71,14 +71,13 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> TensorCheck:
     return TensorCheck(name, diff, diff / max(scale, ATOL / RTOL))
 
 
-def eager_reference(model: nn.Module, inputs: tuple, steps: int, lr: float):
-    """Losses per step and gradients of the first step, single process."""
-    model = copy.deepcopy(model)
+def train(model: nn.Module, step, steps: int, lr: float):
+    """``steps`` SGD steps of ``loss = step()``: the loss of each step and the gradients of the first."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses, grads = [], {}
     for i in range(steps):
         opt.zero_grad()
-        loss = model(*inputs)
+        loss = step()
         loss.backward()
         losses.append(loss.item())
         if i == 0:
@@ -103,7 +102,8 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-
     mesh = Mesh.parse(mesh) if plan is None else plan.mesh
     if plan is None:
         plan = make_plan(model, inputs, mesh=mesh, hardware=hardware)
-    reference_losses, reference_grads = eager_reference(model, inputs, steps, lr)
+    reference = copy.deepcopy(model)
+    reference_losses, reference_grads = train(reference, lambda: reference(*inputs), steps, lr)
 
     buffer = io.BytesIO()
     torch.save(model, buffer)
@@ -146,14 +146,5 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
     rt = rank_mesh_for(plan.mesh)
     rt.bytes_moved.clear()
     parallel = ParallelModule(model, plan, rt)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses, grads = [], {}
-    for i in range(steps):
-        opt.zero_grad()
-        loss = parallel(*inputs)
-        loss.backward()
-        losses.append(loss.item())
-        if i == 0:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        opt.step()
+    losses, grads = train(model, lambda: parallel(*inputs), steps, lr)
     return {"losses": losses, "grads": grads, "bytes_moved": dict(rt.bytes_moved)}

@@ -58,9 +58,6 @@ class Mesh:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def axis_size(self, axis: int) -> int:
-        return self.shape[axis]
-
     def coords(self, rank: int) -> tuple[int, ...]:
         out = []
         for size in reversed(self.shape):

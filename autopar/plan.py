@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 
 from autopar.errors import PlanFormatError
@@ -139,9 +138,3 @@ def _strategy_json(s: Strategy) -> dict:
 def _strategy_from_json(d: dict) -> Strategy:
     return Strategy(tuple(Spec.from_json(x) for x in d["in"]), tuple(Spec.from_json(x) for x in d["out"]),
                     d["compute_s"])
-
-
-def local_nbytes(meta, spec: Spec, mesh: Mesh) -> float:
-    if meta is None:
-        return 0.0
-    return math.prod(spec.local_shape(meta.shape, mesh)) * meta.itemsize

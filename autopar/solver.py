@@ -95,17 +95,13 @@ def _solve_mip(node_costs, edges, time_limit_s, hint):
                 objective.SetCoefficient(var, c * SCALE)
         x.append(row)
     n_vars = sum(len(r) for r in x)
-    for i, j, m in edges:
-        if {v for r in m for v in r} == {0.0}:
-            continue
+    for i, j, m in _priced_edges(edges):
         # y may be continuous: once x is integral, the marginal equalities force y integral too
         y = {}
-        for a, r in enumerate(m):
-            for b, c in enumerate(r):
-                if not math.isinf(c):
-                    y[a, b] = solver.NumVar(0.0, 1.0, "")
-                    if c:
-                        objective.SetCoefficient(y[a, b], c * SCALE)
+        for a, b, c in _allowed_pairs(m):
+            y[a, b] = solver.NumVar(0.0, 1.0, "")
+            if c:
+                objective.SetCoefficient(y[a, b], c * SCALE)
         _marginals(solver.Add, x[i], x[j], y, len(m), len(m[0]))
         n_vars += len(y)
     objective.SetMinimization()
@@ -135,16 +131,12 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress):
                 terms.append(_ns(c) * var)
         x.append(row)
     n_vars = sum(len(r) for r in x)
-    for i, j, m in edges:
-        if {v for r in m for v in r} == {0.0}:
-            continue
+    for i, j, m in _priced_edges(edges):
         y = {}
-        for a, r in enumerate(m):
-            for b, c in enumerate(r):
-                if not math.isinf(c):
-                    y[a, b] = model.NewBoolVar("")
-                    if c:
-                        terms.append(_ns(c) * y[a, b])
+        for a, b, c in _allowed_pairs(m):
+            y[a, b] = model.NewBoolVar("")
+            if c:
+                terms.append(_ns(c) * y[a, b])
         _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
         n_vars += len(y)
     model.Minimize(sum(terms))
@@ -160,6 +152,15 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress):
         return None, None, 0.0, n_vars
     choice = tuple(next(k for k, v in enumerate(row) if solver.Value(v)) for row in x)
     return choice, "optimal" if status == cp_model.OPTIMAL else "feasible", solver.BestObjectiveBound() / SCALE, n_vars
+
+
+def _priced_edges(edges):
+    """Edges that can change the objective or forbid a pair (an all-zero matrix constrains nothing)."""
+    return [(i, j, m) for i, j, m in edges if any(v != 0.0 for r in m for v in r)]
+
+
+def _allowed_pairs(m):
+    return [(a, b, c) for a, r in enumerate(m) for b, c in enumerate(r) if not math.isinf(c)]
 
 
 def _marginals(add, xi, xj, y, n_a, n_b) -> None:

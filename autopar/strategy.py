@@ -25,8 +25,3 @@ class Strategy:
     in_specs: tuple[Spec, ...]
     out_specs: tuple[Spec, ...]
     compute_s: float = 0.0
-
-    def describe(self) -> str:
-        ins = ", ".join(str(s) for s in self.in_specs)
-        outs = ", ".join(str(s) for s in self.out_specs)
-        return f"[{ins}] -> [{outs}]"

@@ -51,3 +51,9 @@ def test_view_groups_pair_merged_and_split_dims():
 def test_redistribution_steps(src, dst, kinds):
     steps = plan_steps(Spec(src), Spec(dst))
     assert [s.kind for s in steps] == kinds
+
+
+def test_spec_converts_to_dtensor_placements():
+    from torch.distributed.tensor import placement_types as pt
+
+    assert Spec((Shard(1), R, P)).to_dtensor() == (pt.Shard(1), pt.Replicate(), pt.Partial())

@@ -1,7 +1,7 @@
 """Hardware presets (per GPU, per direction), from DESIGN.md's table."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from autopar.errors import AutoparError
 
@@ -26,9 +26,6 @@ class Hardware:
     compute_efficiency: float = 0.7  # fraction of peak a large matmul reaches
     memory_efficiency: float = 0.8
     kernel_floor_s: float = 2e-6  # launch overhead: no kernel is faster than this
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
     def flops_rate(self, dtype_bytes: int) -> float:
         # fp32 runs on TF32 tensor cores at about half the bf16 rate

@@ -180,7 +180,7 @@ def unary(linear: bool = False) -> LetterRule:
     return pointwise("first" if linear else "none", follower=True)
 
 
-def _dims(call: OpCall, value, rank: int) -> list[int]:
+def _dims(value, rank: int) -> list[int]:
     if value is None:
         return list(range(rank))
     if isinstance(value, int):
@@ -195,7 +195,7 @@ def reduction(dims_arg: Optional[int], keepdim_arg: Optional[int], kind: str) ->
     def make(call: OpCall) -> Letters:
         rank = len(call.in_shapes[0])
         letters = string.ascii_lowercase[:rank]
-        dims = _dims(call, call.arg(dims_arg, "dim") if dims_arg is not None else None, rank)
+        dims = _dims(call.arg(dims_arg, "dim") if dims_arg is not None else None, rank)
         keep = bool(call.arg(keepdim_arg, "keepdim", False)) if keepdim_arg is not None else False
         out = "".join((c.upper() if keep else "") if i in dims else c for i, c in enumerate(letters))
         fixed = {c.upper() for c in letters}

@@ -103,7 +103,8 @@ class LocalCluster:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
-        _POOLS.pop(self.world_size, None) if _POOLS.get(self.world_size) is self else None
+        if _POOLS.get(self.world_size) is self:
+            del _POOLS[self.world_size]
 
 
 _POOLS: dict[int, LocalCluster] = {}

@@ -44,12 +44,8 @@ class _Body:
     def __init__(self, plan: "Plan"):
         self.plan = plan
         self.lines: list[str] = []
-        self.moved: dict[tuple[str, str], str] = {}  # (value, consumer) -> variable after redistribution
-        self.done: dict[str, str] = {}  # redistribution id -> variable
-        self.by_consumer: dict[tuple[str, str], list] = {}
-        for r in plan.redistributions:
-            for c in r.consumers:
-                self.by_consumer.setdefault((r.value, c), []).append(r)
+        self.by_target = {(r.value, r.dst): r for r in plan.redistributions}  # one per (value, layout)
+        self.done: dict[str, str] = {}  # redistribution id -> variable holding the moved value
 
     def spec_comment(self, name: str, index: int = 0) -> str:
         meta = self.plan.graph.node(name).outputs[index]
@@ -63,19 +59,21 @@ class _Body:
         role = self.plan.graph.params.get(node.name) or self.plan.graph.buffers.get(node.name) or "input"
         self.lines.append(f"# {node.name}: {role}{self.spec_comment(node.name)}")
 
-    def redistribute(self, value: str, consumer: str) -> str:
-        for r in self.by_consumer.get((value, consumer), []):
-            if r.id not in self.done:
-                var = f"{value}__{r.id}"
-                current = value
-                for step, seconds, nbytes in zip(r.steps, r.step_seconds, r.step_bytes):
-                    self.lines.append(f"{var} = {_step_call(step, current, self.plan.mesh.axis_names)}"
-                                      f"  # {r.id} {r.phase}: {r.src} -> {r.dst}, "
-                                      f"{human_bytes(nbytes)}, {human_seconds(seconds)}")
-                    current = var
-                self.done[r.id] = var
-            return self.done[r.id]
-        return value
+    def redistribute(self, value: str, dst) -> str:
+        """The variable holding ``value`` in layout ``dst``, emitting the steps on first use."""
+        r = self.by_target.get((value, dst))
+        if r is None:
+            return value
+        if r.id not in self.done:
+            var = f"{value}__{r.id}"
+            current = value
+            for step, seconds, nbytes in zip(r.steps, r.step_seconds, r.step_bytes):
+                self.lines.append(f"{var} = {_step_call(step, current, self.plan.mesh.axis_names)}"
+                                  f"  # {r.id} {r.phase}: {r.src} -> {r.dst}, "
+                                  f"{human_bytes(nbytes)}, {human_seconds(seconds)}")
+                current = var
+            self.done[r.id] = var
+        return self.done[r.id]
 
     def call(self, node: IRNode) -> None:
         if node.target == "getitem":
@@ -90,8 +88,10 @@ class _Body:
             args[rule.shape_arg] = list(self.plan.strategies[node.name].out_specs[0].local_shape(meta.shape,
                                                                                              self.plan.mesh))
 
+        in_specs = iter(self.plan.strategies[node.name].in_specs)  # refs come in tensor-input order
+
         def ref(name: str) -> str:
-            return self.redistribute(name, node.name)
+            return self.redistribute(name, next(in_specs))
 
         text_args = [literal(a, ref, _special) for a in args]
         text_args += [f"{k}={literal(v, ref, _special)}" for k, v in node.kwargs.items()]
@@ -102,7 +102,11 @@ class _Body:
         self.lines.append(f"{node.name} = aten.{op.split('.', 1)[1]}({', '.join(text_args)}){comment}{fallback}")
 
     def output(self, node: IRNode) -> None:
-        outs = [self.redistribute(name, "output") if name else "None" for name in self.plan.graph.outputs]
+        g = self.plan.graph
+        param_of = {fqn: ph for ph, fqn in g.params.items()}
+        outs = [name if name not in g.grads else self.redistribute(name, self.plan.out_spec(param_of[g.grads[name]]))
+                for name in g.outputs]
+        outs = ["None" if name is None else name for name in outs]
         self.lines.append(f"return ({', '.join(outs)},)")
 
 
