@@ -24,11 +24,71 @@ def capture_decompositions() -> dict:
                                aten.smooth_l1_loss_backward, aten.huber_loss, aten.huber_loss_backward])
 
 
-def canonicalize(program: Program) -> None:
+def canonicalize(program: Program, tied: dict[str, str]) -> None:
+    _retie(program, tied)
+    _drop_assertions(program)
+    _detach_factories(program)
     _rewrite_mean_nll(program)
     _rewrite_mean(program)
     program.gm.graph.lint()
     program.gm.recompile()
+
+
+def _retie(program: Program, tied: dict[str, str]) -> None:
+    """Make tied parameters one placeholder again; its gradient sums those of all its uses."""
+    graph = program.gm.graph
+    placeholder = {fqn: ph for ph, fqn in program.params.items()}
+    grad_of = {fqn: g for g, fqn in program.grads.items()}
+    output = next(n for n in graph.nodes if n.op == "output")
+    nodes = {n.name: n for n in graph.nodes}
+    for alias, primary in tied.items():
+        alias_ph, primary_ph = nodes[placeholder[alias]], nodes[placeholder[primary]]
+        alias_ph.replace_all_uses_with(primary_ph)
+        graph.erase_node(alias_ph)
+        del program.params[alias_ph.name]
+        g_alias = nodes[grad_of.pop(alias)] if alias in grad_of else None
+        g_primary = nodes[grad_of[primary]] if primary in grad_of else None
+        if g_alias is None:
+            continue
+        if g_primary is None:  # only the alias name was used in forward
+            grad_of[primary] = g_alias.name
+            continue
+        with graph.inserting_before(output):
+            total = graph.call_function(aten.add.Tensor, (g_primary, g_alias))
+        total.meta["val"] = g_primary.meta["val"]
+        output.args = (tuple(total if o is g_primary else o for o in output.args[0] if o is not g_alias),)
+        grad_of[primary] = total.name
+        nodes[total.name] = total
+    program.grads = {g: fqn for fqn, g in grad_of.items()}
+    program.outputs = [o.name if o is not None else None for o in output.args[0]]
+
+
+def _drop_assertions(program: Program) -> None:
+    """Metadata assertions check global sizes: meaningless on local blocks, and they return nothing."""
+    graph = program.gm.graph
+    for node in list(graph.nodes):
+        if node.target is aten._assert_tensor_metadata.default and not node.users:
+            graph.erase_node(node)
+
+
+_NEW_FACTORIES = {aten.new_zeros.default: aten.zeros.default, aten.new_ones.default: aten.ones.default,
+                  aten.new_empty.default: aten.empty.memory_format}
+
+
+def _detach_factories(program: Program) -> None:
+    """x.new_zeros(size) reads only x's dtype: as zeros(size, dtype=...) it no longer ties a layout to x."""
+    graph = program.gm.graph
+    for node in list(graph.nodes):
+        factory = _NEW_FACTORIES.get(node.target)
+        if factory is None:
+            continue
+        val = node.meta["val"]
+        kwargs = {"dtype": val.dtype, "layout": torch.strided, "device": val.device, "pin_memory": False}
+        with graph.inserting_before(node):
+            made = graph.call_function(factory, (node.args[1],), kwargs)
+        made.meta["val"] = val
+        node.replace_all_uses_with(made)
+        graph.erase_node(node)
 
 
 def _replace_loss_name(program: Program, old: str, new: str) -> None:

@@ -20,7 +20,7 @@ from autopar.program import Program, TensorMeta, forward_nodes
 @dataclass(frozen=True)
 class IRNode:
     name: str
-    op: str  # placeholder | call | output
+    op: str  # placeholder | constant | call | output
     target: str  # "aten.addmm.default", "getitem", or "" for placeholders and the output
     args: Any  # JSON-able; a tensor argument is {"ref": node name}
     kwargs: dict
@@ -122,20 +122,22 @@ def to_ir(program: Program) -> GraphIR:
     forward = forward_nodes(program)
     nodes = []
     for n in program.nodes():
-        if n.op == "placeholder":
+        args, kwargs = encode_arg(n.args), encode_arg(dict(n.kwargs))
+        if n.op in ("placeholder", "output"):
             target = ""
-        elif n.op == "output":
-            target = ""
+        elif n.op == "get_attr":
+            value = program.constants[n.name]
+            target, args, kwargs = "", [value.tolist()], {"dtype": encode_arg(value.dtype)}
         elif n.target is operator.getitem:
             target = "getitem"
         else:
             target = str(n.target).replace("aten::", "aten.")
         nodes.append(IRNode(
             name=n.name,
-            op={"placeholder": "placeholder", "output": "output"}.get(n.op, "call"),
+            op={"placeholder": "placeholder", "output": "output", "get_attr": "constant"}.get(n.op, "call"),
             target=target,
-            args=encode_arg(n.args),
-            kwargs=encode_arg(dict(n.kwargs)),
+            args=args,
+            kwargs=kwargs,
             outputs=meta.get(n.name, ()),
             phase="forward" if n.name in forward or n.op == "placeholder" else "backward",
         ))

@@ -50,6 +50,7 @@ class Program:
     loss: str  # node name of the scalar loss
     grads: dict[str, str]  # node name of a gradient -> parameter FQN
     outputs: list[Optional[str]]  # the graph's outputs in order: loss first, then gradients
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr node -> small real tensor
     tables: dict[str, dict] = field(default_factory=dict)
 
     def nodes(self) -> list[fx.Node]:

@@ -57,3 +57,20 @@ def test_spec_converts_to_dtensor_placements():
     from torch.distributed.tensor import placement_types as pt
 
     assert Spec((Shard(1), R, P)).to_dtensor() == (pt.Shard(1), pt.Replicate(), pt.Partial())
+
+
+def test_adding_a_constant_to_a_partial_sum_is_not_linear():
+    """x + 1.0 on partial sums would add the constant once per rank."""
+    import torch
+
+    from autopar.passes.rule_table import RULES
+    from autopar.passes.rules import OpCall
+
+    add = torch.ops.aten.add.Tensor
+    tensor_plus_number = OpCall(add, ("x", 1.0), {}, ((4, 4),), ((4, 4),), (True,))
+    assert all(P not in o.inputs for o in RULES[add].options(tensor_plus_number))
+    tensor_plus_tensor = OpCall(add, ("x", "y"), {}, ((4, 4), (4, 4)), ((4, 4),), (True, True))
+    assert any(o.inputs == (P, P) and o.outputs == (P,) for o in RULES[add].options(tensor_plus_tensor))
+    div = torch.ops.aten.div.Tensor
+    number_over_tensor = OpCall(div, (2.0, "x"), {}, ((4, 4),), ((4, 4),), (True,))
+    assert all(P not in o.inputs for o in RULES[div].options(number_over_tensor))

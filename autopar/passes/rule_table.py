@@ -100,6 +100,63 @@ def _sdpa_backward_flops(in_shapes, out_shapes):
     return 2.5 * _sdpa_flops(in_shapes[1:], out_shapes)
 
 
+def _conv_letters(call: OpCall, backward: bool) -> Letters:
+    """convolution over (n, c, *spatial): batch n and output channels o shard; a split input
+    channel c gives a partial sum (the bias is added once). Spatial dims stay whole."""
+    k = len(call.in_shapes[1 if not backward else 2]) - 2
+    spatial_in, kernel, spatial_out = "HWD"[:k], "KLM"[:k], "PQR"[:k]
+    if backward:  # grad_bias does not depend on c, so c cannot give it a partial sum: keep c whole
+        ins = ("no" + spatial_out, "nc" + spatial_in, "oc" + kernel)
+        outs = tuple(None if s is None else o for s, o in zip(call.out_shapes, ("nc" + spatial_in, "oc" + kernel, "o")))
+        return Letters(ins, outs, fixed=frozenset(spatial_in + kernel + spatial_out + "c"))
+    ins = ("nc" + spatial_in, "oc" + kernel) + (("o",) if len(call.in_shapes) == 3 else ())
+    return Letters(ins, ("no" + spatial_out,), fixed=frozenset(spatial_in + kernel + spatial_out),
+                   additive=frozenset({2}))
+
+
+def _conv_flops(in_shapes, out_shapes):
+    weight = in_shapes[1]
+    per_output = 2 * weight[1]
+    for d in weight[2:]:
+        per_output *= d
+    n = 1
+    for d in out_shapes[0]:
+        n *= d
+    return float(per_output * n)
+
+
+def _conv_backward_flops(in_shapes, out_shapes):
+    return 2 * _conv_flops((in_shapes[1], in_shapes[2]), (in_shapes[0],))
+
+
+def _slice_backward(call: OpCall) -> Letters:
+    """slice_backward / select_backward scatter a gradient into zeros of the input's size."""
+    rank = len(call.out_shapes[0])
+    letters = string.ascii_lowercase[:rank]
+    d = call.args[2] % rank
+    grad = letters if len(call.in_shapes[0]) == rank else letters[:d] + letters[d + 1:]
+    return Letters((grad,), (letters,), fixed=frozenset(letters[d]), partial_inputs=(frozenset({0}),))
+
+
+def _gather(call: OpCall) -> Letters:
+    """gather(self, dim, index): the gathered dim stays whole; other dims shard where self and index agree."""
+    src, idx = call.in_shapes
+    rank = len(idx)
+    d = call.args[1] % rank
+    lower, upper = string.ascii_lowercase, string.ascii_uppercase
+    out = "".join(lower[i] if i != d else "Y" for i in range(rank))
+    self_letters = "".join("X" if i == d else (lower[i] if src[i] == idx[i] else upper[i]) for i in range(rank))
+    return Letters((self_letters, out), (out,), fixed=frozenset(upper))
+
+
+def _pad(call: OpCall) -> Letters:
+    rank = len(call.in_shapes[0])
+    letters = string.ascii_lowercase[:rank]
+    pad = call.args[1]
+    padded = {rank - 1 - i // 2 for i, p in enumerate(pad) if p}
+    return Letters((letters,), (letters,), fixed=frozenset(letters[d] for d in padded))
+
+
 SDPA_FORWARD = LetterRule(lambda c: _sdpa_letters(c, ("bhtd", "bhsd", "bhsd"), ("bhtd", "bht")),
                           flop_fn=_sdpa_flops)
 SDPA_BACKWARD = LetterRule(
@@ -115,7 +172,8 @@ _SCALAR = ["add.Scalar", "sub.Scalar", "rsub.Scalar", "pow.Tensor_Scalar", "eq.S
            "zeros_like.default", "full_like.default", "empty_like.default", "masked_fill.Scalar"]
 _SCALAR_LINEAR = ["mul.Scalar", "div.Scalar"]
 _BINARY = ["maximum", "minimum", "eq.Tensor", "ne.Tensor", "gt.Tensor", "lt.Tensor", "ge.Tensor", "le.Tensor",
-           "logical_and", "logical_or", "pow.Tensor_Tensor", "where.self", "masked_fill.Tensor"]
+           "logical_and", "logical_or", "pow.Tensor_Tensor", "where.self", "masked_fill.Tensor",
+           "bitwise_and.Tensor", "bitwise_or.Tensor"]
 # backward ops that are linear in their first argument, the incoming gradient
 _GRAD_LINEAR = ["gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward"]
 
@@ -166,11 +224,18 @@ RULES: dict = {
     aten.split.Tensor: fixed_dim_rule(2, free=True),
     aten.split_with_sizes.default: fixed_dim_rule(2, free=True),
     aten.cat.default: fixed_dim_rule(1),
+    aten.convolution.default: LetterRule(lambda c: _conv_letters(c, backward=False), flop_fn=_conv_flops),
+    aten.convolution_backward.default: LetterRule(lambda c: _conv_letters(c, backward=True),
+                                                  flop_fn=_conv_backward_flops),
+    aten.slice_backward.default: LetterRule(_slice_backward, follower=True, shape_arg=1),
+    aten.select_backward.default: LetterRule(_slice_backward, follower=True, shape_arg=1),
+    aten.constant_pad_nd.default: LetterRule(_pad, follower=True),
+    aten.gather.default: LetterRule(_gather),
     aten.full.default: FactoryRule(),
     aten.zeros.default: FactoryRule(),
     aten.ones.default: FactoryRule(),
     aten.empty.memory_format: FactoryRule(),
-    aten.scalar_tensor.default: FactoryRule(shardable=False),
+    aten.scalar_tensor.default: FactoryRule(shardable=False, shape_arg=None),  # arg 0 is the value
     aten.arange.default: ReplicateOnly(reason="values depend on global positions"),
     aten.arange.start: ReplicateOnly(reason="values depend on global positions"),
     aten.arange.start_step: ReplicateOnly(reason="values depend on global positions"),

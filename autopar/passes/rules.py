@@ -163,12 +163,19 @@ def pointwise(linear: str = "none", follower: bool = True) -> LetterRule:
         n = len(ins)
         floating = all(call.in_floating) if call.in_floating else True
         partial: tuple = ()
+        operands = call.args[:2]
+        numbers = [isinstance(a, (int, float, bool)) for a in operands]
+        mode = linear
+        if mode == "all" and any(numbers):
+            mode = "none"  # x + 1.0 is not linear: each rank would add the constant to its summand
+        if mode == "first" and operands and numbers[0]:
+            mode = "none"  # 2.0 / x: the tensor is not the linear operand
         if floating and n:
-            if linear == "all":
+            if mode == "all":
                 partial = (frozenset(range(n)),)
-            elif linear == "one":
+            elif mode == "one":
                 partial = tuple(frozenset({j}) for j in range(n))
-            elif linear == "first":
+            elif mode == "first":
                 partial = (frozenset({0}),)
         return Letters(tuple(ins), tuple(out_letters if o is not None else None for o in call.out_shapes),
                        fixed=fixed, partial_inputs=partial)

@@ -45,6 +45,9 @@ class StrategiesPass(Pass):
             if node.op == "placeholder":
                 strategies[node.name] = placeholder_strategies(meta[node.name][0], ctx.mesh)
                 continue
+            if node.op == "get_attr":  # a small constant: every rank holds all of it
+                strategies[node.name] = [Strategy((), (Spec.replicated(ctx.mesh.ndim),))]
+                continue
             if node.target is operator.getitem and is_multi_output(node.args[0]):
                 src, i = node.args
                 strategies[node.name] = [Strategy((s.out_specs[i],), (s.out_specs[i],)) for s in strategies[src.name]]

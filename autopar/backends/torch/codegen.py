@@ -32,6 +32,8 @@ def emit_torch(plan: "Plan") -> str:
     for node in g.nodes:
         if node.op == "placeholder":
             body.comment_placeholder(node)
+        elif node.op == "constant":
+            body.constant(node)
         elif node.op == "call":
             body.call(node)
         else:
@@ -74,6 +76,12 @@ class _Body:
                 current = var
             self.done[r.id] = var
         return self.done[r.id]
+
+    def constant(self, node: IRNode) -> None:
+        meta = node.outputs[0]
+        values = literal(node.args[0], str, _special)
+        self.lines.append(f"{node.name} = torch.tensor({values}, dtype={_special(node.kwargs['dtype'])}, "
+                          f"device=rt.device).reshape({list(meta.shape)})  # constant")
 
     def call(self, node: IRNode) -> None:
         if node.target == "getitem":

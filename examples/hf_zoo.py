@@ -1,0 +1,94 @@
+"""Small Hugging Face transformers models (random init, nothing downloaded), each
+wrapped so that ``forward(*inputs)`` returns the scalar training loss."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class CausalLM(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+class ImageClassifier(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values, labels):
+        return self.model(pixel_values=pixel_values, labels=labels).loss
+
+
+def _text_inputs(batch, seq, vocab, masked=False):
+    ids = torch.randint(0, vocab, (batch, seq))
+    labels = ids.clone()
+    if masked:  # masked LM: only ~15% of positions carry a label
+        labels[torch.rand(batch, seq) > 0.15] = -100
+    return ids, labels
+
+
+def gpt2(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=seq,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return CausalLM(GPT2LMHeadModel(cfg)), _text_inputs(batch, seq, vocab)
+
+
+def llama(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                      max_position_embeddings=seq)
+    return CausalLM(LlamaForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+
+
+def mistral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                        max_position_embeddings=seq, sliding_window=seq)
+    return CausalLM(MistralForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+
+
+def mixtral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256, experts=4):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                        max_position_embeddings=seq, num_local_experts=experts, num_experts_per_tok=2)
+    return CausalLM(MixtralForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+
+
+def bert(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256):
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=4 * width, vocab_size=vocab, max_position_embeddings=seq,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return CausalLM(BertForMaskedLM(cfg)), _text_inputs(batch, seq, vocab, masked=True)
+
+
+def vit(batch=4, image=32, patch=8, width=64, heads=4, layers=2, classes=10):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=image, patch_size=patch, hidden_size=width, num_hidden_layers=layers,
+                    num_attention_heads=heads, intermediate_size=4 * width, num_labels=classes,
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return ImageClassifier(ViTForImageClassification(cfg)), (torch.randn(batch, 3, image, image),
+                                                             torch.randint(0, classes, (batch,)))
+
+
+ZOO = {"gpt2": gpt2, "llama": llama, "mistral": mistral, "bert": bert, "mixtral": mixtral, "vit": vit}
+
+
+def make(name: str, seed: int = 0, **sizes):
+    torch.manual_seed(seed)
+    return ZOO[name](**sizes)
