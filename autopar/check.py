@@ -14,6 +14,7 @@ from autopar.plan import Plan
 from autopar.runtime.local_cluster import get_cluster
 from autopar.runtime.rank_mesh import assemble
 
+SEED = 1234
 RTOL = 1e-4  # fp32: the sharded program sums in a different order than eager
 ATOL = 1e-6  # for tensors whose entries are all near zero (e.g. a key bias's gradient, zero in exact math)
 
@@ -76,6 +77,7 @@ def train(model: nn.Module, step, steps: int, lr: float):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses, grads = [], {}
     for i in range(steps):
+        torch.manual_seed(SEED + i)  # the same random state (dropout masks) as the other side of the comparison
         opt.zero_grad()
         loss = step()
         loss.backward()

@@ -47,6 +47,10 @@ class Plan:
         return tuple(sorted(set(self.fallback_nodes.values())))
 
     @property
+    def sharded_flops_fraction(self) -> float:
+        return self.predicted.sharded_flops_fraction
+
+    @property
     def fingerprint(self) -> str:
         return self.graph.fingerprint()
 
@@ -95,7 +99,8 @@ class Plan:
             "redistributions": [r.to_json() for r in self.redistributions],
             "predicted": {"step_time_s": self.predicted.step_time_s, "compute_s": self.predicted.compute_s,
                           "communication_s": self.predicted.communication_s,
-                          "memory_bytes": self.predicted.memory_bytes},
+                          "memory_bytes": self.predicted.memory_bytes,
+                          "sharded_flops_fraction": self.predicted.sharded_flops_fraction},
             "fallback_nodes": self.fallback_nodes,
             "solver": self.solver.__dict__,
             "history": [r.__dict__ for r in self.history],

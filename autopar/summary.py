@@ -21,7 +21,7 @@ def summarize(plan: "Plan") -> str:
         f"solver: {s.backend} {s.status} in {s.seconds:.2f} s ({s.n_variables} variables), "
         f"objective {human_seconds(s.objective_s)}, gap {s.gap:.2%}",
         f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
-        f"+ communication {human_seconds(p.communication_s)}",
+        f"+ communication {human_seconds(p.communication_s)}; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
         "memory per device: " + ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items())
         + f" (total {human_bytes(p.memory_per_device_bytes)})",
         "",

@@ -40,3 +40,14 @@ class TupleLoss(nn.Module):
 
 def mlp_loss(model, x, y):
     return F.mse_loss(model(x), y)
+
+
+class DropoutMLP(nn.Module):
+    def __init__(self, width=32, hidden=64, p=0.2):
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.drop = nn.Dropout(p)
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.fc2(self.drop(F.gelu(self.fc1(x)))), y)

@@ -77,3 +77,19 @@ def test_indivisible_dims_and_fallback_ops_still_give_correct_programs(fast_netw
     assert "aten.cumsum.default" in plan.fallback_ops
     report = autopar.check(model, inputs, plan=plan)
     assert report.ok, str(report)
+
+
+def test_dropout_masks_match_eager_when_sharded(fast_network):
+    from tests.models import DropoutMLP
+
+    torch.manual_seed(0)
+    model = DropoutMLP(p=0.2)
+    inputs = (torch.randn(8, 32), torch.randn(8, 32))
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network)
+    dropout = next(n for n in plan.graph.nodes if n.target == "aten.native_dropout.default")
+    assert not plan.strategies[dropout.name].out_specs[0].is_replicated()  # the mask itself is sharded
+    report = autopar.check(model, inputs, plan=plan, steps=2)
+    assert report.ok, str(report)
+    model.drop.p = 0.0
+    without = autopar.check(model, inputs, plan=plan, steps=1)
+    assert without.reference_losses[0] != report.reference_losses[0]  # dropout really acted

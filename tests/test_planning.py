@@ -122,3 +122,13 @@ def test_predicted_step_time_is_compute_plus_communication():
     assert p.step_time_s == pytest.approx(p.compute_s + p.communication_s)
     assert p.communication_s == pytest.approx(sum(r.seconds for r in plan.redistributions))
     assert p.step_time_s > 0
+
+
+def test_sharded_flops_fraction():
+    model, inputs = mlp.make(batch=8, width=1024, hidden=4096)
+    megatron = autopar.plan(model, inputs, mesh="tp=4")
+    assert megatron.sharded_flops_fraction > 0.99
+    small, small_inputs = mlp.make(batch=8, width=16, hidden=16)
+    replicated = autopar.plan(small, small_inputs, mesh="tp=4")
+    assert all(s.is_replicated() for s in param_specs(replicated).values())
+    assert replicated.sharded_flops_fraction == 0.0

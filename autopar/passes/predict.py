@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 
 from autopar.passes.base import Pass, PassContext
+from autopar.placement import Shard
 from autopar.program import Program, forward_nodes
 
 
@@ -14,6 +15,7 @@ class Predicted:
     compute_s: float
     communication_s: float
     memory_bytes: dict  # per device: parameters, gradients, saved_activations
+    sharded_flops_fraction: float = 0.0  # share of the step's FLOPs split (not repeated) over some mesh axis
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -22,7 +24,7 @@ class Predicted:
 
 class PredictPass(Pass):
     name = "predict"
-    requires = ("meta", "choice", "redistributions")
+    requires = ("meta", "choice", "redistributions", "flops")
     provides = ("predicted",)
 
     def run(self, program: Program, ctx: PassContext) -> str:
@@ -45,5 +47,16 @@ class PredictPass(Pass):
                 if len(meta[node.name]) == 1:
                     saved += local_bytes(node.name)
         memory = {"parameters": params, "gradients": params, "saved_activations": saved}
-        program.tables["predicted"] = Predicted(compute + comm, compute, comm, memory)
-        return f"step {1e3 * (compute + comm):.4f} ms (compute {1e3 * compute:.4f}, communication {1e3 * comm:.4f})"
+        flops = program.table("flops")
+        total = sum(flops.values())
+        split = sum(f for name, f in flops.items() if _splits_work(choice[name]))
+        fraction = split / total if total else 0.0
+        program.tables["predicted"] = Predicted(compute + comm, compute, comm, memory, fraction)
+        return (f"step {1e3 * (compute + comm):.4f} ms (compute {1e3 * compute:.4f}, communication {1e3 * comm:.4f}), "
+                f"{fraction:.0%} of FLOPs sharded")
+
+
+def _splits_work(strategy) -> bool:
+    """An op's work is split when some operand is sharded (a partial sum passed through is not: every
+    rank then does the whole op on its summand)."""
+    return any(isinstance(p, Shard) for spec in strategy.in_specs + strategy.out_specs for p in spec.placements)

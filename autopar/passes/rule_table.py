@@ -149,6 +149,11 @@ def _gather(call: OpCall) -> Letters:
     return Letters((self_letters, out), (out,), fixed=frozenset(upper))
 
 
+def _dropout(call: OpCall) -> Letters:
+    letters = string.ascii_lowercase[: len(call.in_shapes[0])]
+    return Letters((letters,), (letters, letters))
+
+
 def _pad(call: OpCall) -> Letters:
     rank = len(call.in_shapes[0])
     letters = string.ascii_lowercase[:rank]
@@ -175,7 +180,8 @@ _BINARY = ["maximum", "minimum", "eq.Tensor", "ne.Tensor", "gt.Tensor", "lt.Tens
            "logical_and", "logical_or", "pow.Tensor_Tensor", "where.self", "masked_fill.Tensor",
            "bitwise_and.Tensor", "bitwise_or.Tensor"]
 # backward ops that are linear in their first argument, the incoming gradient
-_GRAD_LINEAR = ["gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward"]
+_GRAD_LINEAR = ["gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward",
+                "native_dropout_backward"]
 
 
 def _op(name: str):
@@ -231,6 +237,8 @@ RULES: dict = {
     aten.select_backward.default: LetterRule(_slice_backward, follower=True, shape_arg=1),
     aten.constant_pad_nd.default: LetterRule(_pad, follower=True),
     aten.gather.default: LetterRule(_gather),
+    # the backend draws the mask for the global shape (same seed on every rank) and keeps its block
+    aten.native_dropout.default: LetterRule(_dropout, follower=True),
     aten.full.default: FactoryRule(),
     aten.zeros.default: FactoryRule(),
     aten.ones.default: FactoryRule(),

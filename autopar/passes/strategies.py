@@ -32,13 +32,14 @@ def op_name(target) -> str:
 class StrategiesPass(Pass):
     name = "strategies"
     requires = ("meta",)
-    provides = ("strategies", "tied_to", "fallback")
+    provides = ("strategies", "tied_to", "fallback", "flops")
 
     def run(self, program: Program, ctx: PassContext) -> str:
         meta = program.table("meta")
         strategies: dict[str, list[Strategy]] = {}
         tied: dict[str, str] = {}
         fallback: dict[str, str] = {}
+        flops: dict[str, float] = {}  # global FLOPs of each op
         for node in program.nodes():
             if node.op == "output":
                 continue
@@ -54,6 +55,8 @@ class StrategiesPass(Pass):
                 tied[node.name] = src.name
                 continue
             rule = _rule(node, fallback)
+            call = make_call(node, meta)
+            flops[node.name] = 0.0 if rule.free else rule.flops(call, call.in_shapes, call.out_shapes)
             inputs = tensor_inputs(node)
             own = expand(rule, node, meta, ctx.mesh, ctx.cost)
             if rule.follower and len(inputs) == 1 and len(strategies[inputs[0].name]) > 0:
@@ -63,7 +66,7 @@ class StrategiesPass(Pass):
                 tied[node.name] = src.name
             else:
                 strategies[node.name] = own
-        program.tables.update(strategies=strategies, tied_to=tied, fallback=fallback)
+        program.tables.update(strategies=strategies, tied_to=tied, fallback=fallback, flops=flops)
         free = sum(1 for n in strategies if n not in tied)
         return f"{len(strategies)} nodes, {free} free, {sum(len(strategies[n]) for n in strategies if n not in tied)} strategies, {len(fallback)} fallbacks"
 

@@ -81,6 +81,18 @@ class RankMesh:
         return x if coord == 0 else torch.zeros_like(x)
 
 
+    def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
+        """Dropout whose mask matches a single process's: every rank draws the global mask from the
+        same random state (the caller seeds all ranks alike), then keeps its own block."""
+        if not train:
+            return torch.ops.aten.native_dropout.default(x, p, train)
+        _, mask = torch.ops.aten.native_dropout.default(torch.empty(global_shape, dtype=x.dtype, device=x.device),
+                                                         p, True)
+        mask = local_shard(mask, Spec.from_json(spec), self.mesh, self.coords)
+        scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
+        return x.mul(mask).mul_(scale), mask
+
+
 def local_shard(x: torch.Tensor, spec: Spec, mesh: Mesh, coords: tuple[int, ...]) -> torch.Tensor:
     """This rank's block of a global tensor."""
     for axis, p in enumerate(spec.placements):

@@ -103,11 +103,18 @@ class _Body:
 
         text_args = [literal(a, ref, _special) for a in args]
         text_args += [f"{k}={literal(v, ref, _special)}" for k, v in node.kwargs.items()]
+        if node.target == "aten.native_dropout.default":
+            # random masks must not depend on the layout: draw for the global shape, keep this rank's block
+            spec = self.plan.strategies[node.name].out_specs[0]
+            self.lines.append(f"{node.name} = rt.native_dropout({', '.join(text_args)}, "
+                              f"global_shape={list(node.outputs[0].shape)}, spec={spec.to_json()!r})  # -> {spec}")
+            return
         comment = self.spec_comment(node.name) if len(node.outputs) == 1 else \
             f"  # -> {', '.join(str(s) for s in self.plan.strategies[node.name].out_specs)}"
         fallback = "  [replicated: no sharding rule]" if node.name in self.plan.fallback_nodes else ""
         op = _LOCAL_EQUIVALENT.get(node.target, node.target)
-        self.lines.append(f"{node.name} = aten.{op.split('.', 1)[1]}({', '.join(text_args)}){comment}{fallback}")
+        op = op if op.startswith("aten.") else f"torch.ops.{op}"  # a library's custom op keeps its namespace
+        self.lines.append(f"{node.name} = {op}({', '.join(text_args)}){comment}{fallback}")
 
     def output(self, node: IRNode) -> None:
         g = self.plan.graph
