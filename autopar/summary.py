@@ -9,7 +9,7 @@ _METADATA_OPS = ("getitem", "aten.view.", "aten._unsafe_view.", "aten.reshape.",
                  "aten.permute.", "aten.expand.", "aten.detach.", "aten.unsqueeze.", "aten.squeeze.", "aten.alias.")
 
 
-def summarize(plan: "Plan") -> str:
+def summarize(plan) -> str:
     g, p = plan.graph, plan.predicted
     n_forward = sum(1 for n in g.nodes if n.op == "call" and n.phase == "forward")
     n_calls = sum(1 for n in g.nodes if n.op == "call")

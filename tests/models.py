@@ -1,5 +1,4 @@
 """Small models for tests. Importable by the worker processes (tests/ is on sys.path)."""
-import torch
 import torch.nn.functional as F
 from torch import nn
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def header(plan: "Plan", title: str) -> list[str]:
+def header(plan, title: str) -> list[str]:
     lines = [
         f"# {title}",
         f"# plan {plan.hash} | graph {plan.fingerprint} | mesh {plan.mesh} | hardware {plan.hardware}",

@@ -9,7 +9,7 @@ without the letter holds a partial sum.
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from autopar.placement import P, R, Shard

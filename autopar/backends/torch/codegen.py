@@ -11,7 +11,7 @@ from autopar.graph_ir import IRNode, resolve_target
 from autopar.passes.rule_table import rule_for
 
 
-def emit_torch(plan: "Plan") -> str:
+def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     g = plan.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     lines = header(plan, "autopar: per-rank training step for torch.distributed (generated; do not edit)")
@@ -43,7 +43,7 @@ def emit_torch(plan: "Plan") -> str:
 
 
 class _Body:
-    def __init__(self, plan: "Plan"):
+    def __init__(self, plan):
         self.plan = plan
         self.lines: list[str] = []
         self.by_target = {(r.value, r.dst): r for r in plan.redistributions}  # one per (value, layout)

@@ -1,0 +1,71 @@
+"""One row per Hugging Face zoo model planned on the meta device for 8 H100s.
+
+Columns: graph nodes, distinct ops, fallback ops, capture time, solve time (and
+status/gap), predicted step time, and the share of FLOPs that run sharded.
+
+    python benchmarks/zoo.py [--mesh dp=2,tp=4] [--width 1024] [--seq 512] [--batch 8] [--time-limit 120]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import autopar  # noqa: E402
+from autopar.capture import capture  # noqa: E402
+from examples import hf_zoo  # noqa: E402
+
+
+def sizes_for(name: str, width: int, seq: int, batch: int) -> dict:
+    heads = max(8, width // 64)
+    if name == "vit":
+        return {"batch": batch, "width": width, "heads": heads, "image": 224, "patch": 16}
+    common = {"batch": batch, "seq": seq, "width": width, "heads": heads, "vocab": 32000}
+    if name in ("llama", "mistral", "mixtral"):
+        common["kv_heads"] = heads // 4
+    return common
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mesh", default="dp=2,tp=4")
+    parser.add_argument("--hardware", default="h100-sxm")
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--time-limit", type=float, default=120.0)
+    parser.add_argument("--models", default=",".join(hf_zoo.ZOO))
+    args = parser.parse_args()
+
+    print(f"mesh ({args.mesh}) of {args.hardware}; 2 layers, width {args.width}, seq {args.seq}, batch {args.batch}")
+    header = (f"{'model':<8} {'params':>8} {'nodes':>6} {'ops':>4} {'fallback':>8} {'capture':>8} {'solve':>8} "
+              f"{'status':>9} {'gap':>6} {'step':>10} {'sharded':>8}")
+    print(header)
+    fallbacks = {}
+    for name in args.models.split(","):
+        with torch.device("meta"):
+            model, inputs = hf_zoo.make(name, **sizes_for(name, args.width, args.seq, args.batch))
+        start = time.perf_counter()
+        program = capture(model, inputs)
+        capture_s = time.perf_counter() - start
+        ops = {str(n.target) for n in program.gm.graph.nodes if n.op == "call_function"}
+        plan = autopar.plan(model, inputs, mesh=args.mesh, hardware=args.hardware,
+                            solver_time_limit_s=args.time_limit)
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        print(f"{name:<8} {params:>7.0f}M {len(program.gm.graph.nodes):>6} {len(ops):>4} "
+              f"{len(plan.fallback_nodes):>8} {capture_s:>7.1f}s {plan.solver.seconds:>7.1f}s "
+              f"{plan.solver.status:>9} {plan.solver.gap:>6.1%} {plan.predicted.step_time_s * 1e3:>8.3f}ms "
+              f"{plan.sharded_flops_fraction:>8.1%}", flush=True)
+        if plan.fallback_ops:
+            fallbacks[name] = plan.fallback_ops
+    for name, ops in fallbacks.items():
+        print(f"fallback ops in {name}: {', '.join(ops)}")
+
+
+if __name__ == "__main__":
+    main()
