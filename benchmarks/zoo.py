@@ -21,16 +21,6 @@ from autopar.capture import capture  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
 
-def sizes_for(name: str, width: int, seq: int, batch: int) -> dict:
-    heads = max(8, width // 64)
-    if name == "vit":
-        return {"batch": batch, "width": width, "heads": heads, "image": 224, "patch": 16}
-    common = {"batch": batch, "seq": seq, "width": width, "heads": heads, "vocab": 32000}
-    if name in ("llama", "mistral", "mixtral"):
-        common["kv_heads"] = heads // 4
-    return common
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mesh", default="dp=2,tp=4")
@@ -49,7 +39,7 @@ def main() -> None:
     fallbacks = {}
     for name in args.models.split(","):
         with torch.device("meta"):
-            model, inputs = hf_zoo.make(name, **sizes_for(name, args.width, args.seq, args.batch))
+            model, inputs = hf_zoo.make(name, **hf_zoo.sizes(name, args.width, args.seq, args.batch))
         start = time.perf_counter()
         program = capture(model, inputs)
         capture_s = time.perf_counter() - start

@@ -86,6 +86,17 @@ def vit(batch=4, image=32, patch=8, width=64, heads=4, layers=2, classes=10):
                                                              torch.randint(0, classes, (batch,)))
 
 
+def sizes(name: str, width: int = 1024, seq: int = 512, batch: int = 8) -> dict:
+    """Keyword sizes for ``make`` at which sharding pays on GPUs (plan these on the meta device)."""
+    heads = max(8, width // 64)
+    if name == "vit":
+        return {"batch": batch, "width": width, "heads": heads, "image": 224, "patch": 16}
+    common = {"batch": batch, "seq": seq, "width": width, "heads": heads, "vocab": 32000}
+    if name in ("llama", "mistral", "mixtral"):
+        common["kv_heads"] = heads // 4
+    return common
+
+
 ZOO = {"gpt2": gpt2, "llama": llama, "mistral": mistral, "bert": bert, "mixtral": mixtral, "vit": vit}
 
 

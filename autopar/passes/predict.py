@@ -49,14 +49,15 @@ class PredictPass(Pass):
         memory = {"parameters": params, "gradients": params, "saved_activations": saved}
         flops = program.table("flops")
         total = sum(flops.values())
-        split = sum(f for name, f in flops.items() if _splits_work(choice[name]))
+        split = sum(f for name, f in flops.items() if _splits_work(choice[name], ctx.mesh))
         fraction = split / total if total else 0.0
         program.tables["predicted"] = Predicted(compute + comm, compute, comm, memory, fraction)
         return (f"step {1e3 * (compute + comm):.4f} ms (compute {1e3 * compute:.4f}, communication {1e3 * comm:.4f}), "
                 f"{fraction:.0%} of FLOPs sharded")
 
 
-def _splits_work(strategy) -> bool:
-    """An op's work is split when some operand is sharded (a partial sum passed through is not: every
-    rank then does the whole op on its summand)."""
-    return any(isinstance(p, Shard) for spec in strategy.in_specs + strategy.out_specs for p in spec.placements)
+def _splits_work(strategy, mesh) -> bool:
+    """An op's work is split when some operand is sharded over an axis of 2 or more devices (a partial
+    sum passed through is not: every rank then does the whole op on its summand)."""
+    return any(isinstance(p, Shard) and mesh.shape[axis] > 1
+               for spec in strategy.in_specs + strategy.out_specs for axis, p in enumerate(spec.placements))
