@@ -6,22 +6,16 @@ import torch
 from torch import nn
 
 
-class CausalLM(nn.Module):
-    def __init__(self, model):
+class LossOf(nn.Module):
+    """``forward(inputs, labels)`` -> the Hugging Face model's loss; ``input_name`` says what the inputs are."""
+
+    def __init__(self, model, input_name: str = "input_ids"):
         super().__init__()
         self.model = model
+        self.input_name = input_name
 
-    def forward(self, input_ids, labels):
-        return self.model(input_ids=input_ids, labels=labels).loss
-
-
-class ImageClassifier(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values, labels):
-        return self.model(pixel_values=pixel_values, labels=labels).loss
+    def forward(self, inputs, labels):
+        return self.model(**{self.input_name: inputs, "labels": labels}).loss
 
 
 def _text_inputs(batch, seq, vocab, masked=False):
@@ -37,7 +31,7 @@ def gpt2(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256):
 
     cfg = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=seq,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return CausalLM(GPT2LMHeadModel(cfg)), _text_inputs(batch, seq, vocab)
+    return LossOf(GPT2LMHeadModel(cfg)), _text_inputs(batch, seq, vocab)
 
 
 def llama(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256):
@@ -46,7 +40,7 @@ def llama(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256):
     cfg = LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
                       max_position_embeddings=seq)
-    return CausalLM(LlamaForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+    return LossOf(LlamaForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
 
 
 def mistral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256):
@@ -55,7 +49,7 @@ def mistral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256)
     cfg = MistralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
                         max_position_embeddings=seq, sliding_window=seq)
-    return CausalLM(MistralForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+    return LossOf(MistralForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
 
 
 def mixtral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256, experts=4):
@@ -64,7 +58,7 @@ def mixtral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256,
     cfg = MixtralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
                         max_position_embeddings=seq, num_local_experts=experts, num_experts_per_tok=2)
-    return CausalLM(MixtralForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+    return LossOf(MixtralForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
 
 
 def bert(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256):
@@ -73,7 +67,7 @@ def bert(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256):
     cfg = BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
                      intermediate_size=4 * width, vocab_size=vocab, max_position_embeddings=seq,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return CausalLM(BertForMaskedLM(cfg)), _text_inputs(batch, seq, vocab, masked=True)
+    return LossOf(BertForMaskedLM(cfg)), _text_inputs(batch, seq, vocab, masked=True)
 
 
 def vit(batch=4, image=32, patch=8, width=64, heads=4, layers=2, classes=10):
@@ -82,7 +76,7 @@ def vit(batch=4, image=32, patch=8, width=64, heads=4, layers=2, classes=10):
     cfg = ViTConfig(image_size=image, patch_size=patch, hidden_size=width, num_hidden_layers=layers,
                     num_attention_heads=heads, intermediate_size=4 * width, num_labels=classes,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return ImageClassifier(ViTForImageClassification(cfg)), (torch.randn(batch, 3, image, image),
+    return LossOf(ViTForImageClassification(cfg), "pixel_values"), (torch.randn(batch, 3, image, image),
                                                              torch.randint(0, classes, (batch,)))
 
 
