@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Callable, Optional
 
 from torch import nn
@@ -42,6 +43,10 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     program = capture(model, example_inputs)
     history = PassManager(default_passes()).run(program, ctx)
     result = program.table("solver")
+    if result.status != "optimal":
+        warnings.warn(f"the sharding solver stopped at its {solver_time_limit_s:.0f} s limit; the plan is "
+                      f"within {result.gap:.1%} of optimal (raise solver_time_limit_s to close the gap)",
+                      stacklevel=2)
     return Plan(
         mesh=mesh,
         hardware=hw.name,

@@ -132,3 +132,11 @@ def test_sharded_flops_fraction():
     replicated = autopar.plan(small, small_inputs, mesh="tp=4")
     assert all(s.is_replicated() for s in param_specs(replicated).values())
     assert replicated.sharded_flops_fraction == 0.0
+
+
+def test_solver_time_limit_returns_a_valid_plan_with_a_warning():
+    model, inputs = gpt2.make("tiny")
+    with pytest.warns(UserWarning, match="within .* of optimal"):
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", solver_time_limit_s=0.01)
+    assert plan.solver.status == "feasible" and plan.solver.gap > 0
+    assert plan.emit("torch")  # still a complete program
