@@ -62,6 +62,11 @@ class Program:
                 return n
         raise KeyError(name)
 
+    def gradient_targets(self) -> list[tuple[str, str]]:
+        """(gradient node, placeholder of the parameter it belongs to) for every gradient."""
+        placeholder = {fqn: ph for ph, fqn in self.params.items()}
+        return [(grad, placeholder[fqn]) for grad, fqn in self.grads.items()]
+
     def table(self, name: str) -> dict:
         if name not in self.tables:
             raise KeyError(f"side table {name!r} is missing: a pass that provides it must run first")

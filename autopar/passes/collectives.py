@@ -71,9 +71,8 @@ class CollectivesPass(Pass):
                     continue  # getitem reads its tuple element in place
                 need(arg.name, choice[node.name].in_specs[j], node.name,
                      "forward" if node.name in forward else "backward")
-        param_of = {fqn: ph for ph, fqn in program.params.items()}
-        for grad, fqn in program.grads.items():
-            need(grad, choice[param_of[fqn]].out_specs[0], "output", "backward")
+        for grad, param in program.gradient_targets():
+            need(grad, choice[param].out_specs[0], "output", "backward")
 
         redistributions = []
         for k, ((value, dst), entry) in enumerate(found.items()):

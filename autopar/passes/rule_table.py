@@ -5,6 +5,7 @@ lists it in ``Plan.fallback_ops``. ``register_rule`` adds or overrides an entry.
 """
 from __future__ import annotations
 
+import math
 import string
 
 import torch
@@ -115,14 +116,8 @@ def _conv_letters(call: OpCall, backward: bool) -> Letters:
 
 
 def _conv_flops(in_shapes, out_shapes):
-    weight = in_shapes[1]
-    per_output = 2 * weight[1]
-    for d in weight[2:]:
-        per_output *= d
-    n = 1
-    for d in out_shapes[0]:
-        n *= d
-    return float(per_output * n)
+    # each output element is a dot product over input channels x kernel window
+    return 2.0 * math.prod(in_shapes[1][1:]) * math.prod(out_shapes[0])
 
 
 def _conv_backward_flops(in_shapes, out_shapes):
@@ -250,7 +245,7 @@ RULES: dict = {
 }
 RULES.update({_op(n): unary() for n in _UNARY})
 RULES.update({_op(n): unary(linear=True) for n in _UNARY_LINEAR})
-RULES.update({_op(n): LetterRule(unary(linear=True).make, follower=True, free=True) for n in _ALIASES})
+RULES.update({_op(n): unary(linear=True, free=True) for n in _ALIASES})
 RULES.update({_op(n): unary() for n in _SCALAR})
 RULES.update({_op(n): unary(linear=True) for n in _SCALAR_LINEAR})
 RULES.update({_op(n): pointwise("none") for n in _BINARY})

@@ -183,8 +183,10 @@ def pointwise(linear: str = "none", follower: bool = True) -> LetterRule:
     return LetterRule(make, follower=bool(follower))
 
 
-def unary(linear: bool = False) -> LetterRule:
-    return pointwise("first" if linear else "none", follower=True)
+def unary(linear: bool = False, free: bool = False) -> LetterRule:
+    rule = pointwise("first" if linear else "none", follower=True)
+    rule.free = free
+    return rule
 
 
 def _dims(value, rank: int) -> list[int]:

@@ -70,9 +70,7 @@ class SolveShardingPass(Pass):
             if not s.out_specs[0].is_replicated():
                 node_costs[loss_group][k] = math.inf
         # each gradient must end in its parameter's layout, so the optimizer updates matching shards
-        param_of = {fqn: ph for ph, fqn in program.params.items()}
-        for grad, fqn in program.grads.items():
-            param = param_of[fqn]
+        for grad, param in program.gradient_targets():
             add_edge(grad, param, lambda a, b, g=grad, p=param: cost.reshard_time(
                 meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]))
 

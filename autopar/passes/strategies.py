@@ -58,7 +58,7 @@ class StrategiesPass(Pass):
             call = make_call(node, meta)
             flops[node.name] = 0.0 if rule.free else rule.flops(call, call.in_shapes, call.out_shapes)
             inputs = tensor_inputs(node)
-            own = expand(rule, node, meta, ctx.mesh, ctx.cost)
+            own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
             if rule.follower and len(inputs) == 1 and len(strategies[inputs[0].name]) > 0:
                 src = inputs[0]
                 src_meta = meta[src.name][0]
@@ -118,9 +118,8 @@ def make_call(node: fx.Node, meta: dict) -> OpCall:
     )
 
 
-def expand(rule: Rule, node: fx.Node, meta: dict, mesh: Mesh, cost: CostModel) -> list[Strategy]:
+def expand(rule: Rule, call: OpCall, node: fx.Node, meta: dict, mesh: Mesh, cost: CostModel) -> list[Strategy]:
     """All combinations of the rule's 1-D options over the mesh axes that fit the shapes."""
-    call = make_call(node, meta)
     in_metas = [meta[a.name][0] for a in tensor_inputs(node)]
     out_metas = list(meta[node.name])
     options = rule.options(call)

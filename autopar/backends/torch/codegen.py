@@ -117,11 +117,10 @@ class _Body:
         self.lines.append(f"{node.name} = {op}({', '.join(text_args)}){comment}{fallback}")
 
     def output(self, node: IRNode) -> None:
-        g = self.plan.graph
-        param_of = {fqn: ph for ph, fqn in g.params.items()}
-        outs = [name if name not in g.grads else self.redistribute(name, self.plan.out_spec(param_of[g.grads[name]]))
-                for name in g.outputs]
-        outs = ["None" if name is None else name for name in outs]
+        grads = self.plan.graph.grads
+        outs = ["None" if name is None else
+                self.redistribute(name, self.plan.param_spec(grads[name])) if name in grads else name
+                for name in self.plan.graph.outputs]
         self.lines.append(f"return ({', '.join(outs)},)")
 
 
