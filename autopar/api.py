@@ -12,6 +12,7 @@ from autopar.cost_models.hardware import Hardware, get_hardware
 from autopar.cost_models.model import CostModel
 from autopar.graph_ir import to_ir
 from autopar.mesh import Mesh
+from autopar.module_paths import module_paths
 from autopar.passes.base import Pass, PassContext, PassManager
 from autopar.passes.collectives import CollectivesPass
 from autopar.passes.predict import PredictPass
@@ -26,19 +27,22 @@ def default_passes() -> list[Pass]:
 
 
 def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" = "h100-sxm",
-         solver: str = "mip", solver_time_limit_s: float = 60.0,
+         solver: str = "mip", solver_time_limit_s: float = 60.0, pin: Optional[dict] = None,
          progress: Optional[Callable[[str], None]] = None, verbose: bool = False) -> Plan:
     """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
 
     Runs in one process on fake tensors: no process group and no real memory, so
     models built on the meta device plan too. ``solver`` is "mip" (SCIP) or "cp-sat".
+    ``pin`` fixes parameter layouts, e.g. ``{"fc1.weight": "S(0),R"}`` (one placement per
+    mesh axis); the solver lays out everything else around them.
     """
     mesh = Mesh.parse(mesh)
     hw = get_hardware(hardware)
     if progress is None and verbose:
         progress = lambda msg: print(f"[autopar] {msg}", file=sys.stderr)  # noqa: E731
     ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw),
-                      options={"solver": solver, "solver_time_limit_s": solver_time_limit_s}, progress=progress)
+                      options={"solver": solver, "solver_time_limit_s": solver_time_limit_s,
+                               "pin": dict(pin or {})}, progress=progress)
     ctx.report("capturing the training step ...")
     program = capture(model, example_inputs)
     history = PassManager(default_passes()).run(program, ctx)
@@ -47,6 +51,7 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
         warnings.warn(f"the sharding solver stopped at its {solver_time_limit_s:.0f} s limit; the plan is "
                       f"within {result.gap:.1%} of optimal (raise solver_time_limit_s to close the gap)",
                       stacklevel=2)
+    fallback = program.table("fallback")
     return Plan(
         mesh=mesh,
         hardware=hw.name,
@@ -54,7 +59,8 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
         strategies=dict(program.table("choice")),
         redistributions=tuple(program.table("redistributions")),
         predicted=program.table("predicted"),
-        fallback_nodes=dict(program.table("fallback")),
+        fallback_nodes=dict(fallback),
+        fallback_modules={n: p for n, p in module_paths(program).items() if n in fallback} if fallback else {},
         solver=SolverStats(result.backend, result.status, result.objective, result.bound, result.gap,
                            result.seconds, result.n_variables),
         history=tuple(history),

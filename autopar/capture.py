@@ -54,6 +54,7 @@ def capture(model: nn.Module, example_inputs: tuple) -> Program:
     except Exception as exc:  # torch raises many types here; all mean "could not capture"
         raise CaptureError(_explain_capture_failure(exc)) from exc
     program = _to_program(joint, signature)
+    program.exported = exported
     canonicalize(program, tied)
     return program
 
@@ -131,16 +132,16 @@ def _to_program(gm: fx.GraphModule, signature) -> Program:
     return Program(
         gm=gm,
         constants=constants,
-        params={ph: _user_fqn(f) for ph, f in signature.inputs_to_parameters.items()},
-        buffers={ph: _user_fqn(f) for ph, f in signature.inputs_to_buffers.items()},
+        params={ph: user_fqn(f) for ph, f in signature.inputs_to_parameters.items()},
+        buffers={ph: user_fqn(f) for ph, f in signature.inputs_to_buffers.items()},
         user_inputs=list(signature.user_inputs),
         loss=loss,
-        grads={g: _user_fqn(f) for g, f in signature.backward_signature.gradients_to_parameters.items()},
+        grads={g: user_fqn(f) for g, f in signature.backward_signature.gradients_to_parameters.items()},
         outputs=outputs,
     )
 
 
-def _user_fqn(fqn: str) -> str:
+def user_fqn(fqn: str) -> str:
     return fqn.removeprefix("model.")  # drop the _LossOnly wrapper's attribute
 
 

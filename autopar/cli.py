@@ -2,6 +2,7 @@
 
     autopar plan examples.gpt2:factory --mesh dp=2,tp=2 --hardware h100-sxm --out plan.json --emit torch:gen.py
     autopar check examples.gpt2:factory --mesh dp=2,tp=2 --steps 3
+    autopar calibrate --out cpu.json
 
 FACTORY() returns (model, example_inputs); the model's forward returns the loss.
 """
@@ -70,6 +71,20 @@ def cmd_check(args) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_calibrate(args) -> int:
+    import time
+
+    from autopar.calibrate import calibrate
+    from autopar.cost_models.hardware import save_hardware
+
+    sizes = tuple(int(n) for n in args.world_sizes.split(","))
+    start = time.perf_counter()
+    hw, _ = calibrate(sizes, name=args.name, progress=lambda msg: print(f"[calibrate] {msg}", flush=True))
+    save_hardware(hw, args.out)
+    print(f"spec written to {args.out} in {time.perf_counter() - start:.0f} s; use it with --hardware {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="autopar", description="Plan and check distributed training of "
                                                                  "PyTorch models.")
@@ -77,7 +92,7 @@ def main(argv=None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("factory", help="MODULE:FACTORY; FACTORY() returns (model, example_inputs)")
     common.add_argument("--mesh", required=True, help="named mesh axes, e.g. dp=2,tp=2")
-    common.add_argument("--hardware", default="h100-sxm", help="hardware preset (default h100-sxm)")
+    common.add_argument("--hardware", default="h100-sxm", help="hardware preset (default h100-sxm) or a spec file")
     p = sub.add_parser("plan", parents=[common], help="plan a model and print the summary")
     p.add_argument("--out", help="write the plan as JSON here")
     p.add_argument("--emit", action="append", metavar="BACKEND:PATH", help="write the per-rank program, "
@@ -90,6 +105,11 @@ def main(argv=None) -> int:
                                                         "with eager PyTorch")
     c.add_argument("--steps", type=int, default=1, help="optimizer steps to compare")
     c.set_defaults(run=cmd_check)
+    k = sub.add_parser("calibrate", help="measure this machine (local gloo processes) and write a hardware spec")
+    k.add_argument("--out", required=True, help="where to write the spec (JSON)")
+    k.add_argument("--world-sizes", default="2,4", help="process counts to measure collectives over")
+    k.add_argument("--name", default="local-cpu")
+    k.set_defaults(run=cmd_calibrate)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

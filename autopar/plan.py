@@ -39,12 +39,21 @@ class Plan:
     fallback_nodes: dict  # node name -> op that got the Replicate fallback
     solver: SolverStats
     history: tuple[PassRecord, ...] = field(default=())
+    fallback_modules: dict = field(default_factory=dict)  # fallback node -> module path it sits in
     format_version: int = FORMAT_VERSION
 
     # ---- queries -------------------------------------------------------------------
     @property
     def fallback_ops(self) -> tuple[str, ...]:
         return tuple(sorted(set(self.fallback_nodes.values())))
+
+    @property
+    def fallback_sites(self) -> dict[str, list[str]]:
+        """op -> the module path of each node where it fell back ("?" where unknown)."""
+        sites: dict[str, list[str]] = {}
+        for node, op in sorted(self.fallback_nodes.items()):
+            sites.setdefault(op, []).append(self.fallback_modules.get(node, "?") or "<model>")
+        return sites
 
     @property
     def sharded_flops_fraction(self) -> float:
@@ -100,8 +109,10 @@ class Plan:
             "predicted": {"step_time_s": self.predicted.step_time_s, "compute_s": self.predicted.compute_s,
                           "communication_s": self.predicted.communication_s,
                           "memory_bytes": self.predicted.memory_bytes,
-                          "sharded_flops_fraction": self.predicted.sharded_flops_fraction},
+                          "sharded_flops_fraction": self.predicted.sharded_flops_fraction,
+                          "total_flops": self.predicted.total_flops},
             "fallback_nodes": self.fallback_nodes,
+            "fallback_modules": self.fallback_modules,
             "solver": self.solver.__dict__,
             "history": [r.__dict__ for r in self.history],
         }
@@ -126,6 +137,7 @@ class Plan:
                 redistributions=tuple(Redistribution.from_json(r) for r in d["redistributions"]),
                 predicted=Predicted(**d["predicted"]),
                 fallback_nodes=dict(d["fallback_nodes"]),
+                fallback_modules=dict(d["fallback_modules"]),
                 solver=SolverStats(**d["solver"]),
                 history=tuple(PassRecord(**r) for r in d["history"]),
                 format_version=version,

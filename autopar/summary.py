@@ -5,6 +5,7 @@ from collections import Counter
 from autopar.backends.printer import human_bytes, human_seconds, shape_text
 
 _MAX_ROWS = 40
+_MAX_SITES = 4  # module paths listed per fallback op
 _METADATA_OPS = ("getitem", "aten.view.", "aten._unsafe_view.", "aten.reshape.", "aten.t.", "aten.transpose.",
                  "aten.permute.", "aten.expand.", "aten.detach.", "aten.unsqueeze.", "aten.squeeze.", "aten.alias.")
 
@@ -54,7 +55,10 @@ def summarize(plan) -> str:
     if len(coll) > _MAX_ROWS:
         out.append(f"  ... {len(coll) - _MAX_ROWS} more")
 
-    counts = Counter(plan.fallback_nodes.values())
-    out += ["", "fallback ops (no sharding rule; replicated): " +
-            (", ".join(f"{op} x{c}" for op, c in sorted(counts.items())) if counts else "none")]
+    sites = plan.fallback_sites
+    out += ["", "fallback ops (no sharding rule; replicated): " + ("" if sites else "none")]
+    for op, modules in sites.items():
+        distinct = sorted(set(modules))
+        where = ", ".join(distinct[:_MAX_SITES]) + (f" and {len(distinct) - _MAX_SITES} more" if len(distinct) > _MAX_SITES else "")
+        out.append(f"  {op} x{len(modules)} in {where}")
     return "\n".join(out)

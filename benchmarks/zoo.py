@@ -52,9 +52,10 @@ def main() -> None:
               f"{plan.solver.status:>9} {plan.solver.gap:>6.1%} {plan.predicted.step_time_s * 1e3:>8.3f}ms "
               f"{plan.sharded_flops_fraction:>8.1%}", flush=True)
         if plan.fallback_ops:
-            fallbacks[name] = plan.fallback_ops
-    for name, ops in fallbacks.items():
-        print(f"fallback ops in {name}: {', '.join(ops)}")
+            fallbacks[name] = plan.fallback_sites
+    for name, sites in fallbacks.items():
+        for op, modules in sites.items():
+            print(f"fallback in {name}: {op} x{len(modules)} in {', '.join(sorted(set(modules)))}")
 
 
 if __name__ == "__main__":

@@ -80,9 +80,9 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def make(size: str = "tiny", device: str = "cpu", seed: int = 0):
-    """(model, example inputs) for one of ``SIZES``; ``device="meta"`` builds it without memory."""
-    cfg = SIZES[size]
+def make(size: "str | GPT2Config" = "tiny", device: str = "cpu", seed: int = 0):
+    """(model, example inputs) for one of ``SIZES`` or a config; ``device="meta"`` builds it without memory."""
+    cfg = SIZES[size] if isinstance(size, str) else size
     torch.manual_seed(seed)
     with torch.device(device):
         model = GPT2(cfg)

@@ -1,17 +1,28 @@
 """Small models for tests. Importable by the worker processes (tests/ is on sys.path)."""
+import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-class CumsumModel(nn.Module):
-    """Uses torch.cumsum, which has no sharding rule: it must fall back to replication."""
-
-    def __init__(self, width=16):
+class _Scan(nn.Module):
+    def __init__(self, width):
         super().__init__()
         self.fc = nn.Linear(width, width)
 
     def forward(self, x):
-        return self.fc(x).cumsum(dim=1).pow(2).mean()
+        return torch.logcumsumexp(self.fc(x), dim=1)
+
+
+class UnruledOpModel(nn.Module):
+    """Uses torch.logcumsumexp (inside ``scan``), which has no sharding rule: it must fall back to replication."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.scan = _Scan(width)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.head(self.scan(x)).pow(2).mean()
 
 
 class BranchyModel(nn.Module):

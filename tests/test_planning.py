@@ -7,7 +7,7 @@ from autopar import CaptureError, Plan, PlanFormatError
 from autopar.placement import Partial, Shard
 from autopar.passes.strategies import spec_fits
 from examples import gpt2, mlp
-from tests.models import BranchyModel, CumsumModel, TupleLoss
+from tests.models import BranchyModel, UnruledOpModel, TupleLoss
 
 
 def param_specs(plan: Plan) -> dict:
@@ -54,12 +54,15 @@ def test_never_shards_an_indivisible_dim(fast_network):
 
 
 def test_op_without_rule_falls_back_and_is_listed():
-    model = CumsumModel()
+    model = UnruledOpModel()
     plan = autopar.plan(model, (torch.randn(4, 16),), mesh="dp=2")
-    assert "aten.cumsum.default" in plan.fallback_ops
-    node = next(n for n, op in plan.fallback_nodes.items() if op == "aten.cumsum.default")
+    assert "aten.logcumsumexp.default" in plan.fallback_ops
+    node = next(n for n, op in plan.fallback_nodes.items() if op == "aten.logcumsumexp.default")
     assert all(s.is_replicated() for s in plan.strategies[node].in_specs + plan.strategies[node].out_specs)
-    assert "aten.cumsum.default x2" in plan.summary()  # forward and backward (cumsum of the flipped grad)
+    # forward, and the backward's logcumsumexp over flipped gradients: each named with the module it sits in
+    assert plan.fallback_sites["aten.logcumsumexp.default"] == ["scan"] * 3
+    assert plan.fallback_sites["aten.flip.default"] == ["scan"] * 4
+    assert "aten.logcumsumexp.default x3 in scan" in plan.summary()
 
 
 def test_json_round_trip_is_lossless():

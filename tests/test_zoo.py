@@ -1,5 +1,5 @@
 """Hugging Face transformers models (random init, small configs) planned sharded and
-checked against eager. Mixtral's routing ops still fall back to replication (listed)."""
+checked against eager; no op of theirs falls back to replication."""
 import pytest
 
 import autopar
@@ -7,25 +7,29 @@ from examples import hf_zoo
 
 pytest.importorskip("transformers", reason="transformers is a test dependency: pip install -e '.[test]'")
 
-SHARDED = ["gpt2", "llama", "mistral", "bert", "vit"]
+ZOO = ["gpt2", "llama", "mistral", "bert", "mixtral", "vit"]
+# SCIP proves most of these optimal in 10-55 s on 2 cores; Mixtral's routing graph takes
+# 130-200 s, so for the run on gloo its solve is cut at 60 s: any incumbent is a correct
+# program, which check verifies
+SOLVE_LIMIT_S = {"mixtral": 60}
 
 
-@pytest.mark.parametrize("name", SHARDED + ["mixtral"])
+@pytest.mark.parametrize("name", ZOO)
 def test_zoo_model_on_dp2_matches_eager(name, fast_network):
     model, inputs = hf_zoo.make(name)
     plan = autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network)
-    if name in SHARDED:
-        assert plan.fallback_ops == (), plan.fallback_ops
-    assert plan.sharded_flops_fraction > 0.5
+    assert plan.fallback_ops == (), plan.fallback_ops
+    assert plan.sharded_flops_fraction > 0.9
     report = autopar.check(model, inputs, plan=plan)
     assert report.ok, str(report)
 
 
-@pytest.mark.parametrize("name", SHARDED)
+@pytest.mark.filterwarnings("ignore:the sharding solver stopped")
+@pytest.mark.parametrize("name", ZOO)
 def test_zoo_model_on_dp2_tp2_matches_eager(name, fast_network):
     model, inputs = hf_zoo.make(name)
-    # SCIP proves these optimal in 10-55 s on 2 cores (llama and mistral are the slow ones)
-    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network, solver_time_limit_s=180)
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network,
+                        solver_time_limit_s=SOLVE_LIMIT_S.get(name, 180))
     assert plan.fallback_ops == ()
     assert plan.sharded_flops_fraction > 0.9
     assert any(s.kind != "shard" and plan.mesh.axis_names[s.axis] == "tp"
@@ -34,15 +38,9 @@ def test_zoo_model_on_dp2_tp2_matches_eager(name, fast_network):
     assert report.ok, str(report)
 
 
-def test_mixtral_fallbacks_are_listed_in_the_summary():
-    model, inputs = hf_zoo.make("mixtral")
-    plan = autopar.plan(model, inputs, mesh="dp=2")
-    assert "aten.topk.default" in plan.fallback_ops
-    assert "aten.topk.default x2" in plan.summary()
-
-
+@pytest.mark.filterwarnings("ignore:the sharding solver stopped")  # Mixtral on dp=2,tp=2: within 1% at 180 s
 @pytest.mark.parametrize("mesh", ["tp=2", "dp=2,tp=2"])
-@pytest.mark.parametrize("name", SHARDED)
+@pytest.mark.parametrize("name", ZOO)
 def test_zoo_plans_shard_where_it_pays(name, mesh):
     """At GPU-sized widths (planned on the meta device) the H100 plan splits nearly all FLOPs
     and is much faster than one device in the same cost model."""

@@ -1,6 +1,14 @@
-"""Hardware presets (per GPU, per direction), from DESIGN.md's table."""
+"""Hardware specs: presets from DESIGN.md's table, or a JSON/YAML file.
+
+A cluster is ``nodes x devices_per_node`` devices; devices in a node talk over
+``intra_node`` links (NVLink), nodes over ``inter_node`` links (InfiniBand).
+Bandwidths are per GPU per direction.
+"""
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from dataclasses import dataclass
 
 from autopar.errors import AutoparError
@@ -24,12 +32,40 @@ class Hardware:
     inter_node: Link
     devices_per_node: int = 8
     compute_efficiency: float = 0.7  # fraction of peak a large matmul reaches
+    # FLOPs of a kernel that reaches half of compute_efficiency: small matmuls cannot fill the device
+    half_efficiency_flops: float = 1e8
     memory_efficiency: float = 0.8
     kernel_floor_s: float = 2e-6  # launch overhead: no kernel is faster than this
+    fp32_flops_ratio: float = 0.5  # fp32 runs on TF32 tensor cores at about half the bf16 rate
 
     def flops_rate(self, dtype_bytes: int) -> float:
-        # fp32 runs on TF32 tensor cores at about half the bf16 rate
-        return self.peak_flops if dtype_bytes <= 2 else self.peak_flops / 2
+        return self.peak_flops if dtype_bytes <= 2 else self.peak_flops * self.fp32_flops_ratio
+
+    def efficiency(self, flops: float) -> float:
+        """Fraction of peak a kernel of ``flops`` reaches (saturating: f / (f + f_half))."""
+        return self.compute_efficiency * flops / (flops + self.half_efficiency_flops)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @staticmethod
+    def from_dict(d: dict, source: str = "the hardware spec") -> "Hardware":
+        if not isinstance(d, dict):
+            raise AutoparError(f"{source} must be a mapping of fields, got {type(d).__name__}")
+        fields = {f.name for f in dataclasses.fields(Hardware)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise AutoparError(f"{source} has unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+        d = dict(d)
+        try:
+            for key in ("intra_node", "inter_node"):
+                if key in d:
+                    d[key] = Link(**d[key])
+            return Hardware(**d)
+        except TypeError as exc:
+            raise AutoparError(f"{source} is incomplete or malformed ({exc}); it needs name, peak_flops, "
+                               f"memory_bytes, memory_bandwidth, intra_node and inter_node "
+                               f"({{bandwidth, latency}})") from exc
 
 
 PRESETS = {
@@ -40,8 +76,39 @@ PRESETS = {
 
 
 def get_hardware(hardware: "str | Hardware") -> Hardware:
+    """A preset name, a path to a .json/.yaml spec, or a Hardware value."""
     if isinstance(hardware, Hardware):
         return hardware
     if hardware in PRESETS:
         return PRESETS[hardware]
-    raise AutoparError(f"unknown hardware {hardware!r}; choose one of {', '.join(sorted(PRESETS))}")
+    if isinstance(hardware, (str, os.PathLike)) and str(hardware).endswith((".json", ".yaml", ".yml")):
+        return load_hardware(hardware)
+    raise AutoparError(f"unknown hardware {hardware!r}; choose one of {', '.join(sorted(PRESETS))} "
+                       f"or give a .json/.yaml spec file (`autopar calibrate --out FILE` writes one)")
+
+
+def load_hardware(path: "str | os.PathLike") -> Hardware:
+    path = str(path)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise AutoparError(f"cannot read the hardware spec {path}: {exc.strerror}") from exc
+    if path.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise AutoparError(f"the hardware spec {path} is not valid JSON: {exc}") from exc
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise AutoparError(f"the hardware spec {path} is not valid YAML: {exc}") from exc
+    return Hardware.from_dict(data, source=f"the hardware spec {path}")
+
+
+def save_hardware(hw: Hardware, path: "str | os.PathLike") -> None:
+    with open(path, "w") as f:
+        f.write(hw.to_json() + "\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autopar.cost_models.collectives import axis_link, collective_time
+from autopar.cost_models.collectives import axis_placement, collective_time
 from autopar.cost_models.compute import roofline_time
 from autopar.cost_models.hardware import Hardware
 from autopar.mesh import Mesh
@@ -36,7 +36,7 @@ class CostModel:
             elif step.kind == "zero_partial":  # a local fill with zeros
                 seconds, moved = local / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
             else:  # every collective also pays a launch, like any kernel
-                seconds = collective_time(step.kind, message, p, axis_link(self.mesh, step.axis, hw)) \
+                seconds = collective_time(step.kind, message, axis_placement(self.mesh, step.axis, hw), hw) \
                     + hw.kernel_floor_s
                 moved = message
             out.append((step, seconds, moved))

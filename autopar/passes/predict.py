@@ -16,6 +16,7 @@ class Predicted:
     communication_s: float
     memory_bytes: dict  # per device: parameters, gradients, saved_activations
     sharded_flops_fraction: float = 0.0  # share of the step's FLOPs split (not repeated) over some mesh axis
+    total_flops: float = 0.0  # FLOPs of one training step of the whole model (forward and backward)
 
     @property
     def memory_per_device_bytes(self) -> float:
@@ -51,7 +52,7 @@ class PredictPass(Pass):
         total = sum(flops.values())
         split = sum(f for name, f in flops.items() if _splits_work(choice[name], ctx.mesh))
         fraction = split / total if total else 0.0
-        program.tables["predicted"] = Predicted(compute + comm, compute, comm, memory, fraction)
+        program.tables["predicted"] = Predicted(compute + comm, compute, comm, memory, fraction, total)
         return (f"step {1e3 * (compute + comm):.4f} ms (compute {1e3 * compute:.4f}, communication {1e3 * comm:.4f}), "
                 f"{fraction:.0%} of FLOPs sharded")
 

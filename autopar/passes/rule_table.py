@@ -19,6 +19,7 @@ from autopar.passes.rules import (
     PermuteRule,
     ReplicateOnly,
     Rule,
+    RuleDoesNotApply,
     ViewRule,
     einsum,
     fixed_dim_rule,
@@ -157,6 +158,100 @@ def _pad(call: OpCall) -> Letters:
     return Letters((letters,), (letters,), fixed=frozenset(letters[d] for d in padded))
 
 
+def _along_dim(dim_arg: int, partial_ok=lambda call: False) -> LetterRule:
+    """topk / sort / cumsum along one dim: that dim stays whole, the others shard.
+    On a 1-D tensor (MoE routing sorts the flattened token-expert pairs) this leaves
+    replication as the only layout, which is genuinely the only correct one per op."""
+
+    def make(call: OpCall) -> Letters:
+        rank = len(call.in_shapes[0])
+        letters = string.ascii_lowercase[:rank]
+        d = call.arg(dim_arg, "dim", -1) % rank if rank else 0
+        outs = tuple(None if s is None else letters for s in call.out_shapes)
+        return Letters((letters,), outs, fixed=frozenset(letters[d:d + 1]),
+                       partial_inputs=(frozenset({0}),) if partial_ok(call) else ())
+
+    return LetterRule(make, follower=True)
+
+
+def _cumsum_is_linear(call: OpCall) -> bool:
+    # a float -> int cast truncates each summand, so a partial sum would not survive it
+    dtype = call.arg(2, "dtype")
+    return dtype is None or dtype.is_floating_point
+
+
+def _histc(call: OpCall) -> Letters:
+    """Counts of a split input add up: any sharded input dim gives partial counts."""
+    letters = string.ascii_lowercase[: len(call.in_shapes[0])]
+    return Letters((letters,), ("Z",), fixed=frozenset("Z"))
+
+
+def _advanced_index(call: OpCall, indices) -> tuple[int, int]:
+    """(position, rank) of the single index tensor in ``x[..., idx, ...]``."""
+    present = [i for i, t in enumerate(indices) if t is not None]
+    if len(present) != 1:
+        raise RuleDoesNotApply("only one index tensor is supported")
+    return present[0], len(call.in_shapes[1])
+
+
+def _index(call: OpCall) -> Letters:
+    """x[idx] along dim p: the indexed dim stays whole; the other dims of x, or the
+    dims of idx, shard. Gathering is linear in x, so a partial x gives a partial result."""
+    p, q = _advanced_index(call, call.args[1])
+    rank = len(call.in_shapes[0])
+    own = string.ascii_lowercase[:rank]
+    idx = string.ascii_uppercase[:q]
+    return Letters((own, idx), (own[:p] + idx + own[p + 1:],), fixed=frozenset(own[p]),
+                   partial_inputs=(frozenset({0}),))
+
+
+def _index_put(call: OpCall) -> Letters:
+    """x[idx] = v (or += v): dims of x other than p shard with v. With accumulate, a
+    split idx makes each rank add its share of v, so x and the result are partial."""
+    p, q = _advanced_index(call, call.args[1])
+    rank = len(call.in_shapes[0])
+    own = string.ascii_lowercase[:rank]
+    idx = string.ascii_uppercase[:q]
+    full = own[:p] + idx + own[p + 1:]
+    values_shape = call.in_shapes[2]
+    full_shape = call.in_shapes[0][:p] + call.in_shapes[1] + call.in_shapes[0][p + 1:]
+    aligned = full[len(full) - len(values_shape):]
+    values = "".join(c if n == full_shape[len(full) - len(values_shape) + i] else "Z"
+                     for i, (c, n) in enumerate(zip(aligned, values_shape)))
+    accumulate = bool(call.arg(3, "accumulate", False))
+    fixed = {own[p], "Z"} | (set() if accumulate else set(idx))
+    return Letters((own, idx, values), (own,), fixed=frozenset(fixed), additive=frozenset({0}),
+                   partial_inputs=(frozenset({0, 2}),))
+
+
+def _scatter(call: OpCall) -> Letters:
+    """scatter(x, dim, idx, src): the scattered dim stays whole, rows shard where all
+    three agree; linear in (x, src) together."""
+    rank = len(call.in_shapes[0])
+    d = call.args[1] % rank
+    lower, upper = string.ascii_lowercase, string.ascii_uppercase
+    own = "".join("X" if i == d else lower[i] for i in range(rank))
+    idx = "".join("Y" if i == d else (lower[i] if n == call.in_shapes[0][i] else upper[i])
+                  for i, n in enumerate(call.in_shapes[1]))
+    return Letters((own, idx, idx), (own,), fixed=frozenset(upper), partial_inputs=(frozenset({0, 2}),))
+
+
+def _grouped_mm(call: OpCall) -> Letters:
+    """transformers' grouped_mm(input (S, k), weight (E, k, n), offs (E,)): rows S are
+    cut into expert groups by global offsets, so S and E stay whole; k and n shard as in mm."""
+    return Letters(("Sk", "Ekn", "E"), ("Sn",), fixed=frozenset("SE"),
+                   partial_inputs=(frozenset({0}), frozenset({1})))
+
+
+def _grouped_mm_backward(call: OpCall) -> Letters:
+    return Letters(("Sk", "Ekn", "E", "Sn"), ("Sk", "Ekn"), fixed=frozenset("SE"), partial_inputs=(frozenset({3}),))
+
+
+def _grouped_mm_flops(in_shapes, out_shapes):
+    (rows, k), (_, _, n) = in_shapes[0], in_shapes[1]
+    return 2.0 * rows * k * n  # each row meets one expert's weight
+
+
 SDPA_FORWARD = LetterRule(lambda c: _sdpa_letters(c, ("bhtd", "bhsd", "bhsd"), ("bhtd", "bht")),
                           flop_fn=_sdpa_flops)
 SDPA_BACKWARD = LetterRule(
@@ -173,7 +268,7 @@ _SCALAR = ["add.Scalar", "sub.Scalar", "rsub.Scalar", "pow.Tensor_Scalar", "eq.S
 _SCALAR_LINEAR = ["mul.Scalar", "div.Scalar"]
 _BINARY = ["maximum", "minimum", "eq.Tensor", "ne.Tensor", "gt.Tensor", "lt.Tensor", "ge.Tensor", "le.Tensor",
            "logical_and", "logical_or", "pow.Tensor_Tensor", "where.self", "masked_fill.Tensor",
-           "bitwise_and.Tensor", "bitwise_or.Tensor"]
+           "bitwise_and.Tensor", "bitwise_or.Tensor", "floor_divide.default"]
 # backward ops that are linear in their first argument, the incoming gradient
 _GRAD_LINEAR = ["gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward",
                 "native_dropout_backward"]
@@ -232,6 +327,13 @@ RULES: dict = {
     aten.select_backward.default: LetterRule(_slice_backward, follower=True, shape_arg=1),
     aten.constant_pad_nd.default: LetterRule(_pad, follower=True),
     aten.gather.default: LetterRule(_gather),
+    aten.index.Tensor: LetterRule(_index),
+    aten.index_put.default: LetterRule(_index_put),
+    aten.scatter.src: LetterRule(_scatter),
+    aten.topk.default: _along_dim(2),
+    aten.sort.default: _along_dim(1),
+    aten.cumsum.default: _along_dim(1, partial_ok=_cumsum_is_linear),
+    aten.histc.default: LetterRule(_histc),
     # the backend draws the mask for the global shape (same seed on every rank) and keeps its block
     aten.native_dropout.default: LetterRule(_dropout, follower=True),
     aten.full.default: FactoryRule(),
@@ -252,8 +354,16 @@ RULES.update({_op(n): pointwise("none") for n in _BINARY})
 RULES.update({_op(n): pointwise("first") for n in _GRAD_LINEAR})
 
 
+# ops of libraries autopar does not import, by name (their OpOverloads exist only once imported)
+NAMED_RULES: dict = {
+    "transformers.grouped_mm_fallback.default": LetterRule(_grouped_mm, flop_fn=_grouped_mm_flops),
+    "transformers.grouped_mm_fallback_backward.default": LetterRule(
+        _grouped_mm_backward, flop_fn=lambda i, o: 2 * _grouped_mm_flops(i, o)),
+}
+
+
 def rule_for(target) -> Rule | None:
-    return RULES.get(target)
+    return RULES.get(target) or NAMED_RULES.get(str(target))
 
 
 def register_rule(op, rule: Rule) -> None:

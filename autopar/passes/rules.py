@@ -16,6 +16,10 @@ from autopar.placement import P, R, Shard
 from autopar.strategy import Option
 
 
+class RuleDoesNotApply(Exception):
+    """Raised by a rule for a call it cannot describe; the op then gets the Replicate fallback."""
+
+
 @dataclass(frozen=True)
 class OpCall:
     target: Any

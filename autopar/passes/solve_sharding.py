@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 
+from autopar.errors import AutoparError
 from autopar.passes.base import Pass, PassContext
+from autopar.placement import Spec
 from autopar.program import Program, tensor_inputs
 from autopar.solver import solve
 
@@ -74,6 +76,11 @@ class SolveShardingPass(Pass):
             add_edge(grad, param, lambda a, b, g=grad, p=param: cost.reshard_time(
                 meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]))
 
+        for name, allowed in _pinned(program, strategies, ctx.options.get("pin", {}), ctx.mesh).items():
+            for k, s in enumerate(strategies[name]):
+                if s.out_specs[0] != allowed:
+                    node_costs[index[name]][k] = math.inf
+
         edges = [(i, j, m) for (i, j), m in edge_acc.items()]
         hint = [_replicated_index(strategies[g]) for g in groups]
         result = solve(node_costs, edges, backend=ctx.options.get("solver", "mip"),
@@ -86,6 +93,26 @@ class SolveShardingPass(Pass):
         program.tables["solver"] = result
         return (f"{len(groups)} variables groups, {len(edges)} edges, {result.n_variables} booleans, "
                 f"{result.status}, objective {result.objective * 1e3:.4f} ms, gap {result.gap:.2%}")
+
+
+def _pinned(program: Program, strategies: dict, pin: dict, mesh) -> dict:
+    """Placeholder name -> the Spec the user pinned its parameter to (checked against its options)."""
+    placeholder = {fqn: ph for ph, fqn in program.params.items()}
+    out = {}
+    for fqn, text in pin.items():
+        if fqn not in placeholder:
+            raise AutoparError(f"cannot pin {fqn!r}: the model has no such parameter (it has e.g. "
+                               f"{', '.join(sorted(placeholder)[:4])})")
+        try:
+            spec = Spec.from_json(text) if isinstance(text, str) else Spec(tuple(text))
+        except ValueError as exc:
+            raise AutoparError(f"cannot pin {fqn!r}: {exc}") from exc
+        options = [s.out_specs[0] for s in strategies[placeholder[fqn]]]
+        if len(spec.placements) != mesh.ndim or spec not in options:
+            raise AutoparError(f"cannot pin {fqn!r} to {text!r} on mesh {mesh}: its layouts are "
+                               f"{', '.join(o.to_json() for o in options)} (one placement per mesh axis)")
+        out[placeholder[fqn]] = spec
+    return out
 
 
 def _replicated_index(options) -> int | None:

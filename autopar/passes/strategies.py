@@ -17,7 +17,7 @@ from autopar.cost_models.model import CostModel
 from autopar.mesh import Mesh
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.rule_table import rule_for
-from autopar.passes.rules import OpCall, ReplicateOnly, Rule
+from autopar.passes.rules import OpCall, ReplicateOnly, Rule, RuleDoesNotApply
 from autopar.placement import Partial, R, Shard, Spec
 from autopar.program import Program, TensorMeta, is_multi_output, tensor_inputs
 from autopar.strategy import Strategy
@@ -54,11 +54,17 @@ class StrategiesPass(Pass):
                 strategies[node.name] = [Strategy((s.out_specs[i],), (s.out_specs[i],)) for s in strategies[src.name]]
                 tied[node.name] = src.name
                 continue
-            rule = _rule(node, fallback)
+            rule = rule_for(node.target) or FALLBACK
             call = make_call(node, meta)
+            try:
+                own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
+            except RuleDoesNotApply:
+                rule = FALLBACK
+                own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
+            if rule is FALLBACK:
+                fallback[node.name] = op_name(node.target)
             flops[node.name] = 0.0 if rule.free else rule.flops(call, call.in_shapes, call.out_shapes)
             inputs = tensor_inputs(node)
-            own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
             if rule.follower and len(inputs) == 1 and len(strategies[inputs[0].name]) > 0:
                 src = inputs[0]
                 src_meta = meta[src.name][0]
@@ -69,14 +75,6 @@ class StrategiesPass(Pass):
         program.tables.update(strategies=strategies, tied_to=tied, fallback=fallback, flops=flops)
         free = sum(1 for n in strategies if n not in tied)
         return f"{len(strategies)} nodes, {free} free, {sum(len(strategies[n]) for n in strategies if n not in tied)} strategies, {len(fallback)} fallbacks"
-
-
-def _rule(node: fx.Node, fallback: dict) -> Rule:
-    rule = rule_for(node.target)
-    if rule is None:
-        fallback[node.name] = op_name(node.target)
-        return FALLBACK
-    return rule
 
 
 def placeholder_strategies(meta: Optional[TensorMeta], mesh: Mesh) -> list[Strategy]:

@@ -11,6 +11,7 @@ import atexit
 import os
 import queue
 import socket
+import time
 import traceback
 from datetime import timedelta
 
@@ -73,12 +74,9 @@ class LocalCluster:
     def _collect(self) -> list:
         out: list = [None] * self.world_size
         errors = []
+        deadline = time.monotonic() + self.timeout_s
         for _ in range(self.world_size):
-            try:
-                rank, ok, value = self.results.get(timeout=self.timeout_s)
-            except queue.Empty:
-                self.close()
-                raise WorkerError(f"local workers gave no answer within {self.timeout_s:.0f} s") from None
+            rank, ok, value = self._next_result(deadline)
             if ok:
                 out[rank] = value
             else:
@@ -87,6 +85,20 @@ class LocalCluster:
             self.close()  # a failed collective can leave the group unusable: start afresh next time
             raise WorkerError("a job failed on the local workers:\n" + "\n".join(errors))
         return out
+
+    def _next_result(self, deadline: float):
+        while True:
+            try:
+                return self.results.get(timeout=1.0)
+            except queue.Empty:
+                pass
+            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                self.close()
+                if dead:  # e.g. a spawned child re-imported a script that starts workers at import time
+                    raise WorkerError(f"local worker rank(s) {dead} exited before answering; if a script calls "
+                                      "autopar at import time, put that code under `if __name__ == '__main__':`")
+                raise WorkerError(f"local workers gave no answer within {self.timeout_s:.0f} s")
 
     @property
     def alive(self) -> bool:

@@ -30,46 +30,53 @@ class RankMesh:
         self.device_mesh = init_device_mesh(self.device.type, mesh.shape, mesh_dim_names=mesh.axis_names)
         self.groups = {name: self.device_mesh.get_group(name) for name in mesh.axis_names}
         self._gloo = dist.get_backend() == "gloo"
-        self.bytes_moved: Counter = Counter()  # collective kind -> bytes sent by this rank
+        self.bytes_moved: Counter = Counter()  # collective kind -> message bytes, as the cost model counts them
 
     def _axis(self, name: str) -> tuple[int, int, object]:
         axis = self.mesh.axis_names.index(name)
         return self.coords[axis], self.mesh.shape[axis], self.groups[name]
 
+    # Each collective counts the message the plan asked for (the cost model's n), even where
+    # gloo composes it from other calls, so counted and predicted bytes compare one to one.
     def all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
-        _, p, group = self._axis(axis)
-        out = x.detach().clone()
-        dist.all_reduce(out, group=group)
-        self.bytes_moved["all_reduce"] += out.numel() * out.element_size()
-        return out
+        self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
+        return self._all_reduce(x, axis)
 
     def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-        _, p, group = self._axis(axis)
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(p)]
-        dist.all_gather(parts, x, group=group)
-        self.bytes_moved["all_gather"] += x.numel() * x.element_size() * p
-        return torch.cat(parts, dim=dim)
+        self.bytes_moved["all_gather"] += x.numel() * x.element_size() * self._axis(axis)[1]
+        return self._all_gather(x, axis, dim)
 
     def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         coord, p, group = self._axis(axis)
-        if self._gloo:
-            return self.shard(self.all_reduce(x, axis), axis, dim)
+        self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
+        if self._gloo:  # gloo has no reduce_scatter
+            return self.shard(self._all_reduce(x, axis), axis, dim)
         parts = [c.contiguous() for c in x.chunk(p, dim)]
         out = torch.empty_like(parts[coord])
         dist.reduce_scatter(out, parts, group=group)
-        self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
         return out
 
     def all_to_all(self, x: torch.Tensor, axis: str, src_dim: int, dst_dim: int) -> torch.Tensor:
         coord, p, group = self._axis(axis)
-        if self._gloo:
-            return self.shard(self.all_gather(x, axis, src_dim), axis, dst_dim)
+        self.bytes_moved["all_to_all"] += x.numel() * x.element_size()
+        if self._gloo:  # gloo has no all_to_all
+            return self.shard(self._all_gather(x, axis, src_dim), axis, dst_dim)
         sends = [c.contiguous() for c in x.chunk(p, dst_dim)]
         recvs = [torch.empty_like(sends[0]) for _ in range(p)]
         dist.all_to_all(recvs, sends, group=group)
-        self.bytes_moved["all_to_all"] += x.numel() * x.element_size()
         return torch.cat(recvs, dim=src_dim)
+
+    def _all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
+        out = x.detach().clone()
+        dist.all_reduce(out, group=self._axis(axis)[2])
+        return out
+
+    def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        _, p, group = self._axis(axis)
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(p)]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=dim)
 
     def shard(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         coord, p, _ = self._axis(axis)

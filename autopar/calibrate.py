@@ -1,0 +1,152 @@
+"""Measure this machine and fit a hardware spec: ``autopar calibrate --out cpu.json``.
+
+Each "device" is one local gloo process, as in ``autopar.check``. Compute is
+measured on every rank at once (ranks share the cores, as they do when a
+program runs), collectives through the same RankMesh calls emitted programs use.
+
+Fits (least squares):
+- matmul time t = (f + f_half) / rate, i.e. the efficiency curve f / (f + f_half);
+- collective time t − floor = a·α + b·β, with a, b from the ring formulas of
+  ``cost_models.collectives`` for each kind, size and group size.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+
+from autopar.cost_models.hardware import Hardware, Link
+
+MATMUL_SIZES = (64, 128, 256, 512, 768)
+MESSAGE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
+              progress: Optional[Callable[[str], None]] = None) -> tuple[Hardware, dict]:
+    """The fitted spec and the raw measurements behind it."""
+    from autopar.runtime.local_cluster import get_cluster
+
+    report = progress or (lambda msg: None)
+    largest = max(world_sizes)
+    report(f"starting {largest} local processes ...")
+    cluster = get_cluster(largest)
+    report("matmul throughput, all ranks at once ...")
+    matmuls = cluster.run(_measure_matmuls, MATMUL_SIZES)[0]
+    for f, t in matmuls:
+        report(f"  {f / 1e6:9.1f} MFLOP: {f / t / 1e9:7.2f} GFLOP/s")
+    floor, bandwidth = cluster.run(_measure_memory)[0]
+    report(f"kernel floor {floor * 1e6:.1f} us, memory bandwidth {bandwidth / 1e9:.2f} GB/s")
+    collectives = []
+    for p in sorted(world_sizes):
+        report(f"gloo collectives over {p} processes ...")
+        rows = get_cluster(p).run(_measure_collectives, MESSAGE_BYTES)[0]
+        for kind, nbytes, seconds in rows:
+            report(f"  {kind:<15} {nbytes / 1024:>8.0f} KiB: {seconds * 1e6:9.1f} us")
+            collectives.append((kind, p, nbytes, seconds))
+    rate, half = fit_compute(matmuls)
+    alpha, beta = fit_link(collectives, floor)
+    report(f"fit: {rate / 1e9:.2f} GFLOP/s (half at {half / 1e6:.1f} MFLOP), "
+           f"alpha {alpha * 1e6:.1f} us, bandwidth {1 / beta / 1e9:.2f} GB/s")
+    link = Link(bandwidth=1.0 / beta, latency=alpha)
+    hw = Hardware(name=name, peak_flops=rate, memory_bytes=_memory_bytes() / largest, memory_bandwidth=bandwidth,
+                  intra_node=link, inter_node=link, devices_per_node=largest, compute_efficiency=1.0,
+                  half_efficiency_flops=half, memory_efficiency=1.0, kernel_floor_s=floor, fp32_flops_ratio=1.0)
+    return hw, {"matmuls": matmuls, "collectives": collectives, "kernel_floor_s": floor}
+
+
+def fit_compute(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """(rate, f_half) from (flops, seconds) pairs: t = f / rate + f_half / rate."""
+    slope, intercept = _line([f for f, _ in samples], [t for _, t in samples])
+    rate = 1.0 / slope
+    return rate, max(0.0, intercept * rate)
+
+
+def ring_terms(kind: str, p: int, nbytes: float) -> tuple[float, float]:
+    """(latency steps, bytes per link) of a ring collective: time = steps·α + bytes·β."""
+    if kind == "all_reduce":
+        return 2 * (p - 1), 2 * (p - 1) / p * nbytes
+    return p - 1, (p - 1) / p * nbytes
+
+
+def fit_link(samples: list[tuple[str, int, float, float]], floor: float) -> tuple[float, float]:
+    """(α, β) minimising the squared relative error over all collectives."""
+    rows, rhs = [], []
+    for kind, p, nbytes, seconds in samples:
+        a, b = ring_terms(kind, p, nbytes)
+        weight = 1.0 / seconds  # relative error: small messages count as much as large ones
+        rows.append([a * weight, b * weight])
+        rhs.append(max(seconds - floor, 0.0) * weight)
+    solution = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
+                                  torch.tensor(rhs, dtype=torch.float64).unsqueeze(1)).solution.squeeze(1)
+    alpha, beta = (float(v) for v in solution)
+    return max(alpha, 1e-7), max(beta, 1e-12)
+
+
+def _line(xs, ys) -> tuple[float, float]:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
+
+
+def _median_time(fn, repeats: int) -> float:
+    import torch.distributed as dist
+
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        dist.barrier()  # every rank starts together, as in a program
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _measure_matmuls(rank, world_size, sizes):
+    out = []
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        repeats = max(3, int(2e8 / n ** 3))
+        out.append((2.0 * n ** 3, _median_time(lambda: torch.mm(a, b), repeats)))
+    return out
+
+
+def _measure_memory(rank, world_size):
+    tiny = torch.ones(1)
+    floor = _median_time(lambda: torch.add(tiny, 1), 50)
+    big = torch.randn(1 << 22)
+    out = torch.empty_like(big)
+    seconds = _median_time(lambda: torch.add(big, 1, out=out), 10)
+    return floor, 2 * big.numel() * big.element_size() / seconds
+
+
+def _measure_collectives(rank, world_size, sizes):
+    from autopar.mesh import Mesh
+    from autopar.runtime.rank_mesh import RankMesh
+
+    rm = RankMesh(Mesh(("x",), (world_size,)))
+    rows = []
+    for nbytes in sizes:
+        x = torch.randn(nbytes // 4)
+        local = torch.randn(nbytes // 4 // world_size)
+        ops = {  # message sizes as the cost model counts them (see collectives.py)
+            "all_reduce": (lambda: rm.all_reduce(x, "x"), nbytes),
+            "all_gather": (lambda: rm.all_gather(local, "x", 0), nbytes),
+            "reduce_scatter": (lambda: rm.reduce_scatter(x, "x", 0), nbytes),
+            "all_to_all": (lambda: rm.all_to_all(x, "x", 0, 0), nbytes),
+        }
+        repeats = 20 if nbytes < (1 << 20) else 8
+        for kind in KINDS:
+            fn, counted = ops[kind]
+            rows.append((kind, counted, _median_time(fn, repeats)))
+    return rows
+
+
+def _memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16e9

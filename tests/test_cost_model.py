@@ -1,0 +1,169 @@
+"""The cost model: collective formulas against hand-computed values, topology,
+hardware spec files, and FLOPs against the published GPT formula."""
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import autopar
+from autopar.cost_models.collectives import AxisPlacement, axis_placement, collective_time
+from autopar.cost_models.hardware import Hardware, Link, get_hardware, save_hardware
+from autopar.cost_models.model import CostModel
+from autopar.errors import AutoparError
+from autopar.mesh import Mesh
+from examples import gpt2, mlp
+
+# 4 devices a node; NVLink-like inside (1 us, 100 GB/s), network across (5 us, 10 GB/s)
+HW = Hardware("test", 100e12, 80e9, 2e12, intra_node=Link(100e9, 1e-6), inter_node=Link(10e9, 5e-6),
+              devices_per_node=4)
+N = 8e6  # bytes
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("all_reduce", 2 * 3 * 1e-6 + 2 * 3 / 4 * N / 100e9),  # 6 us + 120 us
+    ("all_gather", 3 * 1e-6 + 3 / 4 * N / 100e9),
+    ("reduce_scatter", 3 * 1e-6 + 3 / 4 * N / 100e9),
+    ("all_to_all", 3 * 1e-6 + 3 / 4 * N / 100e9),
+])
+def test_ring_formulas_inside_a_node(kind, expected):
+    assert collective_time(kind, N, AxisPlacement(4, 4), HW) == pytest.approx(expected, rel=1e-12)
+    assert collective_time(kind, N, AxisPlacement(4, 4), HW) == pytest.approx(
+        {"all_reduce": 126e-6}.get(kind, 63e-6), rel=1e-12)
+
+
+def test_an_axis_of_one_device_per_node_rings_over_the_network():
+    assert collective_time("all_reduce", N, AxisPlacement(2, 1), HW) == pytest.approx(2 * 5e-6 + N / 10e9)
+
+
+def test_hierarchical_collectives_across_two_nodes():
+    where = AxisPlacement(8, 4)  # 4 devices in each of 2 nodes
+    rs_inside = 3e-6 + 0.75 * N / 100e9  # 63 us
+    ar_across = 2 * 5e-6 + 2 * 0.5 * (N / 4) / 10e9  # 210 us on a quarter of the buffer
+    ag_across = 5e-6 + 0.5 * (N / 4) / 10e9  # 105 us
+    assert collective_time("all_reduce", N, where, HW) == pytest.approx(rs_inside + ar_across + rs_inside)
+    assert collective_time("all_reduce", N, where, HW) == pytest.approx(336e-6)
+    assert collective_time("reduce_scatter", N, where, HW) == pytest.approx(rs_inside + ag_across)
+    assert collective_time("all_gather", N, where, HW) == pytest.approx(ag_across + rs_inside)
+    # all-to-all: 3/8 of the buffer stays in the node, 4/8 crosses
+    assert collective_time("all_to_all", N, where, HW) == pytest.approx(3e-6 + 3 / 8 * N / 100e9
+                                                                         + 5e-6 + 4 / 8 * N / 10e9)
+
+
+def test_mesh_axes_are_laid_innermost_first_onto_nodes():
+    assert axis_placement(Mesh.parse("a=2,b=4"), 1, HW) == AxisPlacement(4, 4)  # b fills a node
+    assert axis_placement(Mesh.parse("a=2,b=4"), 0, HW) == AxisPlacement(2, 1)  # a crosses nodes
+    assert axis_placement(Mesh.parse("b=4,a=2"), 0, HW) == AxisPlacement(4, 2)  # b: 2 per node, 2 nodes
+    assert axis_placement(Mesh.parse("b=4,a=2"), 1, HW) == AxisPlacement(2, 2)
+
+
+def test_an_axis_across_nodes_costs_more_than_inside():
+    from autopar.placement import P, R, Spec
+    from autopar.program import TensorMeta
+
+    h100 = autopar.PRESETS["h100-sxm"]
+    cost = CostModel(Mesh.parse("a=4,b=4"), h100)  # 16 devices, 8 a node: b inside, a 2 per node
+    meta = TensorMeta((4096, 4096), "float32")
+    across = cost.reshard_time(meta, Spec((P, R)), Spec((R, R)))
+    inside = cost.reshard_time(meta, Spec((R, P)), Spec((R, R)))
+    assert across > 3 * inside
+
+
+def test_solver_lays_the_heaviest_traffic_inside_a_node():
+    """2 nodes x 2 H100s: a wide MLP runs data-parallel over one axis and tensor-parallel over
+    the other; the heavier traffic (here the gradient all-reduce) takes the intra-node axis,
+    whichever way round the mesh is written, and the step is priced the same."""
+    hw = dataclasses.replace(autopar.PRESETS["h100-sxm"], devices_per_node=2)
+    with torch.device("meta"):
+        model, inputs = mlp.make(batch=16384, width=8192, hidden=32768)
+    times = []
+    for mesh, inside in (("a=2,b=2", "b"), ("b=2,a=2", "a")):
+        plan = autopar.plan(model, inputs, mesh=mesh, hardware=hw)
+        moved: dict = {}
+        for r in plan.redistributions:
+            for step, nbytes in zip(r.steps, r.step_bytes):
+                moved[plan.mesh.axis_names[step.axis]] = moved.get(plan.mesh.axis_names[step.axis], 0) + nbytes
+        assert max(moved, key=moved.get) == inside, (mesh, moved)
+        assert len(moved) == 2  # both axes carry traffic: neither is idle
+        times.append(plan.predicted.step_time_s)
+    assert times[0] == pytest.approx(times[1])
+
+
+def test_hardware_spec_files_round_trip(tmp_path):
+    path = tmp_path / "cluster.json"
+    save_hardware(HW, path)
+    assert get_hardware(str(path)) == HW
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text("name: yaml-box\npeak_flops: 1.0e+12\nmemory_bytes: 1.0e+9\nmemory_bandwidth: 1.0e+10\n"
+                         "intra_node: {bandwidth: 1.0e+9, latency: 1.0e-5}\n"
+                         "inter_node: {bandwidth: 1.0e+8, latency: 1.0e-4}\ndevices_per_node: 4\n")
+    loaded = get_hardware(str(yaml_path))
+    assert loaded.intra_node == Link(1e9, 1e-5) and loaded.devices_per_node == 4
+    plan = autopar.plan(*mlp.make(batch=8, width=16, hidden=32), mesh="dp=2", hardware=str(path))
+    assert plan.hardware == "test"
+
+
+def test_bad_hardware_specs_say_what_is_wrong(tmp_path):
+    with pytest.raises(AutoparError, match="unknown hardware 'h900'"):
+        get_hardware("h900")
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps({"name": "x", "peak_flops": 1e12}))
+    with pytest.raises(AutoparError, match="incomplete"):
+        get_hardware(str(missing))
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({**json.loads(HW.to_json()), "peak_flop": 1}))
+    with pytest.raises(AutoparError, match="unknown field.*peak_flop"):
+        get_hardware(str(typo))
+    with pytest.raises(AutoparError, match="cannot read"):
+        get_hardware(str(tmp_path / "absent.json"))
+
+
+def test_small_kernels_reach_a_lower_fraction_of_peak():
+    h100 = autopar.PRESETS["h100-sxm"]
+    assert h100.efficiency(1e7) < 0.1 * h100.compute_efficiency
+    assert h100.efficiency(1e12) > 0.99 * h100.compute_efficiency
+
+
+def test_training_flops_match_the_megatron_formula():
+    """Narayanan et al. 2021, eq. 3: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) per iteration without recomputation."""
+    cfg = gpt2.GPT2Config(vocab=51200, seq=2048, layers=2, heads=16, width=2048, batch=2)
+    model, inputs = gpt2.make(cfg, device="meta")
+    plan = autopar.plan(model, inputs, mesh="dp=1")
+    b, s, l, h, v = cfg.batch, cfg.seq, cfg.layers, cfg.width, cfg.vocab
+    formula = 72 * b * s * l * h ** 2 * (1 + s / (6 * h) + v / (12 * l * h))
+    assert plan.predicted.total_flops == pytest.approx(formula, rel=0.02)
+
+
+def test_compute_time_uses_the_efficiency_curve():
+    h100 = dataclasses.replace(autopar.PRESETS["h100-sxm"], kernel_floor_s=0.0)
+    flat = dataclasses.replace(h100, half_efficiency_flops=0.0)
+    small = h100.half_efficiency_flops  # reaches half the efficiency: twice the time
+    assert CostModel(Mesh.parse("dp=1"), h100).op_time(small, 0, 2) == pytest.approx(
+        2 * CostModel(Mesh.parse("dp=1"), flat).op_time(small, 0, 2))
+
+
+def test_calibration_fits_recover_known_parameters():
+    from autopar.calibrate import fit_compute, fit_link, ring_terms
+
+    rate, half = 50e9, 2e6
+    samples = [(f, (f + half) / rate) for f in (1e6, 1e7, 1e8, 1e9)]
+    fitted_rate, fitted_half = fit_compute(samples)
+    assert fitted_rate == pytest.approx(rate) and fitted_half == pytest.approx(half)
+    alpha, beta, floor = 30e-6, 1 / 2e9, 5e-6
+    measured = []
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for p in (2, 4):
+            for n in (4e3, 1e6, 4e6):
+                a, b = ring_terms(kind, p, n)
+                measured.append((kind, p, n, floor + a * alpha + b * beta))
+    assert fit_link(measured, floor) == pytest.approx((alpha, beta))
+
+
+def test_pinned_parameters_keep_their_layout_and_bad_pins_are_refused():
+    model, inputs = mlp.make(batch=8, width=64, hidden=256)
+    plan = autopar.plan(model, inputs, mesh="tp=4", pin={"fc1.weight": "S(1)"})
+    assert plan.param_spec("fc1.weight").to_json() == "S(1)"
+    with pytest.raises(AutoparError, match="no such parameter"):
+        autopar.plan(model, inputs, mesh="tp=4", pin={"fc9.weight": "R"})
+    with pytest.raises(AutoparError, match="its layouts are"):
+        autopar.plan(model, inputs, mesh="tp=4", pin={"fc1.weight": "S(0),R"})
