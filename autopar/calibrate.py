@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
+from autopar.cost_models.collectives import as_run
 from autopar.cost_models.hardware import Hardware, Link
 
 MATMUL_SIZES = (64, 128, 256, 512, 768)
@@ -38,8 +39,9 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
     matmuls = cluster.run(_measure_matmuls, MATMUL_SIZES)[0]
     for f, t in matmuls:
         report(f"  {f / 1e6:9.1f} MFLOP: {f / t / 1e9:7.2f} GFLOP/s")
-    floor, bandwidth = cluster.run(_measure_memory)[0]
-    report(f"kernel floor {floor * 1e6:.1f} us, memory bandwidth {bandwidth / 1e9:.2f} GB/s")
+    floor, host_op, bandwidth = cluster.run(_measure_memory)[0]
+    report(f"kernel floor {floor * 1e6:.1f} us, view {host_op * 1e6:.1f} us, "
+           f"memory bandwidth {bandwidth / 1e9:.2f} GB/s")
     collectives = []
     for p in sorted(world_sizes):
         report(f"gloo collectives over {p} processes ...")
@@ -48,48 +50,51 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
             report(f"  {kind:<15} {nbytes / 1024:>8.0f} KiB: {seconds * 1e6:9.1f} us")
             collectives.append((kind, p, nbytes, seconds))
     rate, half = fit_compute(matmuls)
-    alpha, beta = fit_link(collectives, floor)
+    emulated = ("reduce_scatter", "all_to_all")  # gloo lacks them; RankMesh composes them
+    alpha, beta = fit_link(collectives, floor, emulated)
     report(f"fit: {rate / 1e9:.2f} GFLOP/s (half at {half / 1e6:.1f} MFLOP), "
            f"alpha {alpha * 1e6:.1f} us, bandwidth {1 / beta / 1e9:.2f} GB/s")
     link = Link(bandwidth=1.0 / beta, latency=alpha)
     hw = Hardware(name=name, peak_flops=rate, memory_bytes=_memory_bytes() / largest, memory_bandwidth=bandwidth,
                   intra_node=link, inter_node=link, devices_per_node=largest, compute_efficiency=1.0,
-                  half_efficiency_flops=half, memory_efficiency=1.0, kernel_floor_s=floor, fp32_flops_ratio=1.0)
+                  half_efficiency_flops=half, memory_efficiency=1.0, kernel_floor_s=floor, host_op_s=host_op,
+                  fp32_flops_ratio=1.0,
+                  emulated_collectives=emulated)
     return hw, {"matmuls": matmuls, "collectives": collectives, "kernel_floor_s": floor}
 
 
 def fit_compute(samples: list[tuple[float, float]]) -> tuple[float, float]:
-    """(rate, f_half) from (flops, seconds) pairs: t = f / rate + f_half / rate."""
-    slope, intercept = _line([f for f, _ in samples], [t for _, t in samples])
+    """(rate, f_half) from (flops, seconds) pairs: t = f / rate + f_half / rate, fitted on
+    relative error so small kernels (where the curve matters) count as much as large ones."""
+    slope, intercept = _relative_lstsq([[f, 1.0] for f, _ in samples], [t for _, t in samples])
     rate = 1.0 / slope
     return rate, max(0.0, intercept * rate)
 
 
-def ring_terms(kind: str, p: int, nbytes: float) -> tuple[float, float]:
+def ring_terms(kind: str, p: int, nbytes: float, emulated=()) -> tuple[float, float]:
     """(latency steps, bytes per link) of a ring collective: time = steps·α + bytes·β."""
+    kind, nbytes = as_run(kind, nbytes, p, emulated)
     if kind == "all_reduce":
         return 2 * (p - 1), 2 * (p - 1) / p * nbytes
     return p - 1, (p - 1) / p * nbytes
 
 
-def fit_link(samples: list[tuple[str, int, float, float]], floor: float) -> tuple[float, float]:
+def fit_link(samples: list[tuple[str, int, float, float]], floor: float, emulated=()) -> tuple[float, float]:
     """(α, β) minimising the squared relative error over all collectives."""
     rows, rhs = [], []
     for kind, p, nbytes, seconds in samples:
-        a, b = ring_terms(kind, p, nbytes)
-        weight = 1.0 / seconds  # relative error: small messages count as much as large ones
-        rows.append([a * weight, b * weight])
-        rhs.append(max(seconds - floor, 0.0) * weight)
-    solution = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
-                                  torch.tensor(rhs, dtype=torch.float64).unsqueeze(1)).solution.squeeze(1)
-    alpha, beta = (float(v) for v in solution)
+        rows.append(list(ring_terms(kind, p, nbytes, emulated)))
+        rhs.append(max(seconds - floor, 0.0))
+    alpha, beta = _relative_lstsq(rows, rhs, weights=[1.0 / t for *_, t in samples])
     return max(alpha, 1e-7), max(beta, 1e-12)
 
 
-def _line(xs, ys) -> tuple[float, float]:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return slope, my - slope * mx
+def _relative_lstsq(rows, rhs, weights=None) -> list[float]:
+    """Least squares of rows·x ≈ rhs, each equation scaled by its weight (default 1/rhs)."""
+    weights = weights or [1.0 / y for y in rhs]
+    a = torch.tensor([[v * w for v in row] for row, w in zip(rows, weights)], dtype=torch.float64)
+    b = torch.tensor([y * w for y, w in zip(rhs, weights)], dtype=torch.float64).unsqueeze(1)
+    return [float(v) for v in torch.linalg.lstsq(a, b).solution.squeeze(1)]
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -109,18 +114,21 @@ def _measure_matmuls(rank, world_size, sizes):
     out = []
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        repeats = max(3, int(2e8 / n ** 3))
+        repeats = max(5, int(1e9 / n ** 3))
         out.append((2.0 * n ** 3, _median_time(lambda: torch.mm(a, b), repeats)))
     return out
 
 
 def _measure_memory(rank, world_size):
+    """(kernel floor, host time of a view, memory bandwidth), calling ops as emitted programs do."""
+    aten, calls = torch.ops.aten, 200
     tiny = torch.ones(1)
-    floor = _median_time(lambda: torch.add(tiny, 1), 50)
+    floor = _median_time(lambda: [aten.add.Tensor(tiny, tiny) for _ in range(calls)], 10) / calls
+    view = _median_time(lambda: [aten.view.default(tiny, [1]) for _ in range(calls)], 10) / calls
     big = torch.randn(1 << 22)
     out = torch.empty_like(big)
     seconds = _median_time(lambda: torch.add(big, 1, out=out), 10)
-    return floor, 2 * big.numel() * big.element_size() / seconds
+    return floor, view, 2 * big.numel() * big.element_size() / seconds
 
 
 def _measure_collectives(rank, world_size, sizes):
@@ -138,7 +146,7 @@ def _measure_collectives(rank, world_size, sizes):
             "reduce_scatter": (lambda: rm.reduce_scatter(x, "x", 0), nbytes),
             "all_to_all": (lambda: rm.all_to_all(x, "x", 0, 0), nbytes),
         }
-        repeats = 20 if nbytes < (1 << 20) else 8
+        repeats = 30 if nbytes < (1 << 20) else 12
         for kind in KINDS:
             fn, counted = ops[kind]
             rows.append((kind, counted, _median_time(fn, repeats)))

@@ -28,10 +28,7 @@ from autopar.errors import AutoparError  # noqa: E402
 from autopar.runtime.local_cluster import get_cluster  # noqa: E402
 from examples import gpt2  # noqa: E402
 
-WORLD = 4
-
-
-def variants(layers: int) -> list[tuple[str, dict]]:
+def variants(layers: int, world: int) -> list[tuple[str, dict]]:
     """(mesh, pins): the solver's own plans on each mesh, then layouts forced by pinning."""
     def pin_all(names, spec):
         return {n: spec for n in names}
@@ -39,16 +36,20 @@ def variants(layers: int) -> list[tuple[str, dict]]:
     fc = [f"blocks.{i}.fc.weight" for i in range(layers)]
     out = [f"blocks.{i}.out.weight" for i in range(layers)]
     qkv = [f"blocks.{i}.attn.{p}.weight" for i in range(layers) for p in "qkv"]
-    return [
-        ("dp=4", {}),
-        ("tp=4", {}),
+    one_d = [
+        (f"dp={world}", {}),
+        (f"dp={world}", {"head.weight": "S(0)"}),
+        (f"dp={world}", pin_all(fc, "S(0)")),
+        (f"dp={world}", pin_all(fc + out, "S(1)")),
+        (f"dp={world}", pin_all(fc, "S(0)") | pin_all(out, "S(1)")),
+        (f"dp={world}", pin_all(fc + out, "R")),
+        (f"dp={world}", pin_all(qkv, "S(0)") | {"head.weight": "S(0)"}),
+        (f"dp={world}", pin_all(fc + out + qkv, "R") | {"head.weight": "R"}),
+    ]
+    if world != 4:
+        return one_d
+    return one_d + [
         ("dp=2,tp=2", {}),
-        ("dp=4", {"head.weight": "S(0)"}),
-        ("dp=4", pin_all(fc, "S(0)")),
-        ("dp=4", pin_all(fc + out, "S(1)")),
-        ("tp=4", pin_all(fc, "S(0)") | pin_all(out, "S(1)")),
-        ("tp=4", pin_all(fc + out, "R")),
-        ("tp=4", pin_all(qkv, "S(0)") | {"head.weight": "S(0)"}),
         ("dp=2,tp=2", pin_all(fc, "R,S(0)") | pin_all(out, "R,S(1)")),
         ("dp=2,tp=2", pin_all(fc, "S(0),R")),
         ("dp=2,tp=2", {"head.weight": "R,S(0)"} | pin_all(qkv, "R,S(0)")),
@@ -107,6 +108,7 @@ def main() -> None:
     parser.add_argument("--hardware", required=True, help="a calibrated spec (autopar calibrate --out FILE)")
     parser.add_argument("--size", default="small", help=f"one of {', '.join(gpt2.SIZES)}")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--world", type=int, default=4, help="local processes (the issue's figure uses 4)")
     args = parser.parse_args()
     try:
         hw = get_hardware(args.hardware)
@@ -116,11 +118,12 @@ def main() -> None:
     model, inputs = gpt2.make(args.size)
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    cluster = get_cluster(WORLD)
+    cluster = get_cluster(args.world)
     seen, rows = set(), []
-    print(f"GPT-2-style '{args.size}' on {WORLD} local processes, priced with {hw.name} ({args.hardware})")
-    print(f"{'#':>2} {'mesh':<10} {'pins':<34} {'predicted':>10} {'measured':>10} {'error':>7}   bytes predicted/counted")
-    for mesh, pins in variants(gpt2.SIZES[args.size].layers if args.size in gpt2.SIZES else 2):
+    print(f"GPT-2-style '{args.size}' on {args.world} local processes, priced with {hw.name} ({args.hardware})")
+    print(f"{'#':>2} {'mesh':<10} {'pins':<34} {'predicted (ms)':>34} {'measured':>10} {'error':>7}   "
+          f"bytes predicted/counted")
+    for mesh, pins in variants(gpt2.SIZES[args.size].layers, args.world):
         plan = autopar.plan(model, inputs, mesh=mesh, hardware=hw, pin=pins)
         if plan.hash in seen:
             continue
@@ -134,7 +137,9 @@ def main() -> None:
         error = (plan.predicted.step_time_s - measured) / measured
         pin_text = ", ".join(f"{k.replace('blocks.', 'b')}={v}" for k, v in list(pins.items())[:2])
         pin_text += " ..." if len(pins) > 2 else ""
-        print(f"{len(rows) + 1:>2} {mesh:<10} {pin_text or '(solver)':<34} {plan.predicted.step_time_s * 1e3:>8.1f}ms "
+        pred = plan.predicted
+        print(f"{len(rows) + 1:>2} {mesh:<10} {pin_text or '(solver)':<34} {pred.step_time_s * 1e3:>8.1f}ms "
+              f"(compute {pred.compute_s * 1e3:.0f} + comm {pred.communication_s * 1e3:.0f}) "
               f"{measured * 1e3:>8.1f}ms {error:>+7.1%}   {bytes_text}", flush=True)
         rows.append((plan.predicted.step_time_s, measured, want, counted))
     mape = statistics.fmean(abs(p - m) / m for p, m, _, _ in rows)

@@ -167,3 +167,11 @@ def test_pinned_parameters_keep_their_layout_and_bad_pins_are_refused():
         autopar.plan(model, inputs, mesh="tp=4", pin={"fc9.weight": "R"})
     with pytest.raises(AutoparError, match="its layouts are"):
         autopar.plan(model, inputs, mesh="tp=4", pin={"fc1.weight": "S(0),R"})
+
+
+def test_collectives_the_library_lacks_are_priced_as_the_runtime_composes_them():
+    gloo_like = dataclasses.replace(HW, emulated_collectives=("reduce_scatter", "all_to_all"))
+    where = AxisPlacement(4, 4)
+    assert collective_time("reduce_scatter", N, where, gloo_like) == collective_time("all_reduce", N, where, HW)
+    # all-to-all becomes an all-gather of every rank's whole buffer: 4 N gathered
+    assert collective_time("all_to_all", N, where, gloo_like) == pytest.approx(3e-6 + 3 / 4 * 4 * N / 100e9)

@@ -9,6 +9,10 @@ An axis whose group spans m devices in each of k nodes (p = m·k) runs
 hierarchically: all-reduce = reduce-scatter inside (m) + all-reduce across
 (k, on n/m bytes) + all-gather inside; reduce-scatter and all-gather are the
 matching halves; all-to-all sends (m−1)/p of the buffer inside and (p−m)/p across.
+
+Where the library lacks a collective (``Hardware.emulated_collectives``, e.g.
+gloo), it is priced as the runtime runs it: reduce-scatter as an all-reduce,
+all-to-all as an all-gather of every rank's whole buffer.
 """
 from __future__ import annotations
 
@@ -51,10 +55,21 @@ def ring_time(kind: str, nbytes: float, p: int, link: Link) -> float:
     raise ValueError(f"unknown collective {kind!r}")
 
 
+def as_run(kind: str, nbytes: float, p: int, emulated: tuple) -> tuple[str, float]:
+    """The collective the runtime really issues for ``kind``, and its message size."""
+    if kind in emulated:
+        if kind == "reduce_scatter":
+            return "all_reduce", nbytes
+        if kind == "all_to_all":
+            return "all_gather", nbytes * p
+    return kind, nbytes
+
+
 def collective_time(kind: str, nbytes: float, where: AxisPlacement, hw: Hardware) -> float:
     p, m, k = where.size, where.per_node, where.nodes
     if p <= 1 or kind in ("shard", "zero_partial"):
         return 0.0
+    kind, nbytes = as_run(kind, nbytes, p, hw.emulated_collectives)
     if k == 1:
         return ring_time(kind, nbytes, p, hw.intra_node)
     if m == 1:

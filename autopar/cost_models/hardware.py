@@ -36,7 +36,13 @@ class Hardware:
     half_efficiency_flops: float = 1e8
     memory_efficiency: float = 0.8
     kernel_floor_s: float = 2e-6  # launch overhead: no kernel is faster than this
+    # host time of an op that launches no kernel (a view): 0 where the host runs ahead of an
+    # asynchronous device (GPUs), but paid in full on a synchronous one (CPU processes)
+    host_op_s: float = 0.0
     fp32_flops_ratio: float = 0.5  # fp32 runs on TF32 tensor cores at about half the bf16 rate
+    # collectives the communication library lacks, which autopar's runtime composes (gloo:
+    # reduce-scatter = all-reduce + slice, all-to-all = all-gather + slice)
+    emulated_collectives: tuple = ()
 
     def flops_rate(self, dtype_bytes: int) -> float:
         return self.peak_flops if dtype_bytes <= 2 else self.peak_flops * self.fp32_flops_ratio
@@ -61,6 +67,8 @@ class Hardware:
             for key in ("intra_node", "inter_node"):
                 if key in d:
                     d[key] = Link(**d[key])
+            if "emulated_collectives" in d:
+                d["emulated_collectives"] = tuple(d["emulated_collectives"])
             return Hardware(**d)
         except TypeError as exc:
             raise AutoparError(f"{source} is incomplete or malformed ({exc}); it needs name, peak_flops, "

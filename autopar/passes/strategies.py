@@ -140,7 +140,7 @@ def expand(rule: Rule, call: OpCall, node: fx.Node, meta: dict, mesh: Mesh, cost
 
 def _compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cost: CostModel) -> float:
     if rule.free:
-        return 0.0
+        return cost.hardware.host_op_s
     in_local = [s.local_shape(m.shape, mesh) if m else () for s, m in zip(in_specs, in_metas)]
     out_local = [s.local_shape(m.shape, mesh) if m else None for s, m in zip(out_specs, out_metas)]
     nbytes = 0.0
