@@ -137,7 +137,7 @@ class Plan:
                 redistributions=tuple(Redistribution.from_json(r) for r in d["redistributions"]),
                 predicted=Predicted(**d["predicted"]),
                 fallback_nodes=dict(d["fallback_nodes"]),
-                fallback_modules=dict(d["fallback_modules"]),
+                fallback_modules=dict(d.get("fallback_modules", {})),  # absent in plans from before it existed
                 solver=SolverStats(**d["solver"]),
                 history=tuple(PassRecord(**r) for r in d["history"]),
                 format_version=version,

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 
 import autopar  # noqa: E402
 from autopar.capture import capture  # noqa: E402
+from benchmarks.cost_accuracy import measure  # noqa: E402
 from examples import gpt2  # noqa: E402
 
 
@@ -42,27 +43,6 @@ def plan_row(size: str, mesh: str, hardware: str) -> dict:
         "objective_ms": plan.solver.objective_s * 1e3, "step_ms": plan.predicted.step_time_s * 1e3,
         "collectives": len(plan.collectives()),
     }
-
-
-def timed_steps(rank, world_size, model_bytes, inputs, plan_json, steps):
-    """Runs on each worker: the emitted program's step time (forward+backward+SGD)."""
-    from autopar.check import rank_mesh_for
-    from autopar.runtime.module import ParallelModule
-
-    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    plan = autopar.Plan.from_json(plan_json)
-    parallel = ParallelModule(model, plan, rank_mesh_for(plan.mesh))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    times = []
-    for _ in range(steps + 1):  # the first step warms up
-        torch.distributed.barrier()
-        start = time.perf_counter()
-        opt.zero_grad()
-        parallel(*inputs).backward()
-        opt.step()
-        torch.distributed.barrier()
-        times.append(time.perf_counter() - start)
-    return sorted(times[1:])[len(times[1:]) // 2]
 
 
 def eager_step_time(model, inputs, steps: int) -> float:
@@ -103,7 +83,7 @@ def main() -> None:
     buffer = io.BytesIO()
     torch.save(model, buffer)
     cluster = get_cluster(mesh.size)
-    parallel_s = max(cluster.run(timed_steps, buffer.getvalue(), inputs, plan.to_json(), args.steps))
+    parallel_s = max(t for t, _ in cluster.run(measure, buffer.getvalue(), inputs, plan.to_json(), args.steps))
     eager_s = eager_step_time(model, inputs, args.steps)
     print(f"\nCPU run of '{args.run_size}' on {mesh.size} local processes (gloo), median of {args.steps} steps "
           f"(forward + backward + SGD), {os.cpu_count()} cores:")
