@@ -77,11 +77,16 @@ def cmd_calibrate(args) -> int:
     from autopar.calibrate import calibrate
     from autopar.cost_models.hardware import save_hardware
 
+    from autopar.cost_models.hardware import calibrated_cpu_path
+
+    out = args.out or calibrated_cpu_path()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     sizes = tuple(int(n) for n in args.world_sizes.split(","))
     start = time.perf_counter()
     hw, _ = calibrate(sizes, name=args.name, progress=lambda msg: print(f"[calibrate] {msg}", flush=True))
-    save_hardware(hw, args.out)
-    print(f"spec written to {args.out} in {time.perf_counter() - start:.0f} s; use it with --hardware {args.out}")
+    save_hardware(hw, out)
+    use = "cpu" if out == calibrated_cpu_path() else out
+    print(f"spec written to {out} in {time.perf_counter() - start:.0f} s; use it with --hardware {use}")
     return 0
 
 
@@ -106,7 +111,7 @@ def main(argv=None) -> int:
     c.add_argument("--steps", type=int, default=1, help="optimizer steps to compare")
     c.set_defaults(run=cmd_check)
     k = sub.add_parser("calibrate", help="measure this machine (local gloo processes) and write a hardware spec")
-    k.add_argument("--out", required=True, help="where to write the spec (JSON)")
+    k.add_argument("--out", help="where to write the spec (JSON); default: the file --hardware cpu reads")
     k.add_argument("--world-sizes", default="2,4", help="process counts to measure collectives over")
     k.add_argument("--name", default="local-cpu")
     k.set_defaults(run=cmd_calibrate)

@@ -175,3 +175,11 @@ def test_collectives_the_library_lacks_are_priced_as_the_runtime_composes_them()
     assert collective_time("reduce_scatter", N, where, gloo_like) == collective_time("all_reduce", N, where, HW)
     # all-to-all becomes an all-gather of every rank's whole buffer: 4 N gathered
     assert collective_time("all_to_all", N, where, gloo_like) == pytest.approx(3e-6 + 3 / 4 * 4 * N / 100e9)
+
+
+def test_cpu_hardware_reads_the_calibrated_spec(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOPAR_CACHE", str(tmp_path))
+    with pytest.raises(AutoparError, match="autopar calibrate"):
+        get_hardware("cpu")
+    save_hardware(HW, tmp_path / "cpu.json")
+    assert get_hardware("cpu") == HW

@@ -83,15 +83,27 @@ PRESETS = {
 }
 
 
+def calibrated_cpu_path() -> str:
+    """Where ``autopar calibrate`` keeps this machine's spec unless told otherwise."""
+    root = os.environ.get("AUTOPAR_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "autopar")
+    return os.path.join(root, "cpu.json")
+
+
 def get_hardware(hardware: "str | Hardware") -> Hardware:
-    """A preset name, a path to a .json/.yaml spec, or a Hardware value."""
+    """A preset name, "cpu" (this machine, once calibrated), a .json/.yaml spec path, or a Hardware value."""
     if isinstance(hardware, Hardware):
         return hardware
     if hardware in PRESETS:
         return PRESETS[hardware]
+    if hardware == "cpu":
+        path = calibrated_cpu_path()
+        if not os.path.exists(path):
+            raise AutoparError(f"hardware 'cpu' is this machine as measured by `autopar calibrate`, which "
+                               f"has not run yet (no {path}); run it once (about a minute)")
+        return load_hardware(path)
     if isinstance(hardware, (str, os.PathLike)) and str(hardware).endswith((".json", ".yaml", ".yml")):
         return load_hardware(hardware)
-    raise AutoparError(f"unknown hardware {hardware!r}; choose one of {', '.join(sorted(PRESETS))} "
+    raise AutoparError(f"unknown hardware {hardware!r}; choose one of {', '.join(sorted(PRESETS))}, cpu "
                        f"or give a .json/.yaml spec file (`autopar calibrate --out FILE` writes one)")
 
 
