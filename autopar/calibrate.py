@@ -23,12 +23,11 @@ from autopar.cost_models.hardware import Hardware, Link
 
 MATMUL_SIZES = (64, 128, 256, 512, 768)
 MESSAGE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
-              progress: Optional[Callable[[str], None]] = None) -> tuple[Hardware, dict]:
-    """The fitted spec and the raw measurements behind it."""
+              progress: Optional[Callable[[str], None]] = None) -> Hardware:
+    """The spec fitted to this machine's measurements."""
     from autopar.runtime.local_cluster import get_cluster
 
     report = progress or (lambda msg: None)
@@ -55,12 +54,10 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
     report(f"fit: {rate / 1e9:.2f} GFLOP/s (half at {half / 1e6:.1f} MFLOP), "
            f"alpha {alpha * 1e6:.1f} us, bandwidth {1 / beta / 1e9:.2f} GB/s")
     link = Link(bandwidth=1.0 / beta, latency=alpha)
-    hw = Hardware(name=name, peak_flops=rate, memory_bytes=_memory_bytes() / largest, memory_bandwidth=bandwidth,
-                  intra_node=link, inter_node=link, devices_per_node=largest, compute_efficiency=1.0,
-                  half_efficiency_flops=half, memory_efficiency=1.0, kernel_floor_s=floor, host_op_s=host_op,
-                  fp32_flops_ratio=1.0,
-                  emulated_collectives=emulated)
-    return hw, {"matmuls": matmuls, "collectives": collectives, "kernel_floor_s": floor}
+    return Hardware(name=name, peak_flops=rate, memory_bytes=_memory_bytes() / largest, memory_bandwidth=bandwidth,
+                    intra_node=link, inter_node=link, devices_per_node=largest, compute_efficiency=1.0,
+                    half_efficiency_flops=half, memory_efficiency=1.0, kernel_floor_s=floor, host_op_s=host_op,
+                    fp32_flops_ratio=1.0, emulated_collectives=emulated)
 
 
 def fit_compute(samples: list[tuple[float, float]]) -> tuple[float, float]:
@@ -140,16 +137,16 @@ def _measure_collectives(rank, world_size, sizes):
     for nbytes in sizes:
         x = torch.randn(nbytes // 4)
         local = torch.randn(nbytes // 4 // world_size)
-        ops = {  # message sizes as the cost model counts them (see collectives.py)
-            "all_reduce": (lambda: rm.all_reduce(x, "x"), nbytes),
-            "all_gather": (lambda: rm.all_gather(local, "x", 0), nbytes),
-            "reduce_scatter": (lambda: rm.reduce_scatter(x, "x", 0), nbytes),
-            "all_to_all": (lambda: rm.all_to_all(x, "x", 0, 0), nbytes),
+        # every call moves a message of nbytes as the cost model counts it (see collectives.py)
+        ops = {
+            "all_reduce": lambda: rm.all_reduce(x, "x"),
+            "all_gather": lambda: rm.all_gather(local, "x", 0),
+            "reduce_scatter": lambda: rm.reduce_scatter(x, "x", 0),
+            "all_to_all": lambda: rm.all_to_all(x, "x", 0, 0),
         }
         repeats = 30 if nbytes < (1 << 20) else 12
-        for kind in KINDS:
-            fn, counted = ops[kind]
-            rows.append((kind, counted, _median_time(fn, repeats)))
+        for kind, fn in ops.items():
+            rows.append((kind, nbytes, _median_time(fn, repeats)))
     return rows
 
 

@@ -83,7 +83,7 @@ def cmd_calibrate(args) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     sizes = tuple(int(n) for n in args.world_sizes.split(","))
     start = time.perf_counter()
-    hw, _ = calibrate(sizes, name=args.name, progress=lambda msg: print(f"[calibrate] {msg}", flush=True))
+    hw = calibrate(sizes, name=args.name, progress=lambda msg: print(f"[calibrate] {msg}", flush=True))
     save_hardware(hw, out)
     use = "cpu" if out == calibrated_cpu_path() else out
     print(f"spec written to {out} in {time.perf_counter() - start:.0f} s; use it with --hardware {use}")

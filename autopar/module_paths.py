@@ -13,8 +13,11 @@ import difflib
 import warnings
 from typing import Optional
 
+import torch
 from torch import fx
+from torch._export.utils import _collect_all_valid_cia_ops
 
+from autopar.canonicalize import capture_decompositions
 from autopar.capture import user_fqn
 from autopar.program import Program, forward_nodes, tensor_inputs
 
@@ -54,8 +57,6 @@ def _descendants(node: fx.Node) -> set[str]:
 
 
 def _aligned_forward_paths(program: Program) -> dict[str, str]:
-    from autopar.canonicalize import capture_decompositions
-
     with warnings.catch_warnings():  # torch's own pytree deprecation notices, not the user's business
         warnings.simplefilter("ignore", FutureWarning)
         try:
@@ -78,9 +79,6 @@ def _aligned_forward_paths(program: Program) -> dict[str, str]:
 
 def _same_decompositions(own: dict):
     """Our table plus the CompositeImplicitAutograd ops, which AOTAutograd always decomposes."""
-    import torch
-    from torch._export.utils import _collect_all_valid_cia_ops
-
     implicit = _collect_all_valid_cia_ops()
     table = torch.export.default_decompositions()
     for op in list(table.keys()):

@@ -82,10 +82,8 @@ def measure(rank, world_size, model_bytes, inputs, plan_json, steps):
 
 def predicted_bytes(plan) -> dict:
     out: dict = {}
-    for r in plan.redistributions:
-        for step, nbytes in zip(r.steps, r.step_bytes):
-            if nbytes:
-                out[step.kind] = out.get(step.kind, 0.0) + nbytes
+    for r, i in plan.collectives():
+        out[r.steps[i].kind] = out.get(r.steps[i].kind, 0.0) + r.step_bytes[i]
     return out
 
 
