@@ -93,3 +93,29 @@ def test_dropout_masks_match_eager_when_sharded(fast_network):
     model.drop.p = 0.0
     without = autopar.check(model, inputs, plan=plan, steps=1)
     assert without.reference_losses[0] != report.reference_losses[0]  # dropout really acted
+
+
+def test_collective_bytes_counted_at_run_time_match_the_plan(fast_network):
+    """Every rank runs each planned collective once a step, moving the message the cost model priced."""
+    model, inputs = gpt2.make("tiny")
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network)
+    predicted: dict = {}
+    for r, i in plan.collectives():
+        predicted[r.steps[i].kind] = predicted.get(r.steps[i].kind, 0) + r.step_bytes[i]
+    assert predicted
+    report = autopar.check(model, inputs, plan=plan, steps=2)
+    assert report.ok, str(report)
+    assert report.bytes_moved == {k: 2 * plan.mesh.size * v for k, v in predicted.items()}
+
+
+def test_a_worker_that_dies_is_reported_at_once():
+    import time
+
+    from autopar.runtime.local_cluster import LocalCluster, WorkerError
+    from tests.workers import die
+
+    cluster = LocalCluster(2)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="exited before answering"):
+        cluster.run(die)
+    assert time.monotonic() - start < 60

@@ -50,3 +50,10 @@ def wrap_instance_with_wrong_mesh(rank, world_size):
     except autopar.MeshError as exc:
         return {"error": str(exc), "planned": autopar.plan_of(model) is not None}
     return {"error": None}
+
+
+def die(rank, world_size):
+    """A job that kills its worker process, as a crash in native code would."""
+    import os
+
+    os._exit(3)
