@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from autopar.capture import capture
+from autopar.capture import capture, program_inputs
 from autopar.cost_models.hardware import Hardware, get_hardware
 from autopar.cost_models.model import CostModel
 from autopar.graph_ir import to_ir
@@ -15,11 +15,13 @@ from autopar.mesh import Mesh
 from autopar.module_paths import module_paths
 from autopar.passes.base import Pass, PassContext, PassManager
 from autopar.passes.collectives import CollectivesPass
+from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
 from autopar.passes.predict import PredictPass
 from autopar.passes.shapes import ShapesPass
 from autopar.passes.solve_sharding import SolveShardingPass
 from autopar.passes.strategies import StrategiesPass
 from autopar.plan import Plan, SolverStats
+from autopar.symbolic_shapes import size_symbols
 
 
 def default_passes() -> list[Pass]:
@@ -28,13 +30,18 @@ def default_passes() -> list[Pass]:
 
 def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" = "h100-sxm",
          solver: str = "mip", solver_time_limit_s: float = 60.0, pin: Optional[dict] = None,
-         progress: Optional[Callable[[str], None]] = None, verbose: bool = False) -> Plan:
+         symbolic_dims: Optional[dict[str, int]] = None, progress: Optional[Callable[[str], None]] = None,
+         verbose: bool = False) -> Plan:
     """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
 
     Runs in one process on fake tensors: no process group and no real memory, so
     models built on the meta device plan too. ``solver`` is "mip" (SCIP) or "cp-sat".
     ``pin`` fixes parameter layouts, e.g. ``{"fc1.weight": "S(0),R"}`` (one placement per
     mesh axis); the solver lays out everything else around them.
+    ``symbolic_dims`` names input sizes, e.g. ``{"batch": 0, "seq": 1}`` (the dim index in
+    every tensor input that has it); the plan then carries its cost as a formula of them
+    (``plan.cost_formula()``, ``plan.evaluate(batch=..., seq=...)``), at the price of
+    capturing the step again at other sizes.
     """
     mesh = Mesh.parse(mesh)
     hw = get_hardware(hardware)
@@ -45,7 +52,11 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
                                "pin": dict(pin or {})}, progress=progress)
     ctx.report("capturing the training step ...")
     program = capture(model, example_inputs)
-    history = PassManager(default_passes()).run(program, ctx)
+    passes = default_passes()
+    if symbolic_dims is not None:
+        sizes = size_symbols(program_inputs(example_inputs), symbolic_dims)
+        passes += [SymbolicShapesPass(model, program_inputs(example_inputs), sizes), CostFormulaPass(sizes)]
+    history = PassManager(passes).run(program, ctx)
     result = program.table("solver")
     if result.status != "optimal":
         warnings.warn(f"the sharding solver stopped at its {solver_time_limit_s:.0f} s limit; the plan is "
@@ -64,4 +75,5 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
         solver=SolverStats(result.backend, result.status, result.objective, result.bound, result.gap,
                            result.seconds, result.n_variables),
         history=tuple(history),
+        formula=program.tables.get("cost_formula"),
     )

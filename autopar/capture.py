@@ -37,7 +37,7 @@ class _LossOnly(nn.Module):
 def capture(model: nn.Module, example_inputs: tuple) -> Program:
     if not isinstance(model, nn.Module):
         raise CaptureError(f"autopar plans nn.Module instances, got {type(model).__name__}")
-    example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    example_inputs = program_inputs(example_inputs)
     fake_mode = FakeTensorMode()
     fake_model, fake_inputs, tied = _fakify(model, example_inputs, fake_mode)
     wrapper = _LossOnly(fake_model)
@@ -57,6 +57,11 @@ def capture(model: nn.Module, example_inputs: tuple) -> Program:
     program.exported = exported
     canonicalize(program, tied)
     return program
+
+
+def program_inputs(example_inputs) -> tuple:
+    """The model's positional inputs as a tuple (one bare input is allowed)."""
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
 def _fakify(model: nn.Module, inputs: tuple, fake_mode: FakeTensorMode):

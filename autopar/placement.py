@@ -63,8 +63,9 @@ class Spec:
     def local_shape(self, global_shape: Sequence[int], mesh: Mesh) -> tuple[int, ...]:
         shape = list(global_shape)
         for axis, p in enumerate(self.placements):
-            if isinstance(p, Shard):
-                shape[p.dim] //= mesh.shape[axis]
+            if isinstance(p, Shard):  # even by construction, so a symbolic size divides exactly
+                d = shape[p.dim]
+                shape[p.dim] = d // mesh.shape[axis] if isinstance(d, int) else d / mesh.shape[axis]
         return tuple(shape)
 
     def is_replicated(self) -> bool:

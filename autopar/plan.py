@@ -4,8 +4,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Optional
 
-from autopar.errors import PlanFormatError
+import sympy
+
+from autopar.cost_formula import CostFormula
+from autopar.errors import AutoparError, PlanFormatError
 from autopar.graph_ir import GraphIR
 from autopar.mesh import Mesh
 from autopar.passes.base import PassRecord
@@ -40,6 +44,7 @@ class Plan:
     solver: SolverStats
     history: tuple[PassRecord, ...] = field(default=())
     fallback_modules: dict = field(default_factory=dict)  # fallback node -> module path it sits in
+    formula: Optional[CostFormula] = None  # present when planned with symbolic_dims
     format_version: int = FORMAT_VERSION
 
     # ---- queries -------------------------------------------------------------------
@@ -69,6 +74,20 @@ class Plan:
         body = {"graph": self.fingerprint, "mesh": self.mesh.to_json(), "hardware": self.hardware,
                 "strategies": {n: _strategy_json(s) for n, s in sorted(self.strategies.items())}}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+    def cost_formula(self) -> sympy.Expr:
+        """Predicted step time in seconds as a sympy expression of the named sizes."""
+        return self._formula().step_time_s
+
+    def evaluate(self, **sizes: int) -> float:
+        """Re-price this plan (same layouts, no re-solve) at other sizes, e.g. ``evaluate(batch=64)``."""
+        return self._formula().evaluate(**sizes)
+
+    def _formula(self) -> CostFormula:
+        if self.formula is None:
+            raise AutoparError("this plan has no cost formula: plan with symbolic_dims, e.g. "
+                               "autopar.plan(..., symbolic_dims={'batch': 0, 'seq': 1})")
+        return self.formula
 
     def out_spec(self, node: str) -> Spec:
         return self.strategies[node].out_specs[0]
@@ -110,11 +129,13 @@ class Plan:
                           "communication_s": self.predicted.communication_s,
                           "memory_bytes": self.predicted.memory_bytes,
                           "sharded_flops_fraction": self.predicted.sharded_flops_fraction,
-                          "total_flops": self.predicted.total_flops},
+                          "total_flops": self.predicted.total_flops,
+                          "hidden_communication_s": self.predicted.hidden_communication_s},
             "fallback_nodes": self.fallback_nodes,
             "fallback_modules": self.fallback_modules,
             "solver": self.solver.__dict__,
             "history": [r.__dict__ for r in self.history],
+            "formula": self.formula.to_json() if self.formula else None,
         }
         return json.dumps(body, indent=1)
 
@@ -140,6 +161,7 @@ class Plan:
                 fallback_modules=dict(d.get("fallback_modules", {})),  # absent in plans from before it existed
                 solver=SolverStats(**d["solver"]),
                 history=tuple(PassRecord(**r) for r in d["history"]),
+                formula=CostFormula.from_json(d["formula"]) if d.get("formula") else None,
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -13,6 +13,11 @@ from typing import Optional
 from autopar.placement import Partial, Placement, R, Replicate, Shard, Spec
 
 
+# a gradient's first step of these kinds starts asynchronously, as soon as the gradient exists,
+# and overlaps the rest of backward (its wait is at the end of the step)
+ASYNC_KINDS = ("all_reduce", "reduce_scatter")
+
+
 @dataclass(frozen=True)
 class Step:
     kind: str  # all_reduce | reduce_scatter | all_gather | all_to_all | shard | zero_partial

@@ -4,6 +4,10 @@ Problem: pick one strategy per node minimising Σ node cost + Σ edge cost, wher
 an edge (i, j, M) costs M[a][b] when node i takes a and node j takes b;
 ``math.inf`` forbids a choice or a pair.
 
+An optional ``Overlap`` adds costs that run concurrently with other work (gradient
+all-reduces under the backward pass): only max(0, Σ hidden − Σ cover) counts,
+linear with one continuous variable E ≥ 0, E ≥ Σ hidden − Σ cover.
+
 Formulation (DESIGN.md): one boolean per (node, strategy) with exactly one per
 node, and per edge "marginal" booleans y[a, b] whose row sums equal x_i[a] and
 column sums equal x_j[b]. Its LP relaxation is the local polytope, much tighter
@@ -40,16 +44,29 @@ class SolverResult:
         return max(0.0, (self.objective - self.bound) / self.objective)
 
 
-def evaluate(node_costs: Sequence[Sequence[float]], edges, choice: Sequence[int]) -> float:
+@dataclass(frozen=True)
+class Overlap:
+    """``edges`` (priced like the problem's edges) run concurrently with the work in ``cover``
+    (per node and strategy, like node costs); only the excess of the first over the second counts."""
+
+    edges: list
+    cover: list
+
+
+def evaluate(node_costs: Sequence[Sequence[float]], edges, choice: Sequence[int],
+             overlap: Optional[Overlap] = None) -> float:
     total = sum(node_costs[i][k] for i, k in enumerate(choice))
     total += sum(m[choice[i]][choice[j]] for i, j, m in edges)
+    if overlap is not None:
+        hidden = sum(m[choice[i]][choice[j]] for i, j, m in overlap.edges)
+        total += max(0.0, hidden - sum(overlap.cover[i][k] for i, k in enumerate(choice)))
     return total
 
 
-def brute_force(node_costs, edges) -> tuple[tuple[int, ...], float]:
+def brute_force(node_costs, edges, overlap: Optional[Overlap] = None) -> tuple[tuple[int, ...], float]:
     best, best_choice = math.inf, None
     for choice in itertools.product(*(range(len(c)) for c in node_costs)):
-        value = evaluate(node_costs, edges, choice)
+        value = evaluate(node_costs, edges, choice, overlap)
         if value < best:
             best, best_choice = value, choice
     if best_choice is None:
@@ -58,28 +75,29 @@ def brute_force(node_costs, edges) -> tuple[tuple[int, ...], float]:
 
 
 def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0,
-          hint: Optional[Sequence[int]] = None, progress: Optional[Callable[[str], None]] = None) -> SolverResult:
+          hint: Optional[Sequence[int]] = None, progress: Optional[Callable[[str], None]] = None,
+          overlap: Optional[Overlap] = None) -> SolverResult:
     """``backend``: "mip" (SCIP through pywraplp; the default, since it proves optimality on our
     graphs where CP-SAT stalls: GPT-2-style 2-layer model on a 2-D mesh, SCIP 5 s optimal vs
     CP-SAT 60 s with a 33% gap) or "cp-sat"."""
     start = time.perf_counter()
     if backend == "mip":
-        choice, status, bound, n_vars = _solve_mip(node_costs, edges, time_limit_s, hint)
+        choice, status, bound, n_vars = _solve_mip(node_costs, edges, time_limit_s, hint, overlap)
     elif backend == "cp-sat":
-        choice, status, bound, n_vars = _solve_cpsat(node_costs, edges, time_limit_s, hint, progress)
+        choice, status, bound, n_vars = _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap)
     else:
         raise ValueError(f"unknown solver backend {backend!r}; use 'mip' or 'cp-sat'")
     if choice is None:
-        if hint is None or math.isinf(evaluate(node_costs, edges, hint)):
+        if hint is None or math.isinf(evaluate(node_costs, edges, hint, overlap)):
             raise SolverError(f"the sharding solver ({backend}) found no feasible plan within {time_limit_s:.0f} s; "
                               f"raise solver_time_limit_s")
         choice, status = tuple(hint), "feasible"  # the warm start is always a valid plan
-    value = evaluate(node_costs, edges, choice)
+    value = evaluate(node_costs, edges, choice, overlap)
     return SolverResult(tuple(choice), value, value if status == "optimal" else min(bound, value), status,
                         time.perf_counter() - start, backend, n_vars)
 
 
-def _solve_mip(node_costs, edges, time_limit_s, hint):
+def _solve_mip(node_costs, edges, time_limit_s, hint, overlap):
     from ortools.linear_solver import pywraplp
 
     solver = pywraplp.Solver.CreateSolver("SCIP")
@@ -104,6 +122,17 @@ def _solve_mip(node_costs, edges, time_limit_s, hint):
                 objective.SetCoefficient(y[a, b], c * SCALE)
         _marginals(solver.Add, x[i], x[j], y, len(m), len(m[0]))
         n_vars += len(y)
+    if overlap is not None:
+        excess = solver.NumVar(0.0, solver.infinity(), "excess")  # in objective units (ns) already
+        objective.SetCoefficient(excess, 1.0)
+        hidden = []
+        for i, j, m in _priced_edges(overlap.edges):
+            y = {(a, b): solver.NumVar(0.0, 1.0, "") for a, b, _ in _allowed_pairs(m)}
+            _marginals(solver.Add, x[i], x[j], y, len(m), len(m[0]))
+            hidden += [c * SCALE * y[a, b] for a, b, c in _allowed_pairs(m) if c]
+            n_vars += len(y)
+        cover = [c * SCALE * x[i][k] for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
+        solver.Add(excess >= solver.Sum(hidden) - solver.Sum(cover))
     objective.SetMinimization()
     solver.SetTimeLimit(int(time_limit_s * 1000))
     if hint is not None:
@@ -116,7 +145,7 @@ def _solve_mip(node_costs, edges, time_limit_s, hint):
     return choice, "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible", objective.BestBound() / SCALE, n_vars
 
 
-def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress):
+def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap):
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
@@ -139,6 +168,18 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress):
                 terms.append(_ns(c) * y[a, b])
         _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
         n_vars += len(y)
+    if overlap is not None:
+        hidden = []
+        for i, j, m in _priced_edges(overlap.edges):
+            y = {(a, b): model.NewBoolVar("") for a, b, _ in _allowed_pairs(m)}
+            _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
+            hidden += [_ns(c) * y[a, b] for a, b, c in _allowed_pairs(m) if c]
+            n_vars += len(y)
+        cover = [_ns(c) * x[i][k] for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
+        excess = model.NewIntVar(0, sum(_ns(c) for _, _, m in overlap.edges for r in m for c in r
+                                        if not math.isinf(c)), "excess")
+        model.Add(excess >= sum(hidden) - sum(cover))
+        terms.append(excess)
     model.Minimize(sum(terms))
     if hint is not None:
         for i, k in enumerate(hint):

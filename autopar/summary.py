@@ -5,6 +5,7 @@ from collections import Counter
 from autopar.backends.printer import human_bytes, human_seconds, shape_text
 
 _MAX_ROWS = 40
+_MAX_FORMULAS = 5  # largest collectives shown with their byte formulas
 _MAX_SITES = 4  # module paths listed per fallback op
 _METADATA_OPS = ("getitem", "aten.view.", "aten._unsafe_view.", "aten.reshape.", "aten.t.", "aten.transpose.",
                  "aten.permute.", "aten.expand.", "aten.detach.", "aten.unsqueeze.", "aten.squeeze.", "aten.alias.")
@@ -22,7 +23,9 @@ def summarize(plan) -> str:
         f"solver: {s.backend} {s.status} in {s.seconds:.2f} s ({s.n_variables} variables), "
         f"objective {human_seconds(s.objective_s)}, gap {s.gap:.2%}",
         f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
-        f"+ communication {human_seconds(p.communication_s)}; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
+        f"+ communication {human_seconds(p.communication_s)}"
+        + (f" (and {human_seconds(p.hidden_communication_s)} of gradient sync hidden under backward)"
+           if p.hidden_communication_s else "") + f"; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
         "memory per device: " + ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items())
         + f" (total {human_bytes(p.memory_per_device_bytes)})",
         "",
@@ -54,6 +57,7 @@ def summarize(plan) -> str:
                    f"{human_bytes(r.step_bytes[i]):>10} {human_seconds(r.step_seconds[i]):>10}")
     if len(coll) > _MAX_ROWS:
         out.append(f"  ... {len(coll) - _MAX_ROWS} more")
+    out += _formula_lines(plan, coll)
 
     sites = plan.fallback_sites
     out += ["", "fallback ops (no sharding rule; replicated): " + ("" if sites else "none")]
@@ -62,3 +66,22 @@ def summarize(plan) -> str:
         where = ", ".join(distinct[:_MAX_SITES]) + (f" and {len(distinct) - _MAX_SITES} more" if len(distinct) > _MAX_SITES else "")
         out.append(f"  {op} x{len(modules)} in {where}")
     return "\n".join(out)
+
+
+def _formula_lines(plan, coll) -> list[str]:
+    f = plan.formula
+    if f is None:
+        return []
+    sizes = ", ".join(f"{k}={v}" for k, v in f.sizes.items())
+    out = ["", f"as formulas of {', '.join(f.sizes)} (planned at {sizes}; plan.evaluate(...) re-prices):",
+           f"  step time (s): {_short(f.step_time_s)}"]
+    largest = sorted(coll, key=lambda c: -c[0].step_bytes[c[1]])[:_MAX_FORMULAS]
+    for r, i in largest:
+        out.append(f"  {r.steps[i].kind}[{plan.mesh.axis_names[r.steps[i].axis]}] of {r.value}: "
+                   f"{f.collective_bytes[f'{r.id}.{i}']} bytes")
+    return out
+
+
+def _short(expr, limit: int = 160) -> str:
+    text = str(expr.evalf(4))
+    return text if len(text) <= limit else text[:limit] + " ... (plan.cost_formula() has it all)"

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from autopar.solver import brute_force, evaluate, solve
+from autopar.solver import Overlap, brute_force, evaluate, solve
 
 
 def random_problem(rng: random.Random):
@@ -31,6 +31,31 @@ def test_solver_matches_brute_force(backend):
         assert result.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
         assert evaluate(node_costs, edges, result.choice) == pytest.approx(best, rel=1e-9, abs=1e-12)
         assert result.gap == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["mip", "cp-sat"])
+def test_overlapped_costs_count_only_beyond_their_cover(backend):
+    """Hidden edge costs add max(0, Σ hidden − Σ cover): the solver agrees with brute force."""
+    rng = random.Random(99)
+    for _ in range(20):
+        node_costs, edges = random_problem(rng)
+        n = len(node_costs)
+        hidden = []
+        for _ in range(rng.randint(1, 3)):
+            i, j = rng.sample(range(n), 2)
+            hidden.append((i, j, [[rng.uniform(0, 3e-3) for _ in node_costs[j]] for _ in node_costs[i]]))
+        overlap = Overlap(hidden, [[rng.uniform(0, 1e-3) for _ in c] for c in node_costs])
+        _, best = brute_force(node_costs, edges, overlap)
+        result = solve(node_costs, edges, backend=backend, overlap=overlap)
+        assert result.status == "optimal"
+        assert result.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+def test_overlap_hides_up_to_the_cover_and_no_more():
+    node_costs, edges = [[1.0], [0.0]], []
+    choice = (0, 0)
+    assert evaluate(node_costs, edges, choice, Overlap([(0, 1, [[3.0]])], [[2.0], [0.0]])) == pytest.approx(2.0)
+    assert evaluate(node_costs, edges, choice, Overlap([(0, 1, [[1.5]])], [[2.0], [0.0]])) == pytest.approx(1.0)
 
 
 def test_forbidden_choice_is_never_taken():

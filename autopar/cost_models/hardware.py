@@ -43,6 +43,10 @@ class Hardware:
     # collectives the communication library lacks, which autopar's runtime composes (gloo:
     # reduce-scatter = all-reduce + slice, all-to-all = all-gather + slice)
     emulated_collectives: tuple = ()
+    # fraction of the backward compute that a gradient's all-reduce / reduce-scatter can run
+    # under (the emitted program starts it as soon as the gradient exists and waits at the end);
+    # 0 on a device that cannot compute and communicate at once (CPU processes sharing cores)
+    gradient_overlap: float = 0.0
 
     def flops_rate(self, dtype_bytes: int) -> float:
         return self.peak_flops if dtype_bytes <= 2 else self.peak_flops * self.fp32_flops_ratio
@@ -76,10 +80,17 @@ class Hardware:
                                f"({{bandwidth, latency}})") from exc
 
 
+# GPUs run NCCL on their own streams beside compute; the last gradients of backward have
+# nothing left to hide under and the two contend for SMs and memory, so not all of backward
+# covers (0.8: an assumption, not a measurement).
+_GPU_OVERLAP = 0.8
 PRESETS = {
-    "a100-sxm-80g": Hardware("a100-sxm-80g", 312e12, 80 * GB, 2.04e12, Link(300 * GB, 1e-6), Link(25 * GB, 2e-6)),
-    "h100-sxm": Hardware("h100-sxm", 989e12, 80 * GB, 3.35e12, Link(450 * GB, 1e-6), Link(50 * GB, 2e-6)),
-    "h200-sxm": Hardware("h200-sxm", 989e12, 141 * GB, 4.8e12, Link(450 * GB, 1e-6), Link(50 * GB, 2e-6)),
+    "a100-sxm-80g": Hardware("a100-sxm-80g", 312e12, 80 * GB, 2.04e12, Link(300 * GB, 1e-6), Link(25 * GB, 2e-6),
+                             gradient_overlap=_GPU_OVERLAP),
+    "h100-sxm": Hardware("h100-sxm", 989e12, 80 * GB, 3.35e12, Link(450 * GB, 1e-6), Link(50 * GB, 2e-6),
+                         gradient_overlap=_GPU_OVERLAP),
+    "h200-sxm": Hardware("h200-sxm", 989e12, 141 * GB, 4.8e12, Link(450 * GB, 1e-6), Link(50 * GB, 2e-6),
+                         gradient_overlap=_GPU_OVERLAP),
 }
 
 

@@ -10,7 +10,7 @@ from autopar.cost_models.hardware import Hardware
 from autopar.mesh import Mesh
 from autopar.placement import Spec
 from autopar.program import TensorMeta
-from autopar.redistribute import Step, plan_steps
+from autopar.redistribute import ASYNC_KINDS, Step, plan_steps
 
 
 @dataclass
@@ -45,6 +45,13 @@ class CostModel:
             if step.kind in ("reduce_scatter", "shard", "all_to_all"):
                 sharded[step.dim] = step.axis
         return out
+
+    def async_time(self, meta: TensorMeta, src: Spec, dst: Spec) -> float:
+        """Of a gradient's move into its parameter's layout, the part that can overlap backward:
+        the first step, when it is an all-reduce or reduce-scatter (the emitted program starts it
+        asynchronously)."""
+        steps = self.step_times(meta, src, dst) if src != dst else []
+        return steps[0][1] if steps and steps[0][0].kind in ASYNC_KINDS else 0.0
 
     def reshard_time(self, meta: TensorMeta, src: Spec, dst: Spec) -> float:
         if src == dst:

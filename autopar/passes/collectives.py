@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from autopar.passes.base import Pass, PassContext
 from autopar.placement import Spec
 from autopar.program import Program, forward_nodes, is_multi_output, tensor_inputs
-from autopar.redistribute import Step
+from autopar.redistribute import ASYNC_KINDS, Step
 
 COMMUNICATING = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
@@ -28,6 +28,15 @@ class Redistribution:
     @property
     def seconds(self) -> float:
         return sum(self.step_seconds)
+
+    @property
+    def is_async(self) -> bool:
+        """A final gradient's sync whose first step the emitted program overlaps with backward."""
+        return self.consumers == ("output",) and bool(self.steps) and self.steps[0].kind in ASYNC_KINDS
+
+    @property
+    def async_seconds(self) -> float:
+        return self.step_seconds[0] if self.is_async else 0.0
 
     @property
     def communicates(self) -> bool:

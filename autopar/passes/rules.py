@@ -78,7 +78,7 @@ class Rule:
         raise NotImplementedError
 
     def flops(self, call: OpCall, in_shapes, out_shapes) -> float:
-        return float(sum(_numel(s) for s in out_shapes if s is not None))
+        return 1.0 * sum(_numel(s) for s in out_shapes if s is not None)  # 1.0 *, not float(): sizes may be symbols
 
 
 def _numel(shape) -> int:

@@ -3,6 +3,8 @@
 Nodes tied together (followers) share one variable; edges inside a group fold
 into the group's own cost. Two constraints make the program a training step:
 the loss ends replicated, and each gradient ends in its parameter's layout.
+The first collective of each gradient's move runs under the backward pass
+(``Hardware.gradient_overlap``), so only what backward cannot cover counts.
 """
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import math
 from autopar.errors import AutoparError
 from autopar.passes.base import Pass, PassContext
 from autopar.placement import Spec
-from autopar.program import Program, tensor_inputs
-from autopar.solver import solve
+from autopar.program import Program, forward_nodes, tensor_inputs
+from autopar.solver import Overlap, solve
 
 
 class SolveShardingPass(Pass):
@@ -32,32 +34,38 @@ class SolveShardingPass(Pass):
         groups = [n for n in strategies if n not in tied]
         index = {g: i for i, g in enumerate(groups)}
         node_costs = [[0.0] * len(strategies[g]) for g in groups]
+        cover = [[0.0] * len(strategies[g]) for g in groups]  # backward compute that gradient syncs hide under
         edge_acc: dict[tuple[int, int], list[list[float]]] = {}
+        overlap_acc: dict[tuple[int, int], list[list[float]]] = {}
 
-        def add_edge(src: str, dst: str, matrix_fn) -> None:
+        def add_edge(src: str, dst: str, matrix_fn, acc_by_pair=edge_acc) -> None:
             gi, gj = index[root(src)], index[root(dst)]
             n_src, n_dst = len(strategies[src]), len(strategies[dst])
             if gi == gj:
                 for k in range(n_src):
                     node_costs[gi][k] += matrix_fn(k, k)
                 return
-            if (gj, gi) in edge_acc:
-                acc = edge_acc[gj, gi]
+            if (gj, gi) in acc_by_pair:
+                acc = acc_by_pair[gj, gi]
                 for a in range(n_dst):
                     for b in range(n_src):
                         acc[a][b] += matrix_fn(b, a)
                 return
-            acc = edge_acc.setdefault((gi, gj), [[0.0] * n_dst for _ in range(n_src)])
+            acc = acc_by_pair.setdefault((gi, gj), [[0.0] * n_dst for _ in range(n_src)])
             for a in range(n_src):
                 for b in range(n_dst):
                     acc[a][b] += matrix_fn(a, b)
 
+        forward = forward_nodes(program)
+        kappa = cost.hardware.gradient_overlap
         for node in program.nodes():
             if node.op != "call_function":
                 continue
             g = index[root(node.name)]
             for k, s in enumerate(strategies[node.name]):
                 node_costs[g][k] += s.compute_s
+                if node.name not in forward:
+                    cover[g][k] += kappa * s.compute_s
             for j, arg in enumerate(tensor_inputs(node)):
                 if node.name in tied and tied[node.name] == arg.name and arg.op == "call_function" \
                         and len(meta[arg.name]) > 1:
@@ -73,8 +81,14 @@ class SolveShardingPass(Pass):
                 node_costs[loss_group][k] = math.inf
         # each gradient must end in its parameter's layout, so the optimizer updates matching shards
         for grad, param in program.gradient_targets():
-            add_edge(grad, param, lambda a, b, g=grad, p=param: cost.reshard_time(
-                meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]))
+            def layouts(a, b, g=grad, p=param):
+                return meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
+
+            hideable = kappa > 0 and index[root(grad)] != index[param]
+            add_edge(grad, param, lambda a, b: cost.reshard_time(*layouts(a, b))
+                     - (cost.async_time(*layouts(a, b)) if hideable else 0.0))
+            if hideable:
+                add_edge(grad, param, lambda a, b: cost.async_time(*layouts(a, b)), overlap_acc)
 
         for name, allowed in _pinned(program, strategies, ctx.options.get("pin", {}), ctx.mesh).items():
             for k, s in enumerate(strategies[name]):
@@ -85,7 +99,8 @@ class SolveShardingPass(Pass):
         hint = [_replicated_index(strategies[g]) for g in groups]
         result = solve(node_costs, edges, backend=ctx.options.get("solver", "mip"),
                        time_limit_s=ctx.options.get("solver_time_limit_s", 60.0),
-                       hint=hint if None not in hint else None, progress=ctx.progress)
+                       hint=hint if None not in hint else None, progress=ctx.progress,
+                       overlap=Overlap([(i, j, m) for (i, j), m in overlap_acc.items()], cover) if overlap_acc else None)
         choice = {}
         for name in strategies:
             choice[name] = strategies[name][result.choice[index[root(name)]]]

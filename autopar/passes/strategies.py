@@ -65,7 +65,10 @@ class StrategiesPass(Pass):
                 fallback[node.name] = op_name(node.target)
             flops[node.name] = 0.0 if rule.free else rule.flops(call, call.in_shapes, call.out_shapes)
             inputs = tensor_inputs(node)
-            if rule.follower and len(inputs) == 1 and len(strategies[inputs[0].name]) > 0:
+            # the loss must end replicated: as a follower it would force its producer to be replicated
+            # too, where its own strategies let a partial sum be all-reduced on the way in
+            if rule.follower and len(inputs) == 1 and len(strategies[inputs[0].name]) > 0 \
+                    and node.name != program.loss:
                 src = inputs[0]
                 src_meta = meta[src.name][0]
                 strategies[node.name] = [follow(own, s.out_specs[0], src_meta, ctx.cost) for s in strategies[src.name]]
@@ -133,12 +136,13 @@ def expand(rule: Rule, call: OpCall, node: fx.Node, meta: dict, mesh: Mesh, cost
             continue
         if not all(spec_fits(s, m, mesh) for s, m in zip(in_specs + out_specs, in_metas + out_metas)):
             continue
-        found[(in_specs, out_specs)] = Strategy(in_specs, out_specs, _compute_time(rule, call, in_specs, out_specs,
+        found[(in_specs, out_specs)] = Strategy(in_specs, out_specs, compute_time(rule, call, in_specs, out_specs,
                                                                                  in_metas, out_metas, mesh, cost))
     return list(found.values())
 
 
-def _compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cost: CostModel) -> float:
+def compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cost: CostModel) -> float:
+    """Time of one op on its local shapes. The metas' dims may be sympy expressions (the cost formula)."""
     if rule.free:
         return cost.hardware.host_op_s
     in_local = [s.local_shape(m.shape, mesh) if m else () for s, m in zip(in_specs, in_metas)]

@@ -66,10 +66,27 @@ class RankMesh:
         dist.all_to_all(recvs, sends, group=group)
         return torch.cat(recvs, dim=src_dim)
 
-    def _all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
+    # Asynchronous forms, for gradients: the program goes on computing and calls .wait() at the end.
+    def start_all_reduce(self, x: torch.Tensor, axis: str) -> "Pending":
+        self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
+        return self._start_all_reduce(x, axis)
+
+    def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
+        coord, p, group = self._axis(axis)
+        self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
+        if self._gloo:
+            pending = self._start_all_reduce(x, axis)
+            return Pending(pending.work, pending.out, lambda t: self.shard(t, axis, dim))
+        parts = [c.contiguous() for c in x.chunk(p, dim)]
+        out = torch.empty_like(parts[coord])
+        return Pending(dist.reduce_scatter(out, parts, group=group, async_op=True), out)
+
+    def _start_all_reduce(self, x: torch.Tensor, axis: str) -> "Pending":
         out = x.detach().clone()
-        dist.all_reduce(out, group=self._axis(axis)[2])
-        return out
+        return Pending(dist.all_reduce(out, group=self._axis(axis)[2], async_op=True), out)
+
+    def _all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
+        return self._start_all_reduce(x, axis).wait()
 
     def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         _, p, group = self._axis(axis)
@@ -98,6 +115,17 @@ class RankMesh:
         mask = local_shard(mask, Spec.from_json(spec), self.mesh, self.coords)
         scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
         return x.mul(mask).mul_(scale), mask
+
+
+class Pending:
+    """A collective in flight; ``wait()`` returns its result (after ``then``, a local finishing step)."""
+
+    def __init__(self, work, out: torch.Tensor, then=None):
+        self.work, self.out, self.then = work, out, then
+
+    def wait(self) -> torch.Tensor:
+        self.work.wait()
+        return self.then(self.out) if self.then else self.out
 
 
 def local_shard(x: torch.Tensor, spec: Spec, mesh: Mesh, coords: tuple[int, ...]) -> torch.Tensor:

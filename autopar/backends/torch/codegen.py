@@ -2,7 +2,10 @@
 
 Every rank runs the same ``step`` on its local shards: one ATen call per line,
 a trailing comment with global shape, local shape and placement, and each
-collective on its own line through the runtime object ``rt``.
+collective on its own line through the runtime object ``rt``. A gradient's
+first all-reduce / reduce-scatter starts asynchronously right after the
+gradient is computed and is waited for at the return, so it overlaps the rest
+of backward.
 """
 from __future__ import annotations
 
@@ -48,6 +51,10 @@ class _Body:
         self.lines: list[str] = []
         self.by_target = {(r.value, r.dst): r for r in plan.redistributions}  # one per (value, layout)
         self.done: dict[str, str] = {}  # redistribution id -> variable holding the moved value
+        grads = plan.graph.grads
+        self.async_syncs = {r.value: r for r in plan.redistributions  # gradient node -> its async sync
+                            if r.is_async and r.value in grads and r.dst == plan.param_spec(grads[r.value])}
+        self.started: dict[str, str] = {}  # redistribution id -> variable holding its pending first step
 
     def spec_comment(self, name: str, index: int = 0) -> str:
         meta = self.plan.graph.node(name).outputs[index]
@@ -68,14 +75,27 @@ class _Body:
             return value
         if r.id not in self.done:
             var = f"{value}__{r.id}"
-            current = value
-            for step, seconds, nbytes in zip(r.steps, r.step_seconds, r.step_bytes):
+            current, first = value, 0
+            if r.id in self.started:
+                self.lines.append(f"{var} = {self.started[r.id]}.wait()  # {r.id}: the gradient sync started above")
+                current, first = var, 1
+            for step, seconds, nbytes in list(zip(r.steps, r.step_seconds, r.step_bytes))[first:]:
                 self.lines.append(f"{var} = {_step_call(step, current, self.plan.mesh.axis_names)}"
-                                  f"  # {r.id} {r.phase}: {r.src} -> {r.dst}, "
-                                  f"{human_bytes(nbytes)}, {human_seconds(seconds)}")
+                                  f"  # {self._describe(r, seconds, nbytes)}")
                 current = var
             self.done[r.id] = var
         return self.done[r.id]
+
+    def start_gradient_sync(self, grad: str) -> None:
+        r = self.async_syncs[grad]
+        step, var = r.steps[0], f"{grad}__{r.id}_pending"
+        self.lines.append(f"{var} = {_step_call(step, grad, self.plan.mesh.axis_names, 'start_')}"
+                          f"  # {self._describe(r, r.step_seconds[0], r.step_bytes[0])}, overlaps the rest of backward")
+        self.started[r.id] = var
+
+    @staticmethod
+    def _describe(r, seconds, nbytes) -> str:
+        return f"{r.id} {r.phase}: {r.src} -> {r.dst}, {human_bytes(nbytes)}, {human_seconds(seconds)}"
 
     def constant(self, node: IRNode) -> None:
         meta = node.outputs[0]
@@ -84,6 +104,11 @@ class _Body:
                           f"device=rt.device).reshape({list(meta.shape)})  # constant")
 
     def call(self, node: IRNode) -> None:
+        self._emit_call(node)
+        if node.name in self.async_syncs:
+            self.start_gradient_sync(node.name)
+
+    def _emit_call(self, node: IRNode) -> None:
         if node.target == "getitem":
             src, index = node.args
             self.lines.append(f"{node.name} = {src['ref']}[{index}]{self.spec_comment(src['ref'], index)}")
@@ -131,13 +156,13 @@ class _Body:
 _LOCAL_EQUIVALENT = {"aten.view.default": "aten.reshape.default", "aten._unsafe_view.default": "aten.reshape.default"}
 
 
-def _step_call(step, var: str, axis_names) -> str:
+def _step_call(step, var: str, axis_names, prefix: str = "") -> str:
     axis = repr(axis_names[step.axis])
     if step.kind in ("all_reduce", "zero_partial"):
-        return f"rt.{step.kind}({var}, {axis})"
+        return f"rt.{prefix}{step.kind}({var}, {axis})"
     if step.kind == "all_to_all":
-        return f"rt.all_to_all({var}, {axis}, src_dim={step.src_dim}, dst_dim={step.dim})"
-    return f"rt.{step.kind}({var}, {axis}, dim={step.dim})"
+        return f"rt.{prefix}all_to_all({var}, {axis}, src_dim={step.src_dim}, dst_dim={step.dim})"
+    return f"rt.{prefix}{step.kind}({var}, {axis}, dim={step.dim})"
 
 
 def _special(value: dict) -> str | None:

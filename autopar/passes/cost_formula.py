@@ -1,0 +1,71 @@
+"""cost formula: the solved plan re-priced with sizes as symbols.
+
+Runs only when the user names symbolic sizes. It prices the chosen strategies
+and redistributions with the same functions the solver used, on shapes whose
+dims are formulas (autopar.symbolic_shapes), so substituting the planning sizes
+gives back the predicted step time.
+"""
+from __future__ import annotations
+
+import operator
+
+import sympy
+from torch import nn
+
+from autopar.cost_formula import CostFormula
+from autopar.passes.base import Pass, PassContext
+from autopar.passes.collectives import COMMUNICATING
+from autopar.passes.rule_table import rule_for
+from autopar.passes.strategies import FALLBACK, compute_time, make_call
+from autopar.passes.predict import exposed
+from autopar.program import Program, forward_nodes, is_multi_output, tensor_inputs
+from autopar.symbolic_shapes import SizeSymbols, fit_shapes
+
+
+class SymbolicShapesPass(Pass):
+    name = "symbolic-shapes"
+    requires = ("meta",)
+    provides = ("symbolic_meta",)
+
+    def __init__(self, model: nn.Module, example_inputs: tuple, sizes: SizeSymbols):
+        self.model, self.example_inputs, self.sizes = model, example_inputs, sizes
+
+    def run(self, program: Program, ctx: PassContext) -> str:
+        program.tables["symbolic_meta"] = fit_shapes(self.model, self.example_inputs, program, self.sizes, ctx.report)
+        return f"{2 ** len(self.sizes.dims) - 1} extra captures at other {', '.join(self.sizes.dims)}"
+
+
+class CostFormulaPass(Pass):
+    name = "cost-formula"
+    requires = ("meta", "symbolic_meta", "choice", "fallback", "redistributions")
+    provides = ("cost_formula",)
+
+    def __init__(self, sizes: SizeSymbols):
+        self.sizes = sizes
+
+    def run(self, program: Program, ctx: PassContext) -> str:
+        meta, sym, choice = program.table("meta"), program.table("symbolic_meta"), program.table("choice")
+        fallback = program.table("fallback")
+        compute, backward = [], []
+        forward = forward_nodes(program)
+        for node in program.nodes():
+            if node.op != "call_function" or (node.target is operator.getitem and is_multi_output(node.args[0])):
+                continue  # getitem of a tuple reads it in place
+            strategy = choice[node.name]
+            rule = FALLBACK if node.name in fallback else rule_for(node.target)
+            in_metas = [sym[a.name][0] for a in tensor_inputs(node)]
+            # the call (its args and the rule's structural choices) stays concrete; only sizes are symbols
+            seconds = compute_time(rule, make_call(node, meta), strategy.in_specs, strategy.out_specs,
+                                   in_metas, list(sym[node.name]), ctx.mesh, ctx.cost)
+            (compute if node.name in forward else backward).append(seconds)
+        comm, async_comm, moved = [], [], {}
+        for r in program.table("redistributions"):
+            for i, (step, seconds, nbytes) in enumerate(ctx.cost.step_times(sym[r.value][0], r.src, r.dst)):
+                (async_comm if r.is_async and i == 0 else comm).append(seconds)
+                if step.kind in COMMUNICATING:
+                    moved[f"{r.id}.{i}"] = sympy.nsimplify(nbytes)  # whole bytes: exact rationals read best
+        backward_s = sympy.Add(*backward)
+        comm_s = sympy.Add(*comm) + exposed(sympy.Add(*async_comm), backward_s, ctx.cost.hardware.gradient_overlap)
+        formula = CostFormula(dict(self.sizes.values), sympy.Add(*compute) + backward_s, comm_s, moved)
+        program.tables["cost_formula"] = formula
+        return f"step time formula of {len(compute) + len(backward) + len(comm) + len(async_comm)} terms in {', '.join(self.sizes.dims)}"
