@@ -16,6 +16,7 @@ from autopar.module_paths import module_paths
 from autopar.passes.base import Pass, PassContext, PassManager
 from autopar.passes.collectives import CollectivesPass
 from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
+from autopar.passes.memory import MemoryPass, optimizer_bytes_per_element, parse_bytes
 from autopar.passes.predict import PredictPass
 from autopar.passes.shapes import ShapesPass
 from autopar.passes.solve_sharding import SolveShardingPass
@@ -25,11 +26,12 @@ from autopar.symbolic_shapes import size_symbols
 
 
 def default_passes() -> list[Pass]:
-    return [ShapesPass(), StrategiesPass(), SolveShardingPass(), CollectivesPass(), PredictPass()]
+    return [ShapesPass(), StrategiesPass(), SolveShardingPass(), CollectivesPass(), MemoryPass(), PredictPass()]
 
 
 def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" = "h100-sxm",
          solver: str = "mip", solver_time_limit_s: float = 60.0, pin: Optional[dict] = None,
+         memory_budget: "str | float | None" = None, optimizer: str = "adam",
          symbolic_dims: Optional[dict[str, int]] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
     """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
@@ -42,6 +44,9 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     every tensor input that has it); the plan then carries its cost as a formula of them
     (``plan.cost_formula()``, ``plan.evaluate(batch=..., seq=...)``), at the price of
     capturing the step again at other sizes.
+    ``memory_budget`` (bytes, or text such as "60GiB"; default 90% of the device's memory)
+    bounds the predicted per-device peak, which counts ``optimizer`` state ("sgd", "adam",
+    "adam-mixed"); a budget no plan meets is an AutoparError naming the smallest peak found.
     """
     mesh = Mesh.parse(mesh)
     hw = get_hardware(hardware)
@@ -49,7 +54,9 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
         progress = lambda msg: print(f"[autopar] {msg}", file=sys.stderr)  # noqa: E731
     ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw),
                       options={"solver": solver, "solver_time_limit_s": solver_time_limit_s,
-                               "pin": dict(pin or {})}, progress=progress)
+                               "pin": dict(pin or {}), "memory_budget": parse_bytes(memory_budget),
+                               "optimizer": optimizer}, progress=progress)
+    optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here, before any work
     ctx.report("capturing the training step ...")
     program = capture(model, example_inputs)
     passes = default_passes()

@@ -37,6 +37,7 @@ class CheckReport:
     losses: list[float]
     reference_losses: list[float]
     bytes_moved: dict = field(default_factory=dict)
+    peak_memory_bytes: tuple = ()  # per rank, when measured: tensor bytes live at the step's peak
 
     @property
     def ok(self) -> bool:
@@ -89,10 +90,13 @@ def train(model: nn.Module, step, steps: int, lr: float):
 
 
 def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-sxm", plan: Plan | None = None,
-          steps: int = 1, lr: float = 0.1) -> CheckReport:
+          steps: int = 1, lr: float = 0.1, measure_memory: bool = False) -> CheckReport:
     """Run the plan on a local gloo group of the mesh's size; compare loss and every gradient with eager.
 
-    Reports a mismatch in the returned report; it does not raise on one.
+    Reports a mismatch in the returned report; it does not raise on one. ``measure_memory``
+    first runs one step under torch's MemTracker and reports each rank's peak tensor memory
+    (parameters, inputs and everything the step allocates), to set beside the plan's
+    ``predicted.peak_memory_bytes`` with ``optimizer="sgd"`` (no optimizer state).
     """
     from autopar.api import plan as make_plan
 
@@ -109,7 +113,8 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-
 
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    results = get_cluster(mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, plan.to_json(), steps, lr)
+    results = get_cluster(mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, plan.to_json(), steps, lr,
+                                         measure_memory)
 
     tensors = [compare(f"loss[step {i}]", torch.tensor(a), torch.tensor(b))
                for i, (a, b) in enumerate(zip(results[0]["losses"], reference_losses))]
@@ -124,7 +129,8 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-
     for r in results:
         for kind, n in r["bytes_moved"].items():
             moved[kind] = moved.get(kind, 0) + n
-    return CheckReport(plan, tensors, results[0]["losses"], reference_losses, moved)
+    return CheckReport(plan, tensors, results[0]["losses"], reference_losses, moved,
+                       tuple(r["peak_memory"] for r in results) if measure_memory else ())
 
 
 _RANK_MESHES: dict = {}
@@ -140,7 +146,7 @@ def rank_mesh_for(mesh: Mesh):
 
 
 def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, plan_json: str, steps: int,
-                 lr: float) -> dict:
+                 lr: float, measure_memory: bool) -> dict:
     from autopar.runtime.module import ParallelModule
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
@@ -148,5 +154,17 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
     rt = rank_mesh_for(plan.mesh)
     rt.bytes_moved.clear()
     parallel = ParallelModule(model, plan, rt)
+    peak = _measure_peak_memory(model, lambda: parallel(*inputs)) if measure_memory else None
+    rt.bytes_moved.clear()
     losses, grads = train(model, lambda: parallel(*inputs), steps, lr)
-    return {"losses": losses, "grads": grads, "bytes_moved": dict(rt.bytes_moved)}
+    return {"losses": losses, "grads": grads, "bytes_moved": dict(rt.bytes_moved), "peak_memory": peak}
+
+
+def _measure_peak_memory(model: nn.Module, step) -> float:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        step()
+    return float(sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values()))

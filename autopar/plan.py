@@ -130,7 +130,8 @@ class Plan:
                           "memory_bytes": self.predicted.memory_bytes,
                           "sharded_flops_fraction": self.predicted.sharded_flops_fraction,
                           "total_flops": self.predicted.total_flops,
-                          "hidden_communication_s": self.predicted.hidden_communication_s},
+                          "hidden_communication_s": self.predicted.hidden_communication_s,
+                          "memory_timeline": [list(t) for t in self.predicted.memory_timeline]},
             "fallback_nodes": self.fallback_nodes,
             "fallback_modules": self.fallback_modules,
             "solver": self.solver.__dict__,
@@ -156,7 +157,7 @@ class Plan:
                 graph=GraphIR.from_json(d["graph"]),
                 strategies={n: _strategy_from_json(s) for n, s in d["strategies"].items()},
                 redistributions=tuple(Redistribution.from_json(r) for r in d["redistributions"]),
-                predicted=Predicted(**d["predicted"]),
+                predicted=_predicted_from_json(d["predicted"]),
                 fallback_nodes=dict(d["fallback_nodes"]),
                 fallback_modules=dict(d.get("fallback_modules", {})),  # absent in plans from before it existed
                 solver=SolverStats(**d["solver"]),
@@ -167,6 +168,12 @@ class Plan:
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"the plan file is corrupt ({type(exc).__name__}: {exc}); "
                                   f"re-create it with `autopar plan`") from exc
+
+
+def _predicted_from_json(d: dict) -> Predicted:
+    d = dict(d)
+    d["memory_timeline"] = tuple(tuple(t) for t in d.get("memory_timeline", ()))
+    return Predicted(**d)
 
 
 def _strategy_json(s: Strategy) -> dict:

@@ -53,6 +53,17 @@ class Overlap:
     cover: list
 
 
+@dataclass(frozen=True)
+class MemoryLimit:
+    """Σ bytes[i][choice_i] ≤ limit: a linear stand-in for the per-device memory budget."""
+
+    bytes: list
+    limit: float
+
+    def used(self, choice: Sequence[int]) -> float:
+        return sum(self.bytes[i][k] for i, k in enumerate(choice))
+
+
 def evaluate(node_costs: Sequence[Sequence[float]], edges, choice: Sequence[int],
              overlap: Optional[Overlap] = None) -> float:
     total = sum(node_costs[i][k] for i, k in enumerate(choice))
@@ -76,19 +87,20 @@ def brute_force(node_costs, edges, overlap: Optional[Overlap] = None) -> tuple[t
 
 def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0,
           hint: Optional[Sequence[int]] = None, progress: Optional[Callable[[str], None]] = None,
-          overlap: Optional[Overlap] = None) -> SolverResult:
+          overlap: Optional[Overlap] = None, memory: Optional[MemoryLimit] = None) -> SolverResult:
     """``backend``: "mip" (SCIP through pywraplp; the default, since it proves optimality on our
     graphs where CP-SAT stalls: GPT-2-style 2-layer model on a 2-D mesh, SCIP 5 s optimal vs
     CP-SAT 60 s with a 33% gap) or "cp-sat"."""
     start = time.perf_counter()
     if backend == "mip":
-        choice, status, bound, n_vars = _solve_mip(node_costs, edges, time_limit_s, hint, overlap)
+        choice, status, bound, n_vars = _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory)
     elif backend == "cp-sat":
-        choice, status, bound, n_vars = _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap)
+        choice, status, bound, n_vars = _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memory)
     else:
         raise ValueError(f"unknown solver backend {backend!r}; use 'mip' or 'cp-sat'")
     if choice is None:
-        if hint is None or math.isinf(evaluate(node_costs, edges, hint, overlap)):
+        if hint is None or math.isinf(evaluate(node_costs, edges, hint, overlap)) or \
+                (memory is not None and memory.used(hint) > memory.limit):
             raise SolverError(f"the sharding solver ({backend}) found no feasible plan within {time_limit_s:.0f} s; "
                               f"raise solver_time_limit_s")
         choice, status = tuple(hint), "feasible"  # the warm start is always a valid plan
@@ -97,7 +109,7 @@ def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0
                         time.perf_counter() - start, backend, n_vars)
 
 
-def _solve_mip(node_costs, edges, time_limit_s, hint, overlap):
+def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
     from ortools.linear_solver import pywraplp
 
     solver = pywraplp.Solver.CreateSolver("SCIP")
@@ -133,6 +145,9 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap):
             n_vars += len(y)
         cover = [c * SCALE * x[i][k] for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
         solver.Add(excess >= solver.Sum(hidden) - solver.Sum(cover))
+    if memory is not None:
+        solver.Add(solver.Sum([b * x[i][k] for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b])
+                   <= memory.limit)
     objective.SetMinimization()
     solver.SetTimeLimit(int(time_limit_s * 1000))
     if hint is not None:
@@ -145,7 +160,7 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap):
     return choice, "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible", objective.BestBound() / SCALE, n_vars
 
 
-def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap):
+def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memory):
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
@@ -180,6 +195,9 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap):
                                         if not math.isinf(c)), "excess")
         model.Add(excess >= sum(hidden) - sum(cover))
         terms.append(excess)
+    if memory is not None:  # whole bytes: CP-SAT is integer
+        model.Add(sum(math.ceil(b) * x[i][k] for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b)
+                  <= math.floor(memory.limit))
     model.Minimize(sum(terms))
     if hint is not None:
         for i, k in enumerate(hint):

@@ -26,8 +26,8 @@ def summarize(plan) -> str:
         f"+ communication {human_seconds(p.communication_s)}"
         + (f" (and {human_seconds(p.hidden_communication_s)} of gradient sync hidden under backward)"
            if p.hidden_communication_s else "") + f"; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
-        "memory per device: " + ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items())
-        + f" (total {human_bytes(p.memory_per_device_bytes)})",
+        f"peak memory per device: {human_bytes(p.peak_memory_bytes)} = "
+        + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
         "",
         f"parameters (placement per mesh axis: {axes}):",
     ]

@@ -50,19 +50,21 @@ def test_check_reports_a_mismatch_instead_of_raising(fast_network):
 
 
 def _corrupt(plan):
-    """Drop the forward all-reduce: each rank then sums only its partial result."""
+    """Drop the forward all-reduces: each rank then keeps only its partial result (same shapes)."""
     from dataclasses import replace
 
-    keep = tuple(r for r in plan.redistributions if not (r.phase == "forward" and r.communicates))
+    keep = tuple(r for r in plan.redistributions
+                 if not (r.phase == "forward" and all(s.kind == "all_reduce" for s in r.steps)))
     assert len(keep) < len(plan.redistributions)
     return replace(plan, redistributions=keep)
 
 
 def test_the_plan_the_h100_preset_picks_runs_correctly():
-    """Not only the fast-network plans: the real preset's Megatron-style plan for a GPT-2-style model."""
+    """Not only the fast-network plans: the real preset's plan for a GPT-2-style model (mostly data
+    parallel over the axis, its gradient syncs overlapping backward)."""
     model, inputs = gpt2.make("small")
     plan = autopar.plan(model, inputs, mesh="tp=4", hardware="h100-sxm")
-    assert not plan.param_spec("blocks.0.fc.weight").is_replicated()
+    assert plan.sharded_flops_fraction > 0.5 and plan.collectives(), plan.summary()
     report = autopar.check(model, inputs, plan=plan)
     assert report.ok, str(report)
 

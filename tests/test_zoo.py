@@ -38,7 +38,7 @@ def test_zoo_model_on_dp2_tp2_matches_eager(name, fast_network):
     assert report.ok, str(report)
 
 
-@pytest.mark.filterwarnings("ignore:the sharding solver stopped")  # Mixtral on dp=2,tp=2: within 1% at 180 s
+@pytest.mark.filterwarnings("ignore:the sharding solver stopped")  # 2-D meshes may hit the 60 s limit on 2 cores
 @pytest.mark.parametrize("mesh", ["tp=2", "dp=2,tp=2"])
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_plans_shard_where_it_pays(name, mesh):
@@ -48,7 +48,7 @@ def test_zoo_plans_shard_where_it_pays(name, mesh):
 
     with torch.device("meta"):
         model, inputs = hf_zoo.make(name, **hf_zoo.sizes(name))
-    plan = autopar.plan(model, inputs, mesh=mesh, hardware="h100-sxm", solver_time_limit_s=180)
+    plan = autopar.plan(model, inputs, mesh=mesh, hardware="h100-sxm", solver_time_limit_s=60)
     single = autopar.plan(model, inputs, mesh="dp=1", hardware="h100-sxm")
     assert plan.fallback_ops == ()
     assert plan.sharded_flops_fraction >= 0.9

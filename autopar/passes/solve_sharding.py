@@ -5,16 +5,27 @@ into the group's own cost. Two constraints make the program a training step:
 the loss ends replicated, and each gradient ends in its parameter's layout.
 The first collective of each gradient's move runs under the backward pass
 (``Hardware.gradient_overlap``), so only what backward cannot cover counts.
+
+Memory: a linear stand-in (parameters with their gradients and optimizer state,
+inputs, saved activations) is kept under the budget; the exact peak of the
+solution (autopar.passes.memory) is then checked, and while it is over, the
+stand-in's limit drops by the excess and the solve repeats. ZeRO/FSDP-style
+layouts (parameters sharded over the data-parallel axis, gathered before use)
+come out of this when memory demands them.
 """
 from __future__ import annotations
 
 import math
 
-from autopar.errors import AutoparError
+from autopar.backends.printer import human_bytes
+from autopar.errors import AutoparError, SolverError
 from autopar.passes.base import Pass, PassContext
+from autopar.passes.collectives import find_redistributions
+from autopar.passes.memory import estimate, optimizer_bytes_per_element
+from autopar.passes.rule_table import rule_for
 from autopar.placement import Spec
 from autopar.program import Program, forward_nodes, tensor_inputs
-from autopar.solver import Overlap, solve
+from autopar.solver import MemoryLimit, Overlap, solve
 
 
 class SolveShardingPass(Pass):
@@ -97,17 +108,100 @@ class SolveShardingPass(Pass):
 
         edges = [(i, j, m) for (i, j), m in edge_acc.items()]
         hint = [_replicated_index(strategies[g]) for g in groups]
-        result = solve(node_costs, edges, backend=ctx.options.get("solver", "mip"),
-                       time_limit_s=ctx.options.get("solver_time_limit_s", 60.0),
-                       hint=hint if None not in hint else None, progress=ctx.progress,
-                       overlap=Overlap([(i, j, m) for (i, j), m in overlap_acc.items()], cover) if overlap_acc else None)
-        choice = {}
-        for name in strategies:
-            choice[name] = strategies[name][result.choice[index[root(name)]]]
-        program.tables["choice"] = choice
+        overlap = Overlap([(i, j, m) for (i, j), m in overlap_acc.items()], cover) if overlap_acc else None
+
+        def choice_of(result) -> dict:
+            return {name: strategies[name][result.choice[index[root(name)]]] for name in strategies}
+
+        def run_solver(limit, costs=node_costs):
+            return solve(costs, edges, backend=ctx.options.get("solver", "mip"),
+                         time_limit_s=ctx.options.get("solver_time_limit_s", 60.0),
+                         hint=hint if None not in hint else None, progress=ctx.progress, overlap=overlap,
+                         memory=limit)
+
+        budget = ctx.options.get("memory_budget") or 0.9 * cost.hardware.memory_bytes
+        rows = _memory_rows(program, strategies, groups, index, root, ctx)
+        limit, result, attempts = None, None, []  # attempts: (exact peak, its breakdown)
+        for _ in range(_BUDGET_ATTEMPTS):
+            try:
+                result = run_solver(None if limit is None else MemoryLimit(rows, limit))
+            except SolverError:
+                result = None
+                break
+            peak = estimate(program, choice_of(result), find_redistributions(program, choice_of(result), cost), ctx)
+            attempts.append((peak.peak_bytes, peak.breakdown))
+            if peak.peak_bytes <= budget:
+                break
+            # the stand-in misses temporaries and collective buffers, so it is only trusted for
+            # differences: ask for this solution's stand-in value less the excess (and a margin)
+            limit = MemoryLimit(rows, 0).used(result.choice) - 1.25 * (peak.peak_bytes - budget)
+            ctx.report(f"peak memory {human_bytes(peak.peak_bytes)} is over the budget {human_bytes(budget)}; "
+                       f"solving again with less held memory")
+            result = None
+        if result is None:
+            raise _infeasible(budget, attempts, run_solver, rows, node_costs, choice_of, program, cost, ctx)
+        program.tables["choice"] = choice_of(result)
         program.tables["solver"] = result
         return (f"{len(groups)} variables groups, {len(edges)} edges, {result.n_variables} booleans, "
-                f"{result.status}, objective {result.objective * 1e3:.4f} ms, gap {result.gap:.2%}")
+                f"{result.status}, objective {result.objective * 1e3:.4f} ms, gap {result.gap:.2%}"
+                + (f", {len(attempts)} solves for the memory budget" if len(attempts) > 1 else ""))
+
+
+_BUDGET_ATTEMPTS = 8
+
+
+def _memory_rows(program: Program, strategies: dict, groups, index, root, ctx) -> list[list[float]]:
+    """Per group and strategy, the bytes a rank holds all step (parameters, their gradients and
+    optimizer state, inputs) or keeps from forward to backward (saved activations)."""
+    meta = program.table("meta")
+    forward = forward_nodes(program)
+    optimizer = ctx.options.get("optimizer", "adam")
+    saved = set()  # forward values backward reads, counted at the storage they view
+    for node in program.nodes():
+        if node.op == "call_function" and node.name in forward and any(u.name not in forward for u in node.users):
+            saved.add(_storage_base(node).name)
+    rows = [[0.0] * len(strategies[g]) for g in groups]
+    for node in program.nodes():
+        if node.name not in strategies or node.op == "output":
+            continue
+        m = meta[node.name][0]
+        if m is None:
+            continue
+        if node.name in program.params:
+            per_element = 2 * m.itemsize + optimizer_bytes_per_element(optimizer, m.itemsize)
+        elif node.op == "placeholder" or node.name in saved:
+            per_element = m.itemsize
+        else:
+            continue
+        row = rows[index[root(node.name)]]
+        for k, s in enumerate(strategies[node.name]):
+            row[k] += math.prod(s.out_specs[0].local_shape(m.shape, ctx.mesh)) * per_element
+    return rows
+
+
+def _storage_base(node):
+    """The node whose storage ``node`` views (itself unless it is a view op)."""
+    while node.op == "call_function" and len(tensor_inputs(node)) == 1:
+        rule = rule_for(node.target)
+        if rule is None or not rule.free:
+            break
+        node = tensor_inputs(node)[0]
+    return node
+
+
+def _infeasible(budget, attempts, run_solver, rows, node_costs, choice_of, program, cost, ctx) -> AutoparError:
+    """The error for a budget no plan meets, with the smallest peak among the plans tried and a
+    memory-first plan (the one that minimises the linear stand-in)."""
+    lean_costs = [[math.inf if math.isinf(c) else b for c, b in zip(cr, br)] for cr, br in zip(node_costs, rows)]
+    lean = choice_of(run_solver(None, lean_costs))
+    peak = estimate(program, lean, find_redistributions(program, lean, cost), ctx)
+    smallest, breakdown = min(attempts + [(peak.peak_bytes, peak.breakdown)], key=lambda a: a[0])
+    top = sorted(breakdown.items(), key=lambda kv: -kv[1])[:3]
+    return AutoparError(
+        f"no plan on mesh {ctx.mesh} fits the memory budget of {human_bytes(budget)} per device: the smallest "
+        f"peak autopar finds is {human_bytes(smallest)} (" + ", ".join(f"{k.replace('_', ' ')} "
+        f"{human_bytes(v)}" for k, v in top) + "); raise memory_budget to at least that, use more devices, "
+        f"or a lighter optimizer")
 
 
 def _pinned(program: Program, strategies: dict, pin: dict, mesh) -> dict:

@@ -96,8 +96,9 @@ class RankMesh:
         return torch.cat(parts, dim=dim)
 
     def shard(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        """This rank's block, copied: a view would keep the whole tensor's storage alive."""
         coord, p, _ = self._axis(axis)
-        return x.chunk(p, dim)[coord].contiguous()
+        return x.chunk(p, dim)[coord].clone(memory_format=torch.contiguous_format)
 
     def zero_partial(self, x: torch.Tensor, axis: str) -> torch.Tensor:
         """Replicate -> Partial: one rank keeps the value, the others hold zeros, so the sum is unchanged."""
@@ -129,13 +130,14 @@ class Pending:
 
 
 def local_shard(x: torch.Tensor, spec: Spec, mesh: Mesh, coords: tuple[int, ...]) -> torch.Tensor:
-    """This rank's block of a global tensor."""
+    """This rank's block of a global tensor (a copy, so the global storage can be freed)."""
+    block = x
     for axis, p in enumerate(spec.placements):
         if isinstance(p, Shard):
-            x = x.chunk(mesh.shape[axis], p.dim)[coords[axis]]
+            block = block.chunk(mesh.shape[axis], p.dim)[coords[axis]]
         elif isinstance(p, Partial):
             raise ValueError("a global tensor has no partial layout to take a block of")
-    return x.contiguous()
+    return block.contiguous() if block is x else block.clone(memory_format=torch.contiguous_format)
 
 
 def assemble(local_by_rank: list[torch.Tensor], spec: Spec, mesh: Mesh, global_shape) -> torch.Tensor:

@@ -1,0 +1,146 @@
+"""The per-rank program as an ordered list of statements, before it is printed.
+
+The torch backend prints these statements and the memory model simulates them,
+so the memory that is predicted is the memory of the program that runs: the
+same order, the same collectives, and a variable dropped (``del``) right after
+its last use.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from autopar.graph_ir import GraphIR, IRNode, resolve_target
+from autopar.mesh import Mesh
+from autopar.passes.rule_table import rule_for
+
+# per collective kind, the local size of its result and the extra bytes it holds while it runs
+# (autopar.runtime.rank_mesh on gloo: all_gather keeps the gathered parts until it concatenates
+# them, reduce_scatter reduces a full copy before it slices, all_to_all gathers then slices)
+_RESULT = {"all_gather": lambda n, p: n * p, "reduce_scatter": lambda n, p: n / p, "shard": lambda n, p: n / p}
+_SCRATCH = {"all_gather": lambda n, p: n * p, "reduce_scatter": lambda n, p: n, "all_to_all": lambda n, p: 2 * n * p}
+
+
+@dataclass
+class Statement:
+    kind: str  # placeholder | constant | call | getitem | move | start | wait | output
+    defines: Optional[str]  # the variable it binds
+    uses: tuple[str, ...] = ()  # variables it reads, in order
+    node: Optional[IRNode] = None
+    redistribution: object = None  # for move / start / wait
+    step: int = 0  # which step of the redistribution
+    nbytes: float = 0.0  # new storage it allocates (0 for a view of an input)
+    scratch: float = 0.0  # bytes held only while it runs
+    alias_of: Optional[str] = None  # a view: the variable whose storage it shares
+    frees: list[str] = field(default_factory=list)  # variables dead after it: the program deletes them
+
+
+def schedule(graph: GraphIR, strategies: dict, redistributions, mesh: Mesh) -> list[Statement]:
+    """The program of a plan (or of a solution being planned) in the order it runs."""
+    return _Scheduler(graph, strategies, redistributions, mesh).run()
+
+
+class _Scheduler:
+    def __init__(self, graph: GraphIR, strategies: dict, redistributions, mesh: Mesh):
+        self.graph, self.strategies, self.mesh = graph, strategies, mesh
+        self.by_target = {(r.value, r.dst): r for r in redistributions}  # one per (value, layout)
+        placeholder = {fqn: ph for ph, fqn in graph.params.items()}
+        self.grad_dst = {g: strategies[placeholder[fqn]].out_specs[0] for g, fqn in graph.grads.items()}
+        self.async_syncs = {r.value: r for r in redistributions  # gradient node -> its async sync
+                            if r.is_async and r.value in self.grad_dst and r.dst == self.grad_dst[r.value]}
+        self.done: dict[str, str] = {}  # redistribution id -> variable holding the moved value
+        self.started: dict[str, str] = {}  # redistribution id -> variable of its pending first step
+        self.out: list[Statement] = []
+
+    def run(self) -> list[Statement]:
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                self.out.append(Statement("placeholder", node.name, node=node))
+            elif node.op == "constant":
+                self.out.append(Statement("constant", node.name, node=node, nbytes=self.local_bytes(node.name)))
+            elif node.op == "call":
+                self.call(node)
+                if node.name in self.async_syncs:
+                    self.start(node.name)
+            else:
+                self.finish()
+        _mark_frees(self.out)
+        return self.out
+
+    def local_bytes(self, name: str, index: Optional[int] = None) -> float:
+        node = self.graph.node(name)
+        specs = self.strategies[name].out_specs
+        total = 0.0
+        for i, meta in enumerate(node.outputs):
+            if meta is not None and index in (None, i):
+                total += math.prod(specs[i].local_shape(meta.shape, self.mesh)) * meta.itemsize
+        return total
+
+    def moved(self, value: str, dst) -> str:
+        """The variable holding ``value`` in layout ``dst``, scheduling the steps on first use."""
+        r = self.by_target.get((value, dst))
+        if r is None:
+            return value
+        if r.id not in self.done:
+            var = f"{value}__{r.id}"
+            current, first, nbytes = value, 0, self.local_bytes(value, 0)
+            if r.id in self.started:
+                nbytes = _result_bytes(r.steps[0], nbytes, self.mesh)
+                self.out.append(Statement("wait", var, (self.started[r.id],), redistribution=r,
+                                          alias_of=self.started[r.id]))
+                current, first = var, 1
+            for i in range(first, len(r.steps)):
+                step = r.steps[i]
+                p = self.mesh.shape[step.axis]
+                scratch = _SCRATCH.get(step.kind, lambda n, p: 0.0)(nbytes, p)
+                nbytes = _result_bytes(step, nbytes, self.mesh)
+                self.out.append(Statement("move", var, (current,), redistribution=r, step=i, nbytes=nbytes,
+                                          scratch=scratch))
+                current = var
+            self.done[r.id] = var
+        return self.done[r.id]
+
+    def start(self, grad: str) -> None:
+        r = self.async_syncs[grad]
+        nbytes = self.local_bytes(grad, 0)
+        self.out.append(Statement("start", f"{grad}__{r.id}_pending", (grad,), redistribution=r,
+                                  nbytes=_result_bytes(r.steps[0], nbytes, self.mesh),
+                                  scratch=_SCRATCH.get(r.steps[0].kind, lambda n, p: 0.0)(
+                                      nbytes, self.mesh.shape[r.steps[0].axis])))
+        self.started[r.id] = f"{grad}__{r.id}_pending"
+
+    def call(self, node: IRNode) -> None:
+        if node.target == "getitem":
+            src, _ = node.args
+            self.out.append(Statement("getitem", node.name, (src["ref"],), node=node, alias_of=src["ref"]))
+            return
+        in_specs = iter(self.strategies[node.name].in_specs)  # refs come in tensor-input order
+        uses = tuple(self.moved(name, next(in_specs)) for name in node.refs())
+        rule = rule_for(resolve_target(node.target))
+        view = rule is not None and rule.free and uses
+        self.out.append(Statement("call", node.name, uses, node=node, nbytes=0.0 if view else self.local_bytes(node.name),
+                                  alias_of=uses[0] if view else None))
+
+    def finish(self) -> None:
+        outs = tuple(self.moved(name, self.grad_dst[name]) if name in self.grad_dst else name
+                     for name in self.graph.outputs if name is not None)
+        self.out.append(Statement("output", None, outs))
+
+
+def _result_bytes(step, nbytes: float, mesh) -> float:
+    return _RESULT.get(step.kind, lambda n, p: n)(nbytes, mesh.shape[step.axis])
+
+
+def _mark_frees(statements: list[Statement]) -> None:
+    """After each statement, the variables it was the last to read (or that nothing reads)."""
+    last: dict[str, int] = {}
+    for i, s in enumerate(statements):
+        if s.defines is not None:
+            last.setdefault(s.defines, i)
+        for v in s.uses:
+            last[v] = i
+    placeholders = {s.defines for s in statements if s.kind == "placeholder"}  # the caller holds these
+    for v, i in last.items():
+        if v not in placeholders and statements[i].kind != "output":
+            statements[i].frees.append(v)

@@ -1,0 +1,87 @@
+"""Per-device memory: the model of the emitted program's peak, the budget the solver keeps,
+and ZeRO/FSDP-style sharding when memory demands it."""
+import pytest
+import torch
+
+import autopar
+from autopar.errors import AutoparError
+from autopar.passes.memory import CATEGORIES, parse_bytes
+from examples import gpt2
+
+
+def test_memory_budgets_are_read_from_text_or_bytes():
+    assert parse_bytes("60GiB") == 60 * 2**30
+    assert parse_bytes("512 MB") == 512e6
+    assert parse_bytes(1e9) == 1e9 and parse_bytes(None) is None
+    for bad in ("sixty gigs", "-1GB", 0):
+        with pytest.raises(AutoparError, match="memory_budget"):
+            parse_bytes(bad)
+
+
+def test_breakdown_timeline_and_optimizer_state(fast_network):
+    model, inputs = gpt2.make("tiny")
+    by_optimizer = {opt: autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network, optimizer=opt).predicted
+                    for opt in ("sgd", "adam", "adam-mixed")}
+    sgd, adam, mixed = by_optimizer.values()
+    assert set(adam.memory_bytes) == set(CATEGORIES)
+    assert sgd.memory_bytes["optimizer_state"] == 0
+    assert adam.memory_bytes["optimizer_state"] == 2 * adam.memory_bytes["parameters"]  # fp32 exp_avg, exp_avg_sq
+    assert mixed.memory_bytes["optimizer_state"] == 3 * mixed.memory_bytes["parameters"]  # 12 B vs fp32 4 B
+    assert adam.peak_memory_bytes == pytest.approx(sum(adam.memory_bytes.values()))
+    # the timeline is the live memory after each statement; the peak is at least its highest point
+    assert len(adam.memory_timeline) > 100
+    assert max(b for _, b in adam.memory_timeline) <= adam.peak_memory_bytes + 1
+    with pytest.raises(AutoparError, match="unknown optimizer"):
+        autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network, optimizer="lion")
+
+
+def test_predicted_peak_memory_matches_the_workers(fast_network):
+    """Measured with torch's MemTracker in each gloo worker: within 20% (the benchmark reports the
+    exact figures). Two budgets: unconstrained, and one the replicated Adam state does not fit,
+    so parameters are sharded. The workers run SGD, so the Adam state is left out of the comparison."""
+    model, inputs = gpt2.make("tiny")
+    loose = autopar.plan(model, inputs, mesh="dp=4", hardware=fast_network)
+    tight = autopar.plan(model, inputs, mesh="dp=4", hardware=fast_network,
+                         memory_budget=0.75 * loose.predicted.peak_memory_bytes)
+    assert sum(not tight.param_spec(f).is_replicated() for f in tight.graph.params.values()) > \
+        sum(not loose.param_spec(f).is_replicated() for f in loose.graph.params.values())
+    for plan in (loose, tight):
+        report = autopar.check(model, inputs, plan=plan, measure_memory=True)
+        assert report.ok, str(report)
+        predicted = plan.predicted.peak_memory_bytes - plan.predicted.memory_bytes["optimizer_state"]
+        assert max(report.peak_memory_bytes) == pytest.approx(predicted, rel=0.2), plan.predicted.memory_bytes
+
+
+def test_a_tight_budget_shards_parameters_and_optimizer_state_over_dp():
+    """8 x H100, a model whose replicated Adam state does not fit: parameters (and so their
+    gradients and optimizer state) split over dp, gathered before use."""
+    cfg = gpt2.GPT2Config(vocab=8192, seq=256, layers=2, heads=16, width=1024, batch=8)
+    model, inputs = gpt2.make(cfg, device="meta")
+    replicated_adam_state = sum(p.numel() for p in model.parameters()) * 2 * 4  # fp32 exp_avg, exp_avg_sq
+    loose = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm")
+    budget = 0.92 * loose.predicted.peak_memory_bytes
+    assert budget < replicated_adam_state
+    plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=budget)
+    assert plan.predicted.peak_memory_bytes <= budget
+    shapes = {fqn: p.shape.numel() for fqn, p in model.named_parameters()}
+    sharded = sum(n for fqn, n in shapes.items() if isinstance(plan.param_spec(fqn).placements[0], autopar.Shard))
+    loose_sharded = sum(n for fqn, n in shapes.items()
+                        if isinstance(loose.param_spec(fqn).placements[0], autopar.Shard))
+    assert sharded > loose_sharded and sharded > 0.5 * sum(shapes.values())  # with their gradients and Adam state
+    assert plan.predicted.memory_bytes["optimizer_state"] < loose.predicted.memory_bytes["optimizer_state"]
+    assert any(r.steps[i].kind == "all_gather" and r.value in plan.graph.params for r, i in plan.collectives())
+
+
+def test_lowering_the_budget_never_raises_the_peak_and_an_impossible_one_is_explained():
+    cfg = gpt2.GPT2Config(vocab=8192, seq=512, layers=2, heads=16, width=2048, batch=8)
+    model, inputs = gpt2.make(cfg, device="meta")
+    peaks = []
+    for budget in (None, "3GiB", "2GiB", "1.2GiB"):
+        plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=budget)
+        peaks.append(plan.predicted.peak_memory_bytes)
+        if budget is not None:
+            assert plan.predicted.peak_memory_bytes <= parse_bytes(budget)
+    assert peaks == sorted(peaks, reverse=True)
+    with pytest.raises(AutoparError, match=r"smallest peak autopar finds is [\d.]+ [KMG]B") as info:
+        autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget="100MiB")
+    assert "memory_budget" in str(info.value)
