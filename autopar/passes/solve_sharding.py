@@ -113,33 +113,22 @@ class SolveShardingPass(Pass):
         def choice_of(result) -> dict:
             return {name: strategies[name][result.choice[index[root(name)]]] for name in strategies}
 
-        def run_solver(limit, costs=node_costs):
+        def run_solver(limit, costs=node_costs, start=hint):
             return solve(costs, edges, backend=ctx.options.get("solver", "mip"),
                          time_limit_s=ctx.options.get("solver_time_limit_s", 60.0),
-                         hint=hint if None not in hint else None, progress=ctx.progress, overlap=overlap,
+                         hint=start if None not in start else None, progress=ctx.progress, overlap=overlap,
                          memory=limit)
+
+        def peak_of(result):
+            chosen = choice_of(result)
+            return estimate(program, chosen, find_redistributions(program, chosen, cost), ctx)
 
         budget = ctx.options.get("memory_budget") or 0.9 * cost.hardware.memory_bytes
         rows = _memory_rows(program, strategies, groups, index, root, ctx)
-        limit, result, attempts = None, None, []  # attempts: (exact peak, its breakdown)
-        for _ in range(_BUDGET_ATTEMPTS):
-            try:
-                result = run_solver(None if limit is None else MemoryLimit(rows, limit))
-            except SolverError:
-                result = None
-                break
-            peak = estimate(program, choice_of(result), find_redistributions(program, choice_of(result), cost), ctx)
-            attempts.append((peak.peak_bytes, peak.breakdown))
-            if peak.peak_bytes <= budget:
-                break
-            # the stand-in misses temporaries and collective buffers, so it is only trusted for
-            # differences: ask for this solution's stand-in value less the excess (and a margin)
-            limit = MemoryLimit(rows, 0).used(result.choice) - 1.25 * (peak.peak_bytes - budget)
-            ctx.report(f"peak memory {human_bytes(peak.peak_bytes)} is over the budget {human_bytes(budget)}; "
-                       f"solving again with less held memory")
-            result = None
+        lean = _Lean(run_solver, rows, node_costs)
+        result, attempts = _solve_within_budget(run_solver, peak_of, rows, budget, lean, ctx.report)
         if result is None:
-            raise _infeasible(budget, attempts, run_solver, rows, node_costs, choice_of, program, cost, ctx)
+            raise _infeasible(budget, attempts, lean, peak_of, ctx.mesh)
         program.tables["choice"] = choice_of(result)
         program.tables["solver"] = result
         return (f"{len(groups)} variables groups, {len(edges)} edges, {result.n_variables} booleans, "
@@ -148,6 +137,44 @@ class SolveShardingPass(Pass):
 
 
 _BUDGET_ATTEMPTS = 8
+
+
+class _Lean:
+    """The layout holding the least memory by the linear stand-in (solved once, when first
+    needed): the warm start of budgeted solves, since it meets any limit that can be met."""
+
+    def __init__(self, run_solver, rows, node_costs):
+        self.run_solver, self.rows, self.node_costs = run_solver, rows, node_costs
+        self._result = None
+
+    @property
+    def result(self):
+        if self._result is None:
+            costs = [[math.inf if math.isinf(c) else b for c, b in zip(cr, br)]
+                     for cr, br in zip(self.node_costs, self.rows)]
+            self._result = self.run_solver(None, costs)
+        return self._result
+
+
+def _solve_within_budget(run_solver, peak_of, rows, budget: float, lean: _Lean, report):
+    """(the fastest solution found whose exact peak fits, or None; every (peak, breakdown) tried)."""
+    limit, attempts = None, []
+    for _ in range(_BUDGET_ATTEMPTS):
+        try:
+            result = run_solver(None) if limit is None else \
+                run_solver(MemoryLimit(rows, limit), start=list(lean.result.choice))
+        except SolverError:
+            return None, attempts
+        peak = peak_of(result)
+        attempts.append((peak.peak_bytes, peak.breakdown))
+        if peak.peak_bytes <= budget:
+            return result, attempts
+        # the stand-in misses temporaries and collective buffers, so it is only trusted for
+        # differences: ask for this solution's stand-in value less the excess (and a margin)
+        limit = MemoryLimit(rows, 0).used(result.choice) - 1.25 * (peak.peak_bytes - budget)
+        report(f"peak memory {human_bytes(peak.peak_bytes)} is over the budget {human_bytes(budget)}; "
+               f"solving again with less held memory")
+    return None, attempts
 
 
 def _memory_rows(program: Program, strategies: dict, groups, index, root, ctx) -> list[list[float]]:
@@ -189,16 +216,14 @@ def _storage_base(node):
     return node
 
 
-def _infeasible(budget, attempts, run_solver, rows, node_costs, choice_of, program, cost, ctx) -> AutoparError:
-    """The error for a budget no plan meets, with the smallest peak among the plans tried and a
-    memory-first plan (the one that minimises the linear stand-in)."""
-    lean_costs = [[math.inf if math.isinf(c) else b for c, b in zip(cr, br)] for cr, br in zip(node_costs, rows)]
-    lean = choice_of(run_solver(None, lean_costs))
-    peak = estimate(program, lean, find_redistributions(program, lean, cost), ctx)
+def _infeasible(budget, attempts, lean: _Lean, peak_of, mesh) -> AutoparError:
+    """The error for a budget no plan meets, with the smallest peak among the plans tried and the
+    memory-first plan."""
+    peak = peak_of(lean.result)
     smallest, breakdown = min(attempts + [(peak.peak_bytes, peak.breakdown)], key=lambda a: a[0])
     top = sorted(breakdown.items(), key=lambda kv: -kv[1])[:3]
     return AutoparError(
-        f"no plan on mesh {ctx.mesh} fits the memory budget of {human_bytes(budget)} per device: the smallest "
+        f"no plan on mesh {mesh} fits the memory budget of {human_bytes(budget)} per device: the smallest "
         f"peak autopar finds is {human_bytes(smallest)} (" + ", ".join(f"{k.replace('_', ' ')} "
         f"{human_bytes(v)}" for k, v in top) + "); raise memory_budget to at least that, use more devices, "
         f"or a lighter optimizer")
