@@ -16,13 +16,14 @@ from autopar.module_paths import module_paths
 from autopar.passes.base import Pass, PassContext, PassManager
 from autopar.passes.collectives import CollectivesPass
 from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
-from autopar.passes.memory import MemoryPass, optimizer_bytes_per_element, parse_bytes
+from autopar.passes.memory import MemoryPass, optimizer_bytes_per_element
 from autopar.passes.predict import PredictPass
 from autopar.passes.shapes import ShapesPass
 from autopar.passes.solve_sharding import SolveShardingPass
 from autopar.passes.strategies import StrategiesPass
 from autopar.plan import Plan, SolverStats
 from autopar.symbolic_shapes import size_symbols
+from autopar.units import parse_bytes
 
 
 def default_passes() -> list[Pass]:

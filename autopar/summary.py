@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from autopar.backends.printer import human_bytes, human_seconds, shape_text
+from autopar.backends.printer import shape_text
+from autopar.units import human_bytes, human_seconds
 
 _MAX_ROWS = 40
 _MAX_FORMULAS = 5  # largest collectives shown with their byte formulas

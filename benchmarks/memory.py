@@ -23,8 +23,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import autopar  # noqa: E402
-from autopar.backends.printer import human_bytes  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
+from autopar.units import human_bytes  # noqa: E402
 from examples import gpt2  # noqa: E402
 from tests.workers import FAST  # noqa: E402
 

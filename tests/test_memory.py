@@ -5,7 +5,8 @@ import torch
 
 import autopar
 from autopar.errors import AutoparError
-from autopar.passes.memory import CATEGORIES, parse_bytes
+from autopar.passes.memory import CATEGORIES
+from autopar.units import parse_bytes
 from examples import gpt2
 
 

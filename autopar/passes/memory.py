@@ -15,7 +15,7 @@ from autopar.errors import AutoparError
 from autopar.graph_ir import to_ir
 from autopar.passes.base import Pass, PassContext
 from autopar.program import Program
-from autopar.schedule import Statement, schedule
+from autopar.passes.schedule import Statement, schedule
 
 # bytes of optimizer state per parameter element, beyond the parameter itself
 OPTIMIZERS = {
@@ -32,26 +32,6 @@ class MemoryEstimate:
     breakdown: dict  # category -> bytes live at the peak
     timeline: tuple  # (variable, live bytes after its statement) in program order
     peak_at: str  # the statement (variable) where the peak occurs
-
-
-_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(value: "str | float | None") -> "float | None":
-    """``60e9``, ``"60GiB"``, ``"512 MB"`` -> bytes; None stays None (the default budget)."""
-    if value is None or isinstance(value, (int, float)):
-        if value is not None and value <= 0:
-            raise AutoparError(f"memory_budget must be positive, got {value}")
-        return value
-    text = str(value).strip().upper().replace(" ", "")
-    number = text.rstrip("KMGTIB")
-    unit = text[len(number):]
-    try:
-        amount = float(number) * _UNITS[unit]
-    except (KeyError, ValueError):
-        raise AutoparError(f"cannot read memory_budget {value!r}; write bytes or e.g. '60GiB', '512MB'") from None
-    return parse_bytes(amount)
 
 
 def optimizer_bytes_per_element(optimizer: str, itemsize: int) -> float:

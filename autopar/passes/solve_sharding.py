@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-from autopar.backends.printer import human_bytes
 from autopar.errors import AutoparError, SolverError
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.collectives import find_redistributions
@@ -26,6 +25,7 @@ from autopar.passes.rule_table import rule_for
 from autopar.placement import Spec
 from autopar.program import Program, forward_nodes, tensor_inputs
 from autopar.solver import MemoryLimit, Overlap, solve
+from autopar.units import human_bytes
 
 
 class SolveShardingPass(Pass):

@@ -7,14 +7,15 @@ first all-reduce / reduce-scatter starts asynchronously right after the
 gradient is computed and is waited for at the return, so it overlaps the rest
 of backward. Each variable is deleted after its last use, so memory is freed as
 the memory model (autopar.passes.memory) assumes. The order comes from
-autopar.schedule.
+autopar.passes.schedule.
 """
 from __future__ import annotations
 
-from autopar.backends.printer import header, human_bytes, human_seconds, literal, shape_text
+from autopar.backends.printer import header, literal, shape_text
+from autopar.units import human_bytes, human_seconds
 from autopar.graph_ir import IRNode, resolve_target
 from autopar.passes.rule_table import rule_for
-from autopar.schedule import Statement, schedule
+from autopar.passes.schedule import Statement, schedule
 
 
 def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
