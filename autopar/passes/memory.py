@@ -80,15 +80,15 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
             size[sid], refs[sid] = s.nbytes, 0
             category[sid] = _category(s, returned)
             live[category[sid]] += s.nbytes
-        if old is not None:  # rebinding a name drops its old value after the statement
-            release(s.defines)
-        storage_of[s.defines] = sid
-        refs[sid] += 1
-        now = sum(live.values()) + s.scratch
+        now = sum(live.values()) + s.scratch  # a rebound name's old value is still held here
         if now > peak:
             peak, peak_at = now, s.defines
             peak_breakdown = dict(live)
             peak_breakdown["communication"] += s.scratch
+        if old is not None:  # rebinding a name drops its old value after the statement
+            release(s.defines)
+        storage_of[s.defines] = sid
+        refs[sid] += 1
         for var in s.frees:
             if var not in returned:
                 release(var)
