@@ -50,17 +50,20 @@ class CostModel:
         """Of a gradient's move into its parameter's layout, the part that can overlap backward:
         the first step, when it is an all-reduce or reduce-scatter (the emitted program starts it
         asynchronously)."""
-        steps = self.step_times(meta, src, dst) if src != dst else []
+        steps = self._cached_steps(meta, src, dst)
         return steps[0][1] if steps and steps[0][0].kind in ASYNC_KINDS else 0.0
 
     def reshard_time(self, meta: TensorMeta, src: Spec, dst: Spec) -> float:
+        return sum(t for _, t, _ in self._cached_steps(meta, src, dst))
+
+    def _cached_steps(self, meta: TensorMeta, src: Spec, dst: Spec) -> list:
+        """step_times, kept: the solver asks for the same moves once per strategy pair."""
         if src == dst:
-            return 0.0
+            return []
         key = (meta, src, dst)
         hit = self._reshard_cache.get(key)
         if hit is None:
-            hit = sum(t for _, t, _ in self.step_times(meta, src, dst))
-            self._reshard_cache[key] = hit
+            hit = self._reshard_cache[key] = self.step_times(meta, src, dst)
         return hit
 
 

@@ -92,8 +92,7 @@ class _Scheduler:
                 current, first = var, 1
             for i in range(first, len(r.steps)):
                 step = r.steps[i]
-                p = self.mesh.shape[step.axis]
-                scratch = _SCRATCH.get(step.kind, lambda n, p: 0.0)(nbytes, p)
+                scratch = _scratch_bytes(step, nbytes, self.mesh)
                 nbytes = _result_bytes(step, nbytes, self.mesh)
                 self.out.append(Statement("move", var, (current,), redistribution=r, step=i, nbytes=nbytes,
                                           scratch=scratch))
@@ -106,8 +105,7 @@ class _Scheduler:
         nbytes = self.local_bytes(grad, 0)
         self.out.append(Statement("start", f"{grad}__{r.id}_pending", (grad,), redistribution=r,
                                   nbytes=_result_bytes(r.steps[0], nbytes, self.mesh),
-                                  scratch=_SCRATCH.get(r.steps[0].kind, lambda n, p: 0.0)(
-                                      nbytes, self.mesh.shape[r.steps[0].axis])))
+                                  scratch=_scratch_bytes(r.steps[0], nbytes, self.mesh)))
         self.started[r.id] = f"{grad}__{r.id}_pending"
 
     def call(self, node: IRNode) -> None:
@@ -130,6 +128,10 @@ class _Scheduler:
 
 def _result_bytes(step, nbytes: float, mesh) -> float:
     return _RESULT.get(step.kind, lambda n, p: n)(nbytes, mesh.shape[step.axis])
+
+
+def _scratch_bytes(step, nbytes: float, mesh) -> float:
+    return _SCRATCH.get(step.kind, lambda n, p: 0.0)(nbytes, mesh.shape[step.axis])
 
 
 def _mark_frees(statements: list[Statement]) -> None:

@@ -39,22 +39,14 @@ class RankMesh:
     # Each collective counts the message the plan asked for (the cost model's n), even where
     # gloo composes it from other calls, so counted and predicted bytes compare one to one.
     def all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
-        self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
-        return self._all_reduce(x, axis)
+        return self.start_all_reduce(x, axis).wait()
 
     def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         self.bytes_moved["all_gather"] += x.numel() * x.element_size() * self._axis(axis)[1]
         return self._all_gather(x, axis, dim)
 
     def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-        coord, p, group = self._axis(axis)
-        self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
-        if self._gloo:  # gloo has no reduce_scatter
-            return self.shard(self._all_reduce(x, axis), axis, dim)
-        parts = [c.contiguous() for c in x.chunk(p, dim)]
-        out = torch.empty_like(parts[coord])
-        dist.reduce_scatter(out, parts, group=group)
-        return out
+        return self.start_reduce_scatter(x, axis, dim).wait()
 
     def all_to_all(self, x: torch.Tensor, axis: str, src_dim: int, dst_dim: int) -> torch.Tensor:
         coord, p, group = self._axis(axis)
@@ -74,7 +66,7 @@ class RankMesh:
     def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
         coord, p, group = self._axis(axis)
         self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
-        if self._gloo:
+        if self._gloo:  # gloo has no reduce_scatter: all-reduce, then keep this rank's block
             pending = self._start_all_reduce(x, axis)
             return Pending(pending.work, pending.out, lambda t: self.shard(t, axis, dim))
         parts = [c.contiguous() for c in x.chunk(p, dim)]
@@ -84,9 +76,6 @@ class RankMesh:
     def _start_all_reduce(self, x: torch.Tensor, axis: str) -> "Pending":
         out = x.detach().clone()
         return Pending(dist.all_reduce(out, group=self._axis(axis)[2], async_op=True), out)
-
-    def _all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
-        return self._start_all_reduce(x, axis).wait()
 
     def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         _, p, group = self._axis(axis)
