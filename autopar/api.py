@@ -16,8 +16,9 @@ from autopar.module_paths import module_paths
 from autopar.passes.base import Pass, PassContext, PassManager
 from autopar.passes.collectives import CollectivesPass
 from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
-from autopar.passes.memory import MemoryPass, optimizer_bytes_per_element
+from autopar.passes.memory import optimizer_bytes_per_element
 from autopar.passes.predict import PredictPass
+from autopar.passes.recompute import RecomputePass, check_mode
 from autopar.passes.shapes import ShapesPass
 from autopar.passes.solve_sharding import SolveShardingPass
 from autopar.passes.strategies import StrategiesPass
@@ -27,12 +28,12 @@ from autopar.units import parse_bytes
 
 
 def default_passes() -> list[Pass]:
-    return [ShapesPass(), StrategiesPass(), SolveShardingPass(), CollectivesPass(), MemoryPass(), PredictPass()]
+    return [ShapesPass(), StrategiesPass(), SolveShardingPass(), CollectivesPass(), RecomputePass(), PredictPass()]
 
 
 def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" = "h100-sxm",
          solver: str = "mip", solver_time_limit_s: float = 60.0, pin: Optional[dict] = None,
-         memory_budget: "str | float | None" = None, optimizer: str = "adam",
+         memory_budget: "str | float | None" = None, optimizer: str = "adam", recompute: str = "auto",
          symbolic_dims: Optional[dict[str, int]] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
     """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
@@ -48,6 +49,8 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     ``memory_budget`` (bytes, or text such as "60GiB"; default 90% of the device's memory)
     bounds the predicted per-device peak, which counts ``optimizer`` state ("sgd", "adam",
     "adam-mixed"); a budget no plan meets is an AutoparError naming the smallest peak found.
+    ``recompute``: "auto" recomputes forward values in backward only when the budget needs it,
+    choosing what adds the least time; "full" recomputes for the least memory; "none" never.
     """
     mesh = Mesh.parse(mesh)
     hw = get_hardware(hardware)
@@ -56,7 +59,7 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw),
                       options={"solver": solver, "solver_time_limit_s": solver_time_limit_s,
                                "pin": dict(pin or {}), "memory_budget": parse_bytes(memory_budget),
-                               "optimizer": optimizer}, progress=progress)
+                               "optimizer": optimizer, "recompute": check_mode(recompute)}, progress=progress)
     optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here, before any work
     ctx.report("capturing the training step ...")
     program = capture(model, example_inputs)
@@ -78,6 +81,7 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
         strategies=dict(program.table("choice")),
         redistributions=tuple(program.table("redistributions")),
         predicted=program.table("predicted"),
+        recompute=program.table("recompute").variables,
         fallback_nodes=dict(fallback),
         fallback_modules={n: p for n, p in module_paths(program).items() if n in fallback} if fallback else {},
         solver=SolverStats(result.backend, result.status, result.objective, result.bound, result.gap,

@@ -57,7 +57,8 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
     return Hardware(name=name, peak_flops=rate, memory_bytes=_memory_bytes() / largest, memory_bandwidth=bandwidth,
                     intra_node=link, inter_node=link, devices_per_node=largest, compute_efficiency=1.0,
                     half_efficiency_flops=half, memory_efficiency=1.0, kernel_floor_s=floor, host_op_s=host_op,
-                    fp32_flops_ratio=1.0, emulated_collectives=emulated)
+                    fp32_flops_ratio=1.0, emulated_collectives=emulated,
+                    collectives_library="gloo")
 
 
 def fit_compute(samples: list[tuple[float, float]]) -> tuple[float, float]:

@@ -90,8 +90,11 @@ def train(model: nn.Module, step, steps: int, lr: float):
 
 
 def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-sxm", plan: Plan | None = None,
-          steps: int = 1, lr: float = 0.1, measure_memory: bool = False) -> CheckReport:
+          steps: int = 1, lr: float = 0.1, measure_memory: bool = False, backend: str = "torch") -> CheckReport:
     """Run the plan on a local gloo group of the mesh's size; compare loss and every gradient with eager.
+
+    ``backend="jax"`` runs the emitted JAX program instead, in a fresh interpreter on as many CPU
+    devices as the mesh has, and compares the first step's loss and gradients.
 
     Reports a mismatch in the returned report; it does not raise on one. ``measure_memory``
     first runs one step under torch's MemTracker and reports each rank's peak tensor memory
@@ -103,13 +106,18 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     if plan is None and mesh is None:
         raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
+    if backend not in ("torch", "jax"):
+        raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'jax'")
     if plan is not None and mesh is not None and Mesh.parse(mesh) != plan.mesh:
         raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.mesh}")
     mesh = Mesh.parse(mesh) if plan is None else plan.mesh
     if plan is None:
         plan = make_plan(model, inputs, mesh=mesh, hardware=hardware)
+    steps = 1 if backend == "jax" else steps
     reference = copy.deepcopy(model)
     reference_losses, reference_grads = train(reference, lambda: reference(*inputs), steps, lr)
+    if backend == "jax":
+        return _check_jax(plan, model, inputs, reference_losses, reference_grads)
 
     buffer = io.BytesIO()
     torch.save(model, buffer)
@@ -131,6 +139,17 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-
             moved[kind] = moved.get(kind, 0) + n
     return CheckReport(plan, tensors, results[0]["losses"], reference_losses, moved,
                        tuple(r["peak_memory"] for r in results) if measure_memory else ())
+
+
+def _check_jax(plan: Plan, model: nn.Module, inputs: tuple, reference_losses, reference_grads) -> CheckReport:
+    from autopar.backends.jax.run import run_jax_step
+
+    loss, grads, _ = run_jax_step(plan, model, inputs)
+    tensors = [compare("loss[step 0]", torch.tensor(loss), torch.tensor(reference_losses[0]))]
+    for fqn, want in reference_grads.items():
+        tensors.append(compare(f"grad {fqn}", grads[fqn], want) if fqn in grads else
+                       TensorCheck(f"grad {fqn} (missing)", float("inf"), float("inf")))
+    return CheckReport(plan, tensors, [loss], reference_losses)
 
 
 _RANK_MESHES: dict = {}

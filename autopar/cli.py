@@ -66,7 +66,7 @@ def cmd_check(args) -> int:
     from autopar.check import check
 
     model, inputs = load_factory(args.factory)
-    report = check(model, inputs, mesh=args.mesh, hardware=args.hardware, steps=args.steps)
+    report = check(model, inputs, mesh=args.mesh, hardware=args.hardware, steps=args.steps, backend=args.backend)
     print(report)
     return 0 if report.ok else 1
 
@@ -100,15 +100,17 @@ def main(argv=None) -> int:
     common.add_argument("--hardware", default="h100-sxm", help="hardware preset (default h100-sxm) or a spec file")
     p = sub.add_parser("plan", parents=[common], help="plan a model and print the summary")
     p.add_argument("--out", help="write the plan as JSON here")
-    p.add_argument("--emit", action="append", metavar="BACKEND:PATH", help="write the per-rank program, "
-                                                                          "e.g. torch:gen.py")
+    p.add_argument("--emit", action="append", metavar="BACKEND:PATH", help="write the program: torch:gen.py "
+                                                                          "(per rank, torchrun) or jax:gen.py")
     p.add_argument("--solver", default="mip", choices=["mip", "cp-sat"])
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", parents=[common], help="run the plan on local CPU processes and compare "
                                                         "with eager PyTorch")
-    c.add_argument("--steps", type=int, default=1, help="optimizer steps to compare")
+    c.add_argument("--steps", type=int, default=1, help="optimizer steps to compare (torch backend)")
+    c.add_argument("--backend", default="torch", choices=["torch", "jax"],
+                   help="run the torch program on gloo processes, or the JAX program on CPU devices")
     c.set_defaults(run=cmd_check)
     k = sub.add_parser("calibrate", help="measure this machine (local gloo processes) and write a hardware spec")
     k.add_argument("--out", help="where to write the spec (JSON); default: the file --hardware cpu reads")

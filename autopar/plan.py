@@ -45,6 +45,7 @@ class Plan:
     history: tuple[PassRecord, ...] = field(default=())
     fallback_modules: dict = field(default_factory=dict)  # fallback node -> module path it sits in
     formula: Optional[CostFormula] = None  # present when planned with symbolic_dims
+    recompute: tuple[str, ...] = ()  # forward variables the program computes again in backward
     format_version: int = FORMAT_VERSION
 
     # ---- queries -------------------------------------------------------------------
@@ -72,7 +73,8 @@ class Plan:
     def hash(self) -> str:
         """Identifies the decisions: graph, mesh, hardware and every layout (not timings)."""
         body = {"graph": self.fingerprint, "mesh": self.mesh.to_json(), "hardware": self.hardware,
-                "strategies": {n: _strategy_json(s) for n, s in sorted(self.strategies.items())}}
+                "strategies": {n: _strategy_json(s) for n, s in sorted(self.strategies.items())},
+                "recompute": sorted(self.recompute)}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
     def cost_formula(self) -> sympy.Expr:
@@ -109,7 +111,11 @@ class Plan:
             from autopar.backends.torch.codegen import emit_torch
 
             return emit_torch(self)
-        raise ValueError(f"unknown backend {backend!r}; available: 'torch'")
+        if backend == "jax":
+            from autopar.backends.jax.codegen import emit_jax
+
+            return emit_jax(self)
+        raise ValueError(f"unknown backend {backend!r}; available: 'torch', 'jax'")
 
     def summary(self) -> str:
         from autopar.summary import summarize
@@ -131,12 +137,14 @@ class Plan:
                           "sharded_flops_fraction": self.predicted.sharded_flops_fraction,
                           "total_flops": self.predicted.total_flops,
                           "hidden_communication_s": self.predicted.hidden_communication_s,
+                          "recompute_s": self.predicted.recompute_s,
                           "memory_timeline": [list(t) for t in self.predicted.memory_timeline]},
             "fallback_nodes": self.fallback_nodes,
             "fallback_modules": self.fallback_modules,
             "solver": self.solver.__dict__,
             "history": [r.__dict__ for r in self.history],
             "formula": self.formula.to_json() if self.formula else None,
+            "recompute": list(self.recompute),
         }
         return json.dumps(body, indent=1)
 
@@ -163,6 +171,7 @@ class Plan:
                 solver=SolverStats(**d["solver"]),
                 history=tuple(PassRecord(**r) for r in d["history"]),
                 formula=CostFormula.from_json(d["formula"]) if d.get("formula") else None,
+                recompute=tuple(d.get("recompute", ())),  # absent in plans from before it existed
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

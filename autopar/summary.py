@@ -29,6 +29,7 @@ def summarize(plan) -> str:
            if p.hidden_communication_s else "") + f"; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
         f"peak memory per device: {human_bytes(p.peak_memory_bytes)} = "
         + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
+        _recompute_line(plan),
         "",
         f"parameters (placement per mesh axis: {axes}):",
     ]
@@ -67,6 +68,14 @@ def summarize(plan) -> str:
         where = ", ".join(distinct[:_MAX_SITES]) + (f" and {len(distinct) - _MAX_SITES} more" if len(distinct) > _MAX_SITES else "")
         out.append(f"  {op} x{len(modules)} in {where}")
     return "\n".join(out)
+
+
+def _recompute_line(plan) -> str:
+    if not plan.recompute:
+        return "recomputation: none (every forward value backward reads is kept)"
+    shown = ", ".join(plan.recompute[:_MAX_SITES]) + (" ..." if len(plan.recompute) > _MAX_SITES else "")
+    return (f"recomputation: {len(plan.recompute)} forward values computed again in backward "
+            f"(+{human_seconds(plan.predicted.recompute_s)} per step): {shown}")
 
 
 def _formula_lines(plan, coll) -> list[str]:

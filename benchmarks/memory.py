@@ -6,11 +6,14 @@ curve of large models under shrinking budgets.
 1. GPU-shaped (planned on the meta device, 8 x h100-sxm, Adam): GPT-3 1.3B- and
    6.7B-shaped decoders (width, heads, sequence and vocabulary of the paper; the
    number of layers is --gpu-layers, since solve time grows with depth until
-   layer clustering lands). For several budgets: the peak by category and the
-   predicted step time.
-2. CPU (4 gloo processes, SGD): the GPT-2-style decoder planned under several
-   budgets; predicted peak against the peak torch's MemTracker measures in each
-   worker, and the error.
+   layer clustering lands). For several budgets (a memory-time curve): the peak
+   by category, the predicted step time and what recomputation adds to it.
+2. Megatron check: the activations one layer keeps for backward (bf16, dropout,
+   softmax attention written out, batch 1, one device) beside Korthikanti et al.
+   2022's s*b*h*(34 + 5*a*s/h) bytes.
+3. CPU (4 gloo processes, SGD): the GPT-2-style decoder planned under several
+   budgets, and with full recomputation; predicted peak against the peak torch's
+   MemTracker measures in each worker, and the error.
 
 The last line reads ``worst peak-memory error: X.X%`` (CPU part).
 """
@@ -22,9 +25,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch  # noqa: E402
+
 import autopar  # noqa: E402
+from autopar.capture import capture  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
-from autopar.units import human_bytes  # noqa: E402
+from autopar.module_paths import module_paths  # noqa: E402
+from autopar.passes.memory import simulate  # noqa: E402
+from autopar.passes.recompute import build_problem  # noqa: E402
+from autopar.passes.schedule import schedule  # noqa: E402
+from autopar.units import human_bytes, human_seconds  # noqa: E402
 from examples import gpt2  # noqa: E402
 from tests.workers import FAST  # noqa: E402
 
@@ -39,7 +49,8 @@ SHORT = {"parameters": "param", "optimizer_state": "optim", "inputs": "input", "
 def row(label: str, plan) -> str:
     p = plan.predicted
     parts = " ".join(f"{SHORT[k]} {human_bytes(v):>9}" for k, v in p.memory_bytes.items())
-    return f"  {label:<14} peak {human_bytes(p.peak_memory_bytes):>9}  step {p.step_time_s * 1e3:8.2f} ms  {parts}"
+    return (f"  {label:<14} peak {human_bytes(p.peak_memory_bytes):>9}  step {p.step_time_s * 1e3:8.2f} ms  "
+            f"recompute {p.recompute_s * 1e3:6.2f} ms  {parts}")
 
 
 def gpu_curves(layers: int) -> None:
@@ -49,7 +60,7 @@ def gpu_curves(layers: int) -> None:
         print(f"\n{name}-shaped, {layers} layers, batch 8 x 2048, 8 x h100-sxm (dp=8), Adam:")
         loose = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", solver_time_limit_s=120)
         print(row("no budget", loose))
-        for share in (0.9, 0.75, 0.6):
+        for share in (0.9, 0.75, 0.6, 0.45):
             budget = share * loose.predicted.peak_memory_bytes
             try:
                 plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=budget,
@@ -57,7 +68,28 @@ def gpu_curves(layers: int) -> None:
                 print(row(f"{share:.0%} budget", plan))
             except AutoparError as exc:
                 print(f"  {share:.0%} budget    {exc}")
-        print("  recompute overhead: 0 (recomputation is not planned yet)")
+        full = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", recompute="full", solver_time_limit_s=120)
+        print(row("full recompute", full))
+
+
+def megatron_check() -> None:
+    """One layer's saved activations, from the memory model, beside Megatron's formula."""
+    print("\nActivations one layer keeps for backward (bf16, dropout 0.1, batch 1, one device):")
+    for name, (width, heads) in GPT3.items():
+        s, b, h, a = 2048, 1, width, heads
+        cfg = gpt2.GPT2Config(vocab=51200, seq=s, layers=2, heads=a, width=h, batch=b, megatron=True)
+        model, inputs = gpt2.make(cfg, device="meta")
+        model.to(torch.bfloat16)
+        plan = autopar.plan(model, inputs, mesh="dp=1", hardware="h100-sxm")
+        paths = module_paths(capture(model, inputs))
+        statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
+        memory = simulate(statements, plan.graph, plan.strategies, plan.mesh, "adam")
+        problem, names = build_problem(statements, memory.during, plan.strategies, plan.graph.loss)
+        kept = {problem.storage[v]: problem.storage_bytes[problem.storage[v]] for v, n in enumerate(names)
+                if problem.first_use[v] is not None and paths.get(n, "").startswith("blocks.1.")}
+        ours, formula = sum(kept.values()), s * b * h * (34 + 5 * a * s / h)
+        print(f"  {name}-shaped layer: autopar {human_bytes(ours):>9}  Megatron formula {human_bytes(formula):>9}  "
+              f"ratio {ours / formula:.3f}")
 
 
 def cpu_accuracy() -> float:
@@ -65,22 +97,24 @@ def cpu_accuracy() -> float:
     print("\nGPT-2-style 'tiny' on 4 local processes (gloo), SGD: predicted vs measured peak per device")
     loose = autopar.plan(model, inputs, mesh="dp=4", hardware=FAST, optimizer="sgd")
     worst = 0.0
-    for share in (None, 0.9, 0.8, 0.7):
-        budget = None if share is None else share * loose.predicted.peak_memory_bytes
+    for share in (None, 0.9, 0.8, 0.75, 0.7, "full"):
+        budget = None if share in (None, "full") else share * loose.predicted.peak_memory_bytes
+        label = {None: "no budget", "full": "full recompute"}.get(share) or f"{share:.0%} budget"
         try:
-            plan = loose if budget is None else autopar.plan(model, inputs, mesh="dp=4", hardware=FAST,
-                                                             optimizer="sgd", memory_budget=budget)
+            plan = loose if share is None else autopar.plan(
+                model, inputs, mesh="dp=4", hardware=FAST, optimizer="sgd", memory_budget=budget,
+                recompute="full" if share == "full" else "auto")
         except AutoparError as exc:
-            print(f"  {'no' if share is None else f'{share:.0%}'} budget: {exc}")
+            print(f"  {label}: {exc}")
             continue
         report = autopar.check(model, inputs, plan=plan, measure_memory=True)
         measured = max(report.peak_memory_bytes)
         predicted = plan.predicted.peak_memory_bytes
         error = abs(measured / predicted - 1)
         worst = max(worst, error)
-        label = "no budget" if share is None else f"{share:.0%} budget"
-        print(f"  {label:<11} predicted {human_bytes(predicted):>9}  measured {human_bytes(measured):>9}  "
-              f"error {error:6.1%}  check {'OK' if report.ok else 'MISMATCH'}")
+        print(f"  {label:<14} predicted {human_bytes(predicted):>9}  measured {human_bytes(measured):>9}  "
+              f"error {error:6.1%}  recompute {human_seconds(plan.predicted.recompute_s):>9} ({len(plan.recompute)} values)"
+              f"  check {'OK' if report.ok else 'MISMATCH'}")
     return worst
 
 
@@ -91,6 +125,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.skip_gpu:
         gpu_curves(args.gpu_layers)
+        megatron_check()
     worst = cpu_accuracy()
     print(f"worst peak-memory error: {100 * worst:.1f}%")
 

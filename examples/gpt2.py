@@ -10,6 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
+MEGATRON_DROPOUT = 0.1
+
+
 @dataclass(frozen=True)
 class GPT2Config:
     vocab: int = 512
@@ -18,6 +21,7 @@ class GPT2Config:
     heads: int = 4
     width: int = 256
     batch: int = 8
+    megatron: bool = False  # Megatron-LM's block: softmax attention written out, dropout 0.1 (benchmarks/memory.py)
 
 
 SIZES = {
@@ -34,7 +38,9 @@ class Attention(nn.Module):
     # output dim cannot be column-sharded without reordering its rows per head.
     def __init__(self, cfg: GPT2Config):
         super().__init__()
-        self.heads = cfg.heads
+        self.heads, self.megatron = cfg.heads, cfg.megatron
+        if cfg.megatron:
+            self.register_buffer("causal", torch.ones(cfg.seq, cfg.seq, dtype=torch.bool).tril(), persistent=False)
         self.q = nn.Linear(cfg.width, cfg.width)
         self.k = nn.Linear(cfg.width, cfg.width)
         self.v = nn.Linear(cfg.width, cfg.width)
@@ -43,8 +49,14 @@ class Attention(nn.Module):
     def forward(self, x):
         b, t, c = x.shape
         q, k, v = (lin(x).view(b, t, self.heads, c // self.heads).transpose(1, 2) for lin in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        if self.megatron:
+            scores = (q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5
+            probs = F.softmax(scores.masked_fill(~self.causal[:t, :t], float("-inf")), dim=-1)
+            y = F.dropout(probs, MEGATRON_DROPOUT, self.training) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return F.dropout(y, MEGATRON_DROPOUT, self.training) if self.megatron else y
 
 
 class Block(nn.Module):
@@ -55,10 +67,11 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.width)
         self.fc = nn.Linear(cfg.width, 4 * cfg.width)
         self.out = nn.Linear(4 * cfg.width, cfg.width)
+        self.dropout = MEGATRON_DROPOUT if cfg.megatron else 0.0
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + F.dropout(self.out(F.gelu(self.fc(self.ln2(x)))), self.dropout, self.training)
 
 
 class GPT2(nn.Module):

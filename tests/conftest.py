@@ -16,4 +16,4 @@ def fast_network():
     h100 = PRESETS["h100-sxm"]
     return dataclasses.replace(h100, name="h100-fast-network", intra_node=Link(450e12, 1e-9),
                                inter_node=Link(450e12, 1e-9), kernel_floor_s=0.0,
-                               half_efficiency_flops=0.0)
+                               half_efficiency_flops=0.0, collectives_library="gloo")

@@ -10,7 +10,7 @@ from autopar.cost_models.model import CostModel
 from autopar.errors import AutoparError
 from autopar.passes.base import PassContext
 from autopar.passes.collectives import CollectivesPass
-from autopar.passes.memory import MemoryPass
+from autopar.passes.recompute import RecomputePass
 from autopar.passes.predict import PredictPass
 from autopar.passes.shapes import ShapesPass
 from autopar.passes.strategies import StrategiesPass
@@ -37,7 +37,7 @@ def reprice(plan, model, hardware, batch: int, seq: int) -> float:
     program.tables["choice"] = {
         name: next(s for s in options[name] if (s.in_specs, s.out_specs) == (chosen.in_specs, chosen.out_specs))
         for name, chosen in plan.strategies.items()}
-    for later in (CollectivesPass(), MemoryPass(), PredictPass()):
+    for later in (CollectivesPass(), RecomputePass(), PredictPass()):
         later.run(program, ctx)
     return program.table("predicted").step_time_s
 

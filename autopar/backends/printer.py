@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from autopar.graph_ir import resolve_target
+from autopar.passes.rule_table import rule_for
+
 
 def header(plan, title: str) -> list[str]:
     lines = [
@@ -33,6 +36,29 @@ def literal(value: Any, ref: Callable[[str], str], special: Callable[[dict], str
         if value in (float("inf"), float("-inf")):
             return f"float('{value}')"
     return repr(value)
+
+
+def local_args(plan, node) -> list:
+    """The op's arguments as this rank passes them: a shape argument (view, expand, ...) becomes
+    the local block's shape."""
+    rule = rule_for(resolve_target(node.target))
+    args = list(node.args)
+    if rule is not None and rule.shape_arg is not None and rule.shape_arg < len(args):
+        args[rule.shape_arg] = list(plan.strategies[node.name].out_specs[0].local_shape(node.outputs[0].shape,
+                                                                                         plan.mesh))
+    return args
+
+
+def call_arguments(plan, statement, special: Callable[[dict], str | None]) -> str:
+    """``a, b, key=value``: a call statement's arguments, tensor inputs named by the variables it reads."""
+    refs = iter(statement.uses)  # the variables of the tensor inputs, in the layouts this op reads
+
+    def ref(_name: str) -> str:
+        return next(refs)
+
+    text = [literal(a, ref, special) for a in local_args(plan, statement.node)]
+    text += [f"{k}={literal(v, ref, special)}" for k, v in statement.node.kwargs.items()]
+    return ", ".join(text)
 
 
 def shape_text(shape) -> str:

@@ -43,6 +43,9 @@ class Hardware:
     # collectives the communication library lacks, which autopar's runtime composes (gloo:
     # reduce-scatter = all-reduce + slice, all-to-all = all-gather + slice)
     emulated_collectives: tuple = ()
+    # the library the emitted program's collectives run on: it decides the buffers they hold
+    # while they run (autopar.passes.schedule); CPU processes run gloo
+    collectives_library: str = "nccl"
     # fraction of the backward compute that a gradient's all-reduce / reduce-scatter can run
     # under (the emitted program starts it as soon as the gradient exists and waits at the end);
     # 0 on a device that cannot compute and communicate at once (CPU processes sharing cores)
@@ -111,7 +114,7 @@ def get_hardware(hardware: "str | Hardware") -> Hardware:
         if not os.path.exists(path):
             raise AutoparError(f"hardware 'cpu' is this machine as measured by `autopar calibrate`, which "
                                f"has not run yet (no {path}); run it once (about a minute)")
-        return load_hardware(path)
+        return dataclasses.replace(load_hardware(path), collectives_library="gloo")
     if isinstance(hardware, (str, os.PathLike)) and str(hardware).endswith((".json", ".yaml", ".yml")):
         return load_hardware(hardware)
     raise AutoparError(f"unknown hardware {hardware!r}; choose one of {', '.join(sorted(PRESETS))}, cpu "

@@ -18,6 +18,7 @@ from autopar.passes.collectives import COMMUNICATING
 from autopar.passes.rule_table import rule_for
 from autopar.passes.strategies import FALLBACK, compute_time, make_call
 from autopar.passes.predict import exposed
+from autopar.passes.schedule import moved_name
 from autopar.program import Program, forward_nodes, is_multi_output, tensor_inputs
 from autopar.symbolic_shapes import SizeSymbols, fit_shapes
 
@@ -37,7 +38,7 @@ class SymbolicShapesPass(Pass):
 
 class CostFormulaPass(Pass):
     name = "cost-formula"
-    requires = ("meta", "symbolic_meta", "choice", "fallback", "redistributions")
+    requires = ("meta", "symbolic_meta", "choice", "fallback", "redistributions", "recompute")
     provides = ("cost_formula",)
 
     def __init__(self, sizes: SizeSymbols):
@@ -46,6 +47,7 @@ class CostFormulaPass(Pass):
     def run(self, program: Program, ctx: PassContext) -> str:
         meta, sym, choice = program.table("meta"), program.table("symbolic_meta"), program.table("choice")
         fallback = program.table("fallback")
+        recomputed = set(program.table("recompute").variables)  # run twice: in forward and again in backward
         compute, backward = [], []
         forward = forward_nodes(program)
         for node in program.nodes():
@@ -58,10 +60,14 @@ class CostFormulaPass(Pass):
             seconds = compute_time(rule, make_call(node, meta), strategy.in_specs, strategy.out_specs,
                                    in_metas, list(sym[node.name]), ctx.mesh, ctx.cost)
             (compute if node.name in forward else backward).append(seconds)
+            if node.name in recomputed:
+                compute.append(seconds)
         comm, async_comm, moved = [], [], {}
         for r in program.table("redistributions"):
             for i, (step, seconds, nbytes) in enumerate(ctx.cost.step_times(sym[r.value][0], r.src, r.dst)):
                 (async_comm if r.is_async and i == 0 else comm).append(seconds)
+                if moved_name(r.value, r.id) in recomputed:
+                    comm.append(seconds)
                 if step.kind in COMMUNICATING:
                     moved[f"{r.id}.{i}"] = sympy.nsimplify(nbytes)  # whole bytes: exact rationals read best
         backward_s = sympy.Add(*backward)

@@ -1,4 +1,5 @@
-"""memory: per-device peak memory of the solved plan, by simulating its program.
+"""memory: per-device peak memory of a plan, by simulating its program (autopar.passes.recompute
+runs it for the solved plan).
 
 Parameters, their gradients and the optimizer state are held for the whole
 step; everything else lives from the statement that allocates it to the last
@@ -12,10 +13,7 @@ import math
 from dataclasses import dataclass
 
 from autopar.errors import AutoparError
-from autopar.graph_ir import to_ir
-from autopar.passes.base import Pass, PassContext
-from autopar.program import Program
-from autopar.passes.schedule import Statement, schedule
+from autopar.passes.schedule import Statement
 
 # bytes of optimizer state per parameter element, beyond the parameter itself
 OPTIMIZERS = {
@@ -32,6 +30,7 @@ class MemoryEstimate:
     breakdown: dict  # category -> bytes live at the peak
     timeline: tuple  # (variable, live bytes after its statement) in program order
     peak_at: str  # the statement (variable) where the peak occurs
+    during: tuple = ()  # per statement, the bytes held while it runs (autopar.passes.recompute reads it)
 
 
 def optimizer_bytes_per_element(optimizer: str, itemsize: int) -> float:
@@ -59,7 +58,8 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
     size: dict[int, float] = {}
     category: dict[int, str] = {}
     live = {c: 0.0 for c in CATEGORIES}
-    peak, peak_breakdown, peak_at, timeline = -1.0, {}, "", []
+    peak, peak_breakdown, peak_at, timeline, during = -1.0, {}, "", [], []
+    held_all_step = sum(persistent.values())
 
     def release(var: str) -> None:
         sid = storage_of.pop(var, None)
@@ -71,6 +71,7 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
 
     for s in statements:
         if s.kind in ("placeholder", "output"):
+            during.append(held_all_step + sum(live.values()))
             continue
         old = storage_of.get(s.defines)
         if s.alias_of is not None and s.alias_of in storage_of:
@@ -81,6 +82,7 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
             category[sid] = _category(s, returned)
             live[category[sid]] += s.nbytes
         now = sum(live.values()) + s.scratch  # a rebound name's old value is still held here
+        during.append(held_all_step + now)
         if now > peak:
             peak, peak_at = now, s.defines
             peak_breakdown = dict(live)
@@ -92,9 +94,9 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
         for var in s.frees:
             if var not in returned:
                 release(var)
-        timeline.append((s.defines, sum(persistent.values()) + sum(live.values())))
+        timeline.append((s.defines, held_all_step + sum(live.values())))
     breakdown = {c: persistent[c] + peak_breakdown.get(c, 0.0) for c in CATEGORIES}
-    return MemoryEstimate(sum(breakdown.values()), breakdown, tuple(timeline), peak_at)
+    return MemoryEstimate(sum(breakdown.values()), breakdown, tuple(timeline), peak_at, tuple(during))
 
 
 def _category(s: Statement, returned: set) -> str:
@@ -105,20 +107,3 @@ def _category(s: Statement, returned: set) -> str:
     if s.node is not None and s.node.phase == "forward":
         return "activations"
     return "temporaries"
-
-
-class MemoryPass(Pass):
-    name = "memory"
-    requires = ("meta", "choice", "redistributions")
-    provides = ("memory",)
-
-    def run(self, program: Program, ctx: PassContext) -> str:
-        program.tables["memory"] = estimate(program, program.table("choice"), program.table("redistributions"), ctx)
-        m = program.table("memory")
-        return f"peak {m.peak_bytes / 2**20:.1f} MiB per device at {m.peak_at}"
-
-
-def estimate(program: Program, choice: dict, redistributions, ctx: PassContext) -> MemoryEstimate:
-    graph = to_ir(program)
-    statements = schedule(graph, choice, redistributions, ctx.mesh)
-    return simulate(statements, graph, choice, ctx.mesh, ctx.options.get("optimizer", "adam"))

@@ -19,6 +19,7 @@ class Predicted:
     total_flops: float = 0.0  # FLOPs of one training step of the whole model (forward and backward)
     hidden_communication_s: float = 0.0  # gradient syncs that run under the backward pass
     memory_timeline: tuple = ()  # (variable, bytes live after the statement defining it), in program order
+    recompute_s: float = 0.0  # forward work done again in backward (part of compute_s)
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -28,13 +29,14 @@ class Predicted:
 
 class PredictPass(Pass):
     name = "predict"
-    requires = ("meta", "choice", "redistributions", "flops", "memory")
+    requires = ("meta", "choice", "redistributions", "flops", "memory", "recompute")
     provides = ("predicted",)
 
     def run(self, program: Program, ctx: PassContext) -> str:
         choice = program.table("choice")
         forward = forward_nodes(program)
-        compute = sum(choice[n.name].compute_s for n in program.nodes() if n.op == "call_function")
+        recompute_s = program.table("recompute").seconds
+        compute = sum(choice[n.name].compute_s for n in program.nodes() if n.op == "call_function") + recompute_s
         backward = sum(choice[n.name].compute_s for n in program.nodes()
                        if n.op == "call_function" and n.name not in forward)
         redistributions = program.table("redistributions")
@@ -47,7 +49,7 @@ class PredictPass(Pass):
         split = sum(f for name, f in flops.items() if _splits_work(choice[name], ctx.mesh))
         fraction = split / total if total else 0.0
         program.tables["predicted"] = Predicted(compute + comm, compute, comm, dict(memory.breakdown), fraction,
-                                                total, async_s - exposed_async, memory.timeline)
+                                                total, async_s - exposed_async, memory.timeline, recompute_s)
         return (f"step {1e3 * (compute + comm):.4f} ms (compute {1e3 * compute:.4f}, communication {1e3 * comm:.4f}"
                 f" + {1e3 * (async_s - exposed_async):.4f} hidden), {fraction:.0%} of FLOPs sharded")
 

@@ -8,18 +8,25 @@ its last use.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from autopar.graph_ir import GraphIR, IRNode, resolve_target
 from autopar.mesh import Mesh
 from autopar.passes.rule_table import rule_for
 
-# per collective kind, the local size of its result and the extra bytes it holds while it runs
-# (autopar.runtime.rank_mesh on gloo: all_gather keeps the gathered parts until it concatenates
-# them, reduce_scatter reduces a full copy before it slices, all_to_all gathers then slices)
+# per collective kind, the local size of its result, and per library the extra bytes it holds
+# while it runs, as autopar.runtime.rank_mesh calls it: on gloo, all_gather keeps the gathered
+# parts until it concatenates them, reduce_scatter reduces a full copy before it slices,
+# all_to_all gathers then slices; on NCCL a dim-0 all_gather lands in its result and a dim-0
+# reduce_scatter reads its input in place, other dims go through contiguous parts
 _RESULT = {"all_gather": lambda n, p: n * p, "reduce_scatter": lambda n, p: n / p, "shard": lambda n, p: n / p}
-_SCRATCH = {"all_gather": lambda n, p: n * p, "reduce_scatter": lambda n, p: n, "all_to_all": lambda n, p: 2 * n * p}
+_SCRATCH = {
+    "gloo": {"all_gather": lambda n, p, dim: n * p, "reduce_scatter": lambda n, p, dim: n,
+             "all_to_all": lambda n, p, dim: 2 * n * p},
+    "nccl": {"all_gather": lambda n, p, dim: 0.0 if dim == 0 else n * p,
+             "reduce_scatter": lambda n, p, dim: 0.0 if dim == 0 else n, "all_to_all": lambda n, p, dim: 2 * n},
+}
 
 
 @dataclass
@@ -34,16 +41,34 @@ class Statement:
     scratch: float = 0.0  # bytes held only while it runs
     alias_of: Optional[str] = None  # a view: the variable whose storage it shares
     frees: list[str] = field(default_factory=list)  # variables dead after it: the program deletes them
+    recomputed: bool = False  # a forward statement run again in backward (autopar.passes.recompute)
 
 
-def schedule(graph: GraphIR, strategies: dict, redistributions, mesh: Mesh) -> list[Statement]:
-    """The program of a plan (or of a solution being planned) in the order it runs."""
-    return _Scheduler(graph, strategies, redistributions, mesh).run()
+def schedule(graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, recompute=(),
+             library: str = "nccl") -> list[Statement]:
+    """The program of a plan (or of a solution being planned) in the order it runs. The forward
+    variables in ``recompute`` are dropped after their last forward use and computed again (as
+    ``<name>__rc``) right before backward first reads them, with whatever they read in turn.
+    ``library`` (Hardware.collectives_library) sizes the buffers collectives hold."""
+    return _Scheduler(graph, strategies, redistributions, mesh, recompute, _SCRATCH[library]).run()
+
+
+def recomputed_name(var: str) -> str:
+    return f"{var}__rc"
+
+
+def moved_name(value: str, redistribution_id: str) -> str:
+    """The variable holding ``value`` after a redistribution."""
+    return f"{value}__{redistribution_id}"
 
 
 class _Scheduler:
-    def __init__(self, graph: GraphIR, strategies: dict, redistributions, mesh: Mesh):
-        self.graph, self.strategies, self.mesh = graph, strategies, mesh
+    def __init__(self, graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, recompute, scratch: dict):
+        self.graph, self.strategies, self.mesh, self.scratch = graph, strategies, mesh, scratch
+        self.recompute = set(recompute)
+        self.backward = False  # set once the loss is computed: from there on the program is backward
+        self.defining: dict[str, list[Statement]] = {}  # forward variable -> the statements that compute it
+        self.copies: dict[str, str] = {}  # recomputed variable -> its backward copy
         self.by_target = {(r.value, r.dst): r for r in redistributions}  # one per (value, layout)
         placeholder = {fqn: ph for ph, fqn in graph.params.items()}
         self.grad_dst = {g: strategies[placeholder[fqn]].out_specs[0] for g, fqn in graph.grads.items()}
@@ -58,15 +83,35 @@ class _Scheduler:
             if node.op == "placeholder":
                 self.out.append(Statement("placeholder", node.name, node=node))
             elif node.op == "constant":
-                self.out.append(Statement("constant", node.name, node=node, nbytes=self.local_bytes(node.name)))
+                self.emit(Statement("constant", node.name, node=node, nbytes=self.local_bytes(node.name)))
             elif node.op == "call":
                 self.call(node)
+                self.backward = self.backward or node.name == self.graph.loss
                 if node.name in self.async_syncs:
                     self.start(node.name)
             else:
                 self.finish()
         _mark_frees(self.out)
         return self.out
+
+    def emit(self, statement: Statement) -> None:
+        self.out.append(statement)
+        if not self.backward and statement.defines is not None:
+            self.defining.setdefault(statement.defines, []).append(statement)
+
+    def available(self, var: str) -> str:
+        """The variable backward reads for ``var``: its recomputed copy when it is recomputed.
+        (Forward is everything up to the loss, with the few backward ops the graph places there.)"""
+        if not self.backward or var not in self.recompute:
+            return var
+        if var not in self.copies:
+            copy = recomputed_name(var)
+            for s in self.defining[var]:  # a multi-step move recomputes every step
+                uses = tuple(copy if u == var else self.available(u) for u in s.uses)
+                self.out.append(replace(s, defines=copy, uses=uses, frees=[], recomputed=True,
+                                        alias_of=uses[0] if s.alias_of is not None else None))
+            self.copies[var] = copy
+        return self.copies[var]
 
     def local_bytes(self, name: str, index: Optional[int] = None) -> float:
         node = self.graph.node(name)
@@ -81,10 +126,10 @@ class _Scheduler:
         """The variable holding ``value`` in layout ``dst``, scheduling the steps on first use."""
         r = self.by_target.get((value, dst))
         if r is None:
-            return value
+            return self.available(value)
         if r.id not in self.done:
-            var = f"{value}__{r.id}"
-            current, first, nbytes = value, 0, self.local_bytes(value, 0)
+            var = moved_name(value, r.id)
+            current, first, nbytes = self.available(value), 0, self.local_bytes(value, 0)
             if r.id in self.started:
                 nbytes = _result_bytes(r.steps[0], nbytes, self.mesh)
                 self.out.append(Statement("wait", var, (self.started[r.id],), redistribution=r,
@@ -92,33 +137,37 @@ class _Scheduler:
                 current, first = var, 1
             for i in range(first, len(r.steps)):
                 step = r.steps[i]
-                scratch = _scratch_bytes(step, nbytes, self.mesh)
+                scratch = self.scratch_bytes(step, nbytes)
                 nbytes = _result_bytes(step, nbytes, self.mesh)
-                self.out.append(Statement("move", var, (current,), redistribution=r, step=i, nbytes=nbytes,
-                                          scratch=scratch))
+                self.emit(Statement("move", var, (current,), redistribution=r, step=i, nbytes=nbytes,
+                                    scratch=scratch))
                 current = var
             self.done[r.id] = var
-        return self.done[r.id]
+        return self.available(self.done[r.id])
 
     def start(self, grad: str) -> None:
         r = self.async_syncs[grad]
         nbytes = self.local_bytes(grad, 0)
         self.out.append(Statement("start", f"{grad}__{r.id}_pending", (grad,), redistribution=r,
                                   nbytes=_result_bytes(r.steps[0], nbytes, self.mesh),
-                                  scratch=_scratch_bytes(r.steps[0], nbytes, self.mesh)))
+                                  scratch=self.scratch_bytes(r.steps[0], nbytes)))
         self.started[r.id] = f"{grad}__{r.id}_pending"
+
+    def scratch_bytes(self, step, nbytes: float) -> float:
+        return self.scratch.get(step.kind, lambda n, p, dim: 0.0)(nbytes, self.mesh.shape[step.axis], step.dim)
 
     def call(self, node: IRNode) -> None:
         if node.target == "getitem":
             src, _ = node.args
-            self.out.append(Statement("getitem", node.name, (src["ref"],), node=node, alias_of=src["ref"]))
+            source = self.available(src["ref"])
+            self.emit(Statement("getitem", node.name, (source,), node=node, alias_of=source))
             return
         in_specs = iter(self.strategies[node.name].in_specs)  # refs come in tensor-input order
         uses = tuple(self.moved(name, next(in_specs)) for name in node.refs())
         rule = rule_for(resolve_target(node.target))
         view = rule is not None and rule.free and uses
-        self.out.append(Statement("call", node.name, uses, node=node, nbytes=0.0 if view else self.local_bytes(node.name),
-                                  alias_of=uses[0] if view else None))
+        self.emit(Statement("call", node.name, uses, node=node, nbytes=0.0 if view else self.local_bytes(node.name),
+                            alias_of=uses[0] if view else None))
 
     def finish(self) -> None:
         outs = tuple(self.moved(name, self.grad_dst[name]) if name in self.grad_dst else name
@@ -128,10 +177,6 @@ class _Scheduler:
 
 def _result_bytes(step, nbytes: float, mesh) -> float:
     return _RESULT.get(step.kind, lambda n, p: n)(nbytes, mesh.shape[step.axis])
-
-
-def _scratch_bytes(step, nbytes: float, mesh) -> float:
-    return _SCRATCH.get(step.kind, lambda n, p: 0.0)(nbytes, mesh.shape[step.axis])
 
 
 def _mark_frees(statements: list[Statement]) -> None:

@@ -11,7 +11,9 @@ inputs, saved activations) is kept under the budget; the exact peak of the
 solution (autopar.passes.memory) is then checked, and while it is over, the
 stand-in's limit drops by the excess and the solve repeats. ZeRO/FSDP-style
 layouts (parameters sharded over the data-parallel axis, gathered before use)
-come out of this when memory demands them.
+come out of this when memory demands them. A solution that fits only with
+recomputation (autopar.passes.recompute) counts with the time it adds; of the
+solutions tried, the fastest that fits wins.
 """
 from __future__ import annotations
 
@@ -20,12 +22,14 @@ import math
 from autopar.errors import AutoparError, SolverError
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.collectives import find_redistributions
-from autopar.passes.memory import estimate, optimizer_bytes_per_element
+from autopar.graph_ir import to_ir
+from autopar.passes.memory import optimizer_bytes_per_element
+from autopar.passes.recompute import fit, memory_budget
 from autopar.passes.rule_table import rule_for
 from autopar.placement import Spec
 from autopar.program import Program, forward_nodes, tensor_inputs
 from autopar.solver import MemoryLimit, Overlap, solve
-from autopar.units import human_bytes
+from autopar.units import human_bytes, human_seconds
 
 
 class SolveShardingPass(Pass):
@@ -119,16 +123,22 @@ class SolveShardingPass(Pass):
                          hint=start if None not in start else None, progress=ctx.progress, overlap=overlap,
                          memory=limit)
 
-        def peak_of(result):
-            chosen = choice_of(result)
-            return estimate(program, chosen, find_redistributions(program, chosen, cost), ctx)
+        graph = to_ir(program)
+        budget = memory_budget(ctx)
 
-        budget = ctx.options.get("memory_budget") or 0.9 * cost.hardware.memory_bytes
+        def fit_of(result, mode=None):
+            chosen = choice_of(result)
+            return fit(graph, chosen, find_redistributions(program, chosen, cost), ctx, budget, mode)
+
+        def least_of(result):
+            return fit_of(result, "none" if ctx.options.get("recompute") == "none" else "full").least
+
         rows = _memory_rows(program, strategies, groups, index, root, ctx)
         lean = _Lean(run_solver, rows, node_costs)
-        result, attempts = _solve_within_budget(run_solver, peak_of, rows, budget, lean, ctx.report)
+        result, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
+                                                  ctx.options.get("recompute") == "full")
         if result is None:
-            raise _infeasible(budget, attempts, lean, peak_of, ctx.mesh)
+            raise _infeasible(budget, attempts, lean, least_of, ctx.mesh)
         program.tables["choice"] = choice_of(result)
         program.tables["solver"] = result
         return (f"{len(groups)} variables groups, {len(edges)} edges, {result.n_variables} booleans, "
@@ -156,25 +166,37 @@ class _Lean:
         return self._result
 
 
-def _solve_within_budget(run_solver, peak_of, rows, budget: float, lean: _Lean, report):
-    """(the fastest solution found whose exact peak fits, or None; every (peak, breakdown) tried)."""
-    limit, attempts = None, []
+def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, report, full_recompute: bool):
+    """(the solution that fits the budget, with recomputation if it needs it, for the least step
+    time among those tried, or None; the smallest (peak, breakdown) of each layout tried)."""
+    stand_in = MemoryLimit(rows, 0)
+    limit, attempts, best, best_time = None, [], None, math.inf
     for _ in range(_BUDGET_ATTEMPTS):
         try:
             result = run_solver(None) if limit is None else \
                 run_solver(MemoryLimit(rows, limit), start=list(lean.result.choice))
         except SolverError:
-            return None, attempts
-        peak = peak_of(result)
-        attempts.append((peak.peak_bytes, peak.breakdown))
-        if peak.peak_bytes <= budget:
-            return result, attempts
+            break
+        if result.objective >= best_time:
+            break  # tighter limits only slow the layout further: recomputing is the better answer
+        fitted = fit_of(result)
+        attempts.append((fitted.least.peak_bytes, fitted.least.breakdown))
+        if fitted.recompute is not None and result.objective + fitted.recompute.seconds < best_time:
+            best, best_time = result, result.objective + fitted.recompute.seconds
+        if fitted.plain.peak_bytes <= budget or (best is not None and full_recompute):
+            break
+        floor = stand_in.used(lean.result.choice)
+        if limit is not None and limit <= floor:
+            break  # the leanest layout has been tried
         # the stand-in misses temporaries and collective buffers, so it is only trusted for
-        # differences: ask for this solution's stand-in value less the excess (and a margin)
-        limit = MemoryLimit(rows, 0).used(result.choice) - 1.25 * (peak.peak_bytes - budget)
-        report(f"peak memory {human_bytes(peak.peak_bytes)} is over the budget {human_bytes(budget)}; "
-               f"solving again with less held memory")
-    return None, attempts
+        # differences: ask for this solution's stand-in value less the excess (and a margin); the
+        # excess is what recomputation leaves, or, once it fits, what it takes to need none
+        over = (fitted.plain if fitted.recompute is not None else fitted.least).peak_bytes - budget
+        limit = max(floor, stand_in.used(result.choice) - 1.25 * over)
+        report(f"peak memory {human_bytes(fitted.least.peak_bytes)} is over the budget {human_bytes(budget)}"
+               if fitted.recompute is None else f"the plan fits the budget by recomputing "
+               f"({human_seconds(fitted.recompute.seconds)}); trying layouts that hold less instead")
+    return best, attempts
 
 
 def _memory_rows(program: Program, strategies: dict, groups, index, root, ctx) -> list[list[float]]:
@@ -216,17 +238,17 @@ def _storage_base(node):
     return node
 
 
-def _infeasible(budget, attempts, lean: _Lean, peak_of, mesh) -> AutoparError:
+def _infeasible(budget, attempts, lean: _Lean, least_of, mesh) -> AutoparError:
     """The error for a budget no plan meets, with the smallest peak among the plans tried and the
-    memory-first plan."""
-    peak = peak_of(lean.result)
+    memory-first plan (with as much recomputation as helps)."""
+    peak = least_of(lean.result)
     smallest, breakdown = min(attempts + [(peak.peak_bytes, peak.breakdown)], key=lambda a: a[0])
     top = sorted(breakdown.items(), key=lambda kv: -kv[1])[:3]
     return AutoparError(
         f"no plan on mesh {mesh} fits the memory budget of {human_bytes(budget)} per device: the smallest "
         f"peak autopar finds is {human_bytes(smallest)} (" + ", ".join(f"{k.replace('_', ' ')} "
         f"{human_bytes(v)}" for k, v in top) + "); raise memory_budget to at least that, use more devices, "
-        f"or a lighter optimizer")
+        f"a lighter optimizer, or recompute='auto' if recomputation is off")
 
 
 def _pinned(program: Program, strategies: dict, pin: dict, mesh) -> dict:

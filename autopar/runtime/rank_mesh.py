@@ -80,6 +80,10 @@ class RankMesh:
     def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         _, p, group = self._axis(axis)
         x = x.contiguous()
+        if dim == 0 and not self._gloo:  # NCCL fills one buffer: no per-rank parts to concatenate
+            out = x.new_empty((p * x.shape[0],) + tuple(x.shape[1:]))
+            dist.all_gather_into_tensor(out, x, group=group)
+            return out
         parts = [torch.empty_like(x) for _ in range(p)]
         dist.all_gather(parts, x, group=group)
         return torch.cat(parts, dim=dim)

@@ -11,10 +11,8 @@ autopar.passes.schedule.
 """
 from __future__ import annotations
 
-from autopar.backends.printer import header, literal, shape_text
+from autopar.backends.printer import call_arguments, header, literal, shape_text
 from autopar.units import human_bytes, human_seconds
-from autopar.graph_ir import IRNode, resolve_target
-from autopar.passes.rule_table import rule_for
 from autopar.passes.schedule import Statement, schedule
 
 
@@ -36,7 +34,7 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
         f"def step(rt, {', '.join(n.name for n in placeholders)}):",
     ]
     printer = _Printer(plan)
-    for s in schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh):
+    for s in schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute):
         lines += ["    " + line for line in printer.lines(s)]
     return "\n".join(lines) + "\n"
 
@@ -47,6 +45,8 @@ class _Printer:
 
     def lines(self, s: Statement) -> list[str]:
         out = [getattr(self, s.kind)(s)]
+        if s.recomputed:
+            out[0] += ("" if "  # " in out[0] else "  #") + " [recomputed for backward, not kept from forward]"
         if s.frees:
             out.append(f"del {', '.join(s.frees)}")
         return out
@@ -84,35 +84,22 @@ class _Printer:
 
     def getitem(self, s: Statement) -> str:
         src, index = s.node.args
-        return f"{s.defines} = {src['ref']}[{index}]{self.spec_comment(src['ref'], index)}"
+        return f"{s.defines} = {s.uses[0]}[{index}]{self.spec_comment(src['ref'], index)}"
 
     def call(self, s: Statement) -> str:
         node = s.node
-        target = resolve_target(node.target)
-        rule = rule_for(target)
-        args = list(node.args)
-        if rule is not None and rule.shape_arg is not None and rule.shape_arg < len(args):
-            meta = node.outputs[0]
-            args[rule.shape_arg] = list(self.plan.strategies[node.name].out_specs[0].local_shape(meta.shape,
-                                                                                             self.plan.mesh))
-        refs = iter(s.uses)  # the variables of the tensor inputs, in the layouts this op reads
-
-        def ref(_name: str) -> str:
-            return next(refs)
-
-        text_args = [literal(a, ref, _special) for a in args]
-        text_args += [f"{k}={literal(v, ref, _special)}" for k, v in node.kwargs.items()]
+        arguments = call_arguments(self.plan, s, _special)
         if node.target == "aten.native_dropout.default":
             # random masks must not depend on the layout: draw for the global shape, keep this rank's block
             spec = self.plan.strategies[node.name].out_specs[0]
-            return (f"{node.name} = rt.native_dropout({', '.join(text_args)}, "
+            return (f"{s.defines} = rt.native_dropout({arguments}, "
                     f"global_shape={list(node.outputs[0].shape)}, spec={spec.to_json()!r})  # -> {spec}")
         comment = self.spec_comment(node.name) if len(node.outputs) == 1 else \
             f"  # -> {', '.join(str(x) for x in self.plan.strategies[node.name].out_specs)}"
         fallback = "  [replicated: no sharding rule]" if node.name in self.plan.fallback_nodes else ""
         op = _LOCAL_EQUIVALENT.get(node.target, node.target)
         op = op if op.startswith("aten.") else f"torch.ops.{op}"  # a library's custom op keeps its namespace
-        return f"{node.name} = {op}({', '.join(text_args)}){comment}{fallback}"
+        return f"{s.defines} = {op}({arguments}){comment}{fallback}"
 
     def output(self, s: Statement) -> str:
         values = iter(s.uses)

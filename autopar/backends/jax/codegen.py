@@ -1,0 +1,251 @@
+"""JAX backend: the plan as a standalone JAX module.
+
+The per-rank program is the torch backend's (the same statements from
+autopar.passes.schedule, one op per line) run inside ``jax.shard_map``: each
+ATen op becomes a call of its JAX translation (autopar.backends.jax.aten, whose
+source the module carries), each collective an explicit ``lax`` collective on
+the named mesh axis. Parameters and inputs are placed with ``NamedSharding``
+from the plan's placements. The module exposes ``train_step(params, batch) ->
+(loss, grads)`` under ``jax.jit``, SGD and AdamW updates, and a ``main`` that
+runs one step on a saved parameter file and batch.
+"""
+from __future__ import annotations
+
+import inspect
+
+from autopar.backends.jax import aten
+from autopar.backends.printer import call_arguments, header, literal
+from autopar.errors import AutoparError
+from autopar.passes.schedule import Statement, schedule
+from autopar.placement import Shard
+
+
+def emit_jax(plan) -> str:
+    """The module's source; an op without a translation is an AutoparError naming it and its node."""
+    statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute)
+    printer = _Printer(plan)
+    body = [line for s in statements for line in printer.lines(s)]
+    g = plan.graph
+    placeholders = [n.name for n in g.nodes if n.op == "placeholder"]
+    outputs = [("loss", None)] + [("grad", g.grads[name]) for name in g.outputs[1:] if name is not None]
+    lines = header(plan, "autopar: training step as a sharded JAX program (generated; do not edit)")
+    lines += _PRELUDE.splitlines()
+    lines += [
+        f"PLAN_HASH = {plan.hash!r}",
+        f"AXES = {tuple(plan.mesh.axis_names)!r}",
+        f"SHAPE = {tuple(plan.mesh.shape)!r}",
+        f"PLACEHOLDERS = {placeholders!r}",
+        f"PARAMETERS = {dict(g.params)!r}  # placeholder -> parameter name",
+        f"BUFFERS = {dict(g.buffers)!r}  # placeholder -> buffer name",
+        f"INPUTS = {list(g.inputs)!r}  # placeholders of the batch, in forward's argument order",
+        f"SPECS = {{{', '.join(f'{n!r}: {_partition_spec(plan, n)}' for n in placeholders)}}}",
+        f"OUTPUTS = {outputs!r}  # (kind, parameter name) of each value local_step returns",
+        f"OUTPUT_SPECS = (P(), {''.join(_partition_spec(plan, _placeholder_of(g, fqn)) + ', ' for _, fqn in outputs[1:])})",
+        "",
+        "",
+        "# ---- ATen ops in JAX (autopar.backends.jax.aten) ----",
+    ]
+    for function in printer.helpers():
+        lines += inspect.getsource(function).splitlines() + [""]
+    lines += ["", f"def local_step({', '.join(placeholders)}):",
+              "    \"\"\"One rank's program on its local blocks (run under shard_map).\"\"\""]
+    lines += ["    " + line for line in body]
+    lines += _EPILOGUE.splitlines()
+    return "\n".join(lines) + "\n"
+
+
+class _Printer:
+    def __init__(self, plan):
+        self.plan = plan
+        self.used: dict = {}  # helper function -> its name, in first-use order
+
+    def helpers(self) -> list:
+        out: list = []
+        for function in self.used:
+            for f in aten.DEPENDS.get(function, ()) + (function,):
+                if f not in out:
+                    out.append(f)
+        return out
+
+    def lines(self, s: Statement) -> list[str]:
+        text = getattr(self, s.kind)(s)
+        if text is None:
+            return []
+        return [text + ("  # recomputed for backward" if s.recomputed else "")]
+
+    def placeholder(self, s: Statement):
+        return None
+
+    def constant(self, s: Statement) -> str:
+        node = s.node
+        values = literal(node.args[0], str, _special)
+        return f"{s.defines} = jnp.asarray({values}, dtype={_special(node.kwargs['dtype'])}).reshape({list(node.outputs[0].shape)})"
+
+    def call(self, s: Statement) -> str:
+        node = s.node
+        function = aten.TABLE.get(node.target)
+        if function is None or node.target == "aten.native_dropout.default":
+            raise AutoparError(f"the JAX backend has no translation of {node.target} (node {node.name}); "
+                               f"add one to autopar/backends/jax/aten.py (TABLE), or emit the torch program")
+        self.used.setdefault(function, function.__name__)
+        return f"{s.defines} = {function.__name__}({call_arguments(self.plan, s, _special)})"
+
+    def getitem(self, s: Statement) -> str:
+        return f"{s.defines} = {s.uses[0]}[{s.node.args[1]}]"
+
+    def move(self, s: Statement) -> str:
+        r = s.redistribution
+        return f"{s.defines} = {_collective(r.steps[s.step], s.uses[0], self.plan.mesh)}  # {r.id}: {r.src} -> {r.dst}"
+
+    def start(self, s: Statement) -> str:  # XLA schedules the overlap itself: the sync is one call
+        return self.move(s)
+
+    def wait(self, s: Statement) -> str:
+        return f"{s.defines} = {s.uses[0]}"
+
+    def output(self, s: Statement) -> str:
+        return f"return ({', '.join(s.uses)},)"
+
+
+def _collective(step, var: str, mesh) -> str:
+    axis = repr(mesh.axis_names[step.axis])
+    size = mesh.shape[step.axis]
+    if step.kind == "all_reduce":
+        return f"lax.psum({var}, {axis})"
+    if step.kind == "all_gather":
+        return f"lax.all_gather({var}, {axis}, axis={step.dim}, tiled=True)"
+    if step.kind == "reduce_scatter":
+        return f"lax.psum_scatter({var}, {axis}, scatter_dimension={step.dim}, tiled=True)"
+    if step.kind == "all_to_all":
+        return f"lax.all_to_all({var}, {axis}, {step.dim}, {step.src_dim}, tiled=True)"
+    if step.kind == "shard":
+        return f"block({var}, {axis}, {size}, {step.dim})"
+    if step.kind == "zero_partial":
+        return f"jnp.where(lax.axis_index({axis}) == 0, {var}, jnp.zeros_like({var}))"
+    raise AutoparError(f"the JAX backend cannot emit the collective step {step.kind!r}")
+
+
+def _partition_spec(plan, placeholder: str) -> str:
+    spec = plan.out_spec(placeholder)
+    ndim = len(plan.graph.node(placeholder).outputs[0].shape)
+    dims = [None] * ndim
+    for axis, p in enumerate(spec.placements):
+        if isinstance(p, Shard):
+            dims[p.dim] = plan.mesh.axis_names[axis]
+    return "P(" + ", ".join(repr(d) for d in dims) + ")"
+
+
+def _placeholder_of(graph, fqn: str) -> str:
+    return next(ph for ph, name in graph.params.items() if name == fqn)
+
+
+_DTYPES = {"float32": "jnp.float32", "float16": "jnp.float16", "bfloat16": "jnp.bfloat16", "float64": "jnp.float64",
+           "int64": "jnp.int32", "int32": "jnp.int32", "bool": "jnp.bool_"}  # JAX's default ints are 32-bit
+
+
+def _special(value: dict) -> str | None:
+    if "dtype" in value:
+        return _DTYPES.get(value["dtype"], f"jnp.{value['dtype']}")
+    if "device" in value or "layout" in value or "memory_format" in value:
+        return "None"
+    return None
+
+
+_PRELUDE = '''"""Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz]
+(one step; prints the loss). On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES, JAX_PROCESS_ID) on each and run the same file: it calls jax.distributed.initialize()."""
+import argparse
+import math
+import os
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+'''
+
+_EPILOGUE = '''
+
+def block(x, axis, size, dim):
+    """This rank's block of a replicated value along ``dim`` (Replicate -> Shard)."""
+    n = x.shape[dim] // size
+    return lax.dynamic_slice_in_dim(x, lax.axis_index(axis) * n, n, dim)
+
+
+def make_mesh(devices=None):
+    devices = np.asarray(jax.devices() if devices is None else devices)[: math.prod(SHAPE)]
+    if devices.size < math.prod(SHAPE):
+        raise RuntimeError(f"this plan needs {math.prod(SHAPE)} devices on a mesh {dict(zip(AXES, SHAPE))}; JAX sees "
+                           f"{devices.size} (on CPU: XLA_FLAGS=--xla_force_host_platform_device_count={math.prod(SHAPE)})")
+    return Mesh(devices.reshape(SHAPE), AXES)
+
+
+def place(params, batch, mesh):
+    """The step's arguments, each laid out over the mesh as the plan places it."""
+    values = []
+    for name in PLACEHOLDERS:
+        if name in PARAMETERS:
+            value = params[PARAMETERS[name]]
+        elif name in BUFFERS:
+            value = params[BUFFERS[name]]
+        else:
+            value = batch[INPUTS.index(name)]
+        values.append(jax.device_put(jnp.asarray(value), NamedSharding(mesh, SPECS[name])))
+    return values
+
+
+def train_step_fn(mesh):
+    """jit(shard_map(local_step)): (placed arguments) -> (loss, *gradients)."""
+    sharded = jax.shard_map(local_step, mesh=mesh, in_specs=tuple(SPECS[n] for n in PLACEHOLDERS),
+                            out_specs=OUTPUT_SPECS, check_vma=False)
+    return jax.jit(sharded)
+
+
+def train_step(params, batch, mesh=None):
+    """(loss, {parameter name: gradient}) for ``params`` (name -> array) and ``batch`` (the model's inputs)."""
+    mesh = make_mesh() if mesh is None else mesh
+    out = train_step_fn(mesh)(*place(params, batch, mesh))
+    return out[0], {fqn: g for (_, fqn), g in zip(OUTPUTS[1:], out[1:])}
+
+
+def sgd_update(params, grads, lr=0.1):
+    return {k: v - lr * grads[k] if k in grads else v for k, v in params.items()}
+
+
+def adamw_update(params, grads, state, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+    """One AdamW step (Loshchilov and Hutter 2019); ``state`` starts as {} and is returned updated."""
+    step = state.get("step", 0) + 1
+    new_params, new_state = {}, {"step": step}
+    for k, v in params.items():
+        if k not in grads:
+            new_params[k] = v
+            continue
+        m = betas[0] * state.get(("m", k), 0.0) + (1 - betas[0]) * grads[k]
+        s = betas[1] * state.get(("v", k), 0.0) + (1 - betas[1]) * grads[k] ** 2
+        m_hat, s_hat = m / (1 - betas[0] ** step), s / (1 - betas[1] ** step)
+        new_params[k] = v * (1 - lr * weight_decay) - lr * m_hat / (jnp.sqrt(s_hat) + eps)
+        new_state[("m", k)], new_state[("v", k)] = m, s
+    return new_params, new_state
+
+
+def main():
+    parser = argparse.ArgumentParser(description="one training step of the planned model")
+    parser.add_argument("--params", required=True, help=".npz of parameters (and buffers) by name")
+    parser.add_argument("--batch", required=True, help=".npz of the inputs, arrays named x0, x1, ...")
+    parser.add_argument("--grads", help="write the gradients (and the loss) to this .npz")
+    args = parser.parse_args()
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize()
+    params = dict(np.load(args.params))
+    saved = np.load(args.batch)
+    batch = [saved[f"x{i}"] for i in range(len(saved.files))]
+    loss, grads = train_step(params, batch)
+    print(f"loss {float(loss):.8f}")
+    if args.grads:
+        np.savez(args.grads, __loss__=np.asarray(loss), **{k: np.asarray(v) for k, v in grads.items()})
+
+
+if __name__ == "__main__":
+    main()'''

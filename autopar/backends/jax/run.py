@@ -1,0 +1,40 @@
+"""Run a plan's JAX program on N CPU devices in a fresh interpreter and read back its loss and
+gradients (autopar.check with backend="jax").
+
+A fresh interpreter because XLA fixes the number of host devices when JAX first loads, and
+because it is exactly how a user runs the emitted file: ``python gen.py --params ... --batch ...``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+from torch import nn
+
+from autopar.errors import AutoparError
+
+
+def run_jax_step(plan, model: nn.Module, inputs: tuple, timeout_s: float = 600) -> tuple[float, dict, str]:
+    """(loss, {parameter name: gradient as a torch tensor}, what the program printed)."""
+    with tempfile.TemporaryDirectory(prefix="autopar-jax-") as tmp:
+        source = os.path.join(tmp, "gen.py")
+        with open(source, "w") as f:
+            f.write(plan.emit("jax"))
+        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict(keep_vars=False).items()}
+        np.savez(os.path.join(tmp, "params.npz"), **state)
+        np.savez(os.path.join(tmp, "batch.npz"), **{f"x{i}": x.detach().cpu().numpy() for i, x in enumerate(inputs)})
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={math.prod(plan.mesh.shape)}",
+                   JAX_PLATFORMS="cpu")
+        done = subprocess.run([sys.executable, source, "--params", os.path.join(tmp, "params.npz"), "--batch",
+                               os.path.join(tmp, "batch.npz"), "--grads", os.path.join(tmp, "grads.npz")],
+                              capture_output=True, text=True, env=env, timeout=timeout_s)
+        if done.returncode != 0:
+            raise AutoparError(f"the emitted JAX program failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        saved = np.load(os.path.join(tmp, "grads.npz"))
+        grads = {k: torch.from_numpy(np.array(saved[k])) for k in saved.files if k != "__loss__"}
+        return float(saved["__loss__"]), grads, done.stdout

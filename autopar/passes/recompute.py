@@ -1,0 +1,230 @@
+"""recompute: which forward values backward reads are kept and which are computed again.
+
+``recompute="auto"`` (the default) recomputes only when the plan's peak is over
+the memory budget, and then the set that adds the least time while the peak
+fits; ``"full"`` recomputes for the least memory the program can reach (and the
+least time among such sets); ``"none"`` never recomputes.
+
+The exact peak comes from simulating the program (autopar.passes.memory); the
+solver (autopar.recompute_solver) works on a linear model of the memory at a
+few points of backward, built from the program without recomputation. The model
+misses what recomputation itself allocates (temporaries of the recomputed ops),
+so, as in the sharding pass, while the simulated peak is over the budget the
+model's limit drops by the excess and the solve repeats.
+
+A value can be recomputed when the op that made it can run again with the same
+result: not a random op, not a constant. Forward collectives recompute too
+(a parameter all-gathered for forward and gathered again for backward, as
+FSDP does).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autopar.errors import AutoparError, SolverError
+from autopar.graph_ir import to_ir
+from autopar.passes.base import Pass, PassContext
+from autopar.passes.memory import MemoryEstimate, simulate
+from autopar.passes.schedule import Statement, recomputed_name, schedule
+from autopar.program import Program
+from autopar.recompute_solver import RecomputeProblem, solve
+from autopar.units import human_bytes, human_seconds
+
+MODES = ("auto", "full", "none")
+_ATTEMPTS = 6
+_MAX_POINTS = 24  # backward points the model checks; the simulation checks every statement
+_RANDOM = ("dropout", "rand", "bernoulli", "normal", "uniform", "multinomial")
+
+
+@dataclass(frozen=True)
+class Recompute:
+    variables: tuple[str, ...]  # forward variables recomputed in backward
+    seconds: float  # the time recomputation adds to a step
+    memory: MemoryEstimate  # the program's memory with this recomputation
+
+
+@dataclass(frozen=True)
+class Fit:
+    plain: MemoryEstimate  # without recomputation
+    recompute: "Recompute | None"  # the cheapest recomputation under the budget; None if none fits
+    lowest: "MemoryEstimate | None" = None  # the smallest peak seen, when it is not ``plain``'s
+
+    @property
+    def least(self) -> MemoryEstimate:
+        return self.lowest if self.lowest is not None and self.lowest.peak_bytes < self.plain.peak_bytes else self.plain
+
+
+class RecomputePass(Pass):
+    name = "recompute"
+    requires = ("meta", "choice", "redistributions")
+    provides = ("recompute", "memory")
+
+    def run(self, program: Program, ctx: PassContext) -> str:
+        budget = memory_budget(ctx)
+        result = fit(to_ir(program), program.table("choice"), program.table("redistributions"), ctx, budget)
+        chosen = result.recompute or Recompute((), 0.0, result.plain)  # over budget: only with recompute="none"
+        program.tables["recompute"] = chosen
+        program.tables["memory"] = chosen.memory
+        peak = f"peak {human_bytes(chosen.memory.peak_bytes)} per device at {chosen.memory.peak_at}"
+        if not chosen.variables:
+            return peak
+        return (f"{len(chosen.variables)} values recomputed (+{human_seconds(chosen.seconds)}), {peak} "
+                f"(without: {human_bytes(result.plain.peak_bytes)})")
+
+
+def memory_budget(ctx: PassContext) -> float:
+    return ctx.options.get("memory_budget") or 0.9 * ctx.cost.hardware.memory_bytes
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise AutoparError(f"unknown recompute mode {mode!r}; use one of {', '.join(MODES)}")
+    return mode
+
+
+def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: float, mode: str | None = None) -> Fit:
+    """The memory of this solution, and the recomputation it takes to fit ``budget``."""
+    mode = check_mode(mode or ctx.options.get("recompute", "auto"))
+    optimizer = ctx.options.get("optimizer", "adam")
+
+    def program_of(variables=()) -> tuple[list[Statement], MemoryEstimate]:
+        statements = schedule(graph, strategies, redistributions, ctx.mesh, variables,
+                              ctx.cost.hardware.collectives_library)
+        return statements, simulate(statements, graph, strategies, ctx.mesh, optimizer)
+
+    plain_statements, plain = program_of()
+    if mode == "none" or (mode == "auto" and plain.peak_bytes <= budget):
+        return Fit(plain, Recompute((), 0.0, plain) if plain.peak_bytes <= budget else None)
+    extra_points: list[int] = []
+    problem, names = build_problem(plain_statements, plain.during, strategies, graph.loss)
+    if not names:
+        return Fit(plain, None)
+
+    def decided(choice) -> tuple[list[Statement], Recompute]:
+        statements, memory = program_of(tuple(names[v] for v in choice.recomputed))
+        # a free value (a view) may be marked recomputed without backward needing it: leave it out
+        copies = {s.defines for s in statements if s.recomputed}
+        variables = tuple(names[v] for v in choice.recomputed if recomputed_name(names[v]) in copies)
+        return statements, Recompute(variables, choice.seconds, memory)
+
+    def least() -> Fit:
+        found = decided(solve(problem, None))[1]
+        return Fit(plain, found if found.memory.peak_bytes <= budget else None, found.memory)
+
+    if mode == "full":
+        return least()
+    limit = budget
+    for _ in range(_ATTEMPTS):
+        try:
+            choice = solve(problem, limit)
+        except SolverError:
+            break
+        statements, found = decided(choice)
+        if found.memory.peak_bytes <= budget:
+            return Fit(plain, found)
+        # the model checks memory at a few statements: add the one where the program peaks; if
+        # it was already there, the model misses what recomputing allocates: ask for the excess less
+        peak_at = _plain_index(statements, found.memory.during)
+        if peak_at in problem.at or peak_at < backward_start(plain_statements, graph.loss):
+            limit -= 1.25 * (found.memory.peak_bytes - budget)
+        else:
+            extra_points.append(peak_at)
+            problem, names = build_problem(plain_statements, plain.during, strategies, graph.loss, extra_points)
+        ctx.report(f"with recomputation the peak is {human_bytes(found.memory.peak_bytes)}, over the budget "
+                   f"{human_bytes(budget)}; recomputing more")
+    return least()  # the budget is about as low as recomputation reaches: the least memory it can
+
+
+def build_problem(statements: list[Statement], during, strategies: dict, loss: str,
+                  extra_points=()) -> tuple[RecomputeProblem, list[str]]:
+    """The solver's view of a program without recomputation: (problem, variable of each value)."""
+    boundary = backward_start(statements, loss)
+    returned = set(next(s.uses for s in statements if s.kind == "output"))
+    defining: dict[str, list[Statement]] = {}
+    for s in statements[:boundary]:
+        if s.kind in ("call", "getitem", "move", "constant") and s.defines not in returned:
+            defining.setdefault(s.defines, []).append(s)
+    names = list(defining)
+    index = {name: v for v, name in enumerate(names)}
+    reads: dict[int, list[int]] = {v: [] for v in range(len(names))}  # value -> backward statements reading it
+    for i, s in enumerate(statements[boundary:], boundary):
+        for u in s.uses:
+            if u in index:
+                reads[index[u]].append(i)
+    first = {v: min(r) for v, r in reads.items() if r}
+    last = {v: max(r) for v, r in reads.items() if r}
+    inputs = [sorted({index[u] for u in defining[name][0].uses if u in index and u != name}) for name in names]
+    consumers: dict[int, list[int]] = {v: [] for v in range(len(names))}
+    for v, ins in enumerate(inputs):
+        for w in ins:
+            consumers[w].append(v)
+    held_until = {v: max([last.get(v, -1)] + [first[c] for c in consumers[v] if c in first]) for v in range(len(names))}
+
+    points = sorted(set(_points(boundary, sorted(set(first.values())), during)) | set(extra_points))
+    storage, storage_bytes = [], []
+    base_of: dict[str, int] = {}
+    for name in names:
+        s = defining[name][-1]
+        if s.alias_of is not None and s.alias_of in base_of:
+            base_of[name] = base_of[s.alias_of]
+        else:
+            base_of[name] = len(storage_bytes)
+            storage_bytes.append(0.0 if s.alias_of is not None else s.nbytes)  # a view of a never-freed input
+        storage.append(base_of[name])
+    storage_last = {}
+    for v, name in enumerate(names):
+        if v in last:
+            storage_last[storage[v]] = max(storage_last.get(storage[v], -1), last[v])
+    fixed = [during[p] - sum(b for sid, b in enumerate(storage_bytes) if storage_last.get(sid, -1) >= p)
+             for p in points]
+
+    def first_point(i):  # the first point at or after statement i
+        return next((k for k, p in enumerate(points) if p >= i), None)
+
+    def last_point(i):  # the last point at or before statement i
+        return next((k for k in range(len(points) - 1, -1, -1) if points[k] <= i), None)
+
+    problem = RecomputeProblem(
+        seconds=[_recompute_seconds(defining[name], strategies) for name in names],
+        inputs=inputs, storage=storage, storage_bytes=storage_bytes,
+        first_use=[first_point(first[v]) if v in first else None for v in range(len(names))],
+        last_use=[last_point(last[v]) if v in last else None for v in range(len(names))],
+        hold_until=[last_point(held_until[v]) if held_until[v] >= 0 else None for v in range(len(names))],
+        fixed=fixed, at=tuple(points))
+    return problem, names
+
+
+def _plain_index(statements: list[Statement], during) -> int:
+    """Where the peak of a program with recomputation falls in the program without: the statement
+    it peaks at, or, at a recomputation, the statement the recomputation runs for."""
+    peak = max(range(len(during)), key=lambda i: during[i])
+    plain_before = sum(1 for s in statements[:peak] if not s.recomputed)
+    return plain_before
+
+
+def backward_start(statements: list[Statement], loss: str) -> int:
+    """The index of the first statement after the loss: where autopar.passes.schedule starts backward."""
+    return next(i for i, s in enumerate(statements) if s.defines == loss and s.kind == "call") + 1
+
+
+def _points(boundary: int, recompute_sites: list[int], during) -> list[int]:
+    """Statements of backward where the model checks memory: where backward starts, where it peaks
+    without recomputation, and where recomputations would run (evenly thinned to a few dozen)."""
+    peak = max(range(boundary, len(during)), key=lambda i: during[i])
+    sites = [i for i in recompute_sites if i not in (boundary, peak)]
+    if len(sites) > _MAX_POINTS - 2:
+        step = len(sites) / (_MAX_POINTS - 2)
+        sites = [sites[int(k * step)] for k in range(_MAX_POINTS - 2)]
+    return sorted({boundary, peak, *sites})
+
+
+def _recompute_seconds(statements: list[Statement], strategies: dict) -> float:
+    s = statements[0]
+    if s.kind == "constant" or (s.kind == "call" and any(word in s.node.target for word in _RANDOM)):
+        return math.inf
+    if s.kind == "move":
+        return sum(st.redistribution.step_seconds[st.step] for st in statements)
+    if s.kind == "getitem":
+        return 0.0
+    return strategies[s.node.name].compute_s

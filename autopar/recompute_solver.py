@@ -1,0 +1,214 @@
+"""The recomputation solver over plain arrays, so it is testable against brute force.
+
+The forward values that backward reads are either kept (held from forward into
+backward) or recomputed just before their first backward use, from inputs that
+are kept or recomputed in turn (so a chain is recomputed back to kept values).
+Choose the recomputed set that adds the least time while the memory held at a
+few points of backward stays under a limit.
+
+Memory at a point ``t`` of backward: what the program holds there anyway
+(``fixed[t]``: parameters, gradients, temporaries), plus each forward storage
+held at ``t`` by a kept value (until its last use, or until a recomputation
+that reads it), or by a recomputed copy (from the moment it is recomputed to
+its last use). A value is recomputed at its first backward use or earlier, when
+a recomputation that reads it runs earlier: that is the ``started`` variable,
+which follows chains. This is the boolean-program view of Checkmate (Jain et
+al., MLSys 2020) reduced to one recomputation per value.
+
+Variables per value v: r_v (recomputed), k_v (kept), and per point t
+started_{v,t}; per storage s and point t, held_{s,t}.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from autopar.errors import SolverError
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class RecomputeProblem:
+    seconds: Sequence[float]  # per value: the time to recompute it; inf where it cannot be
+    inputs: Sequence[Sequence[int]]  # per value: the values its computation reads (never-freed inputs left out)
+    storage: Sequence[int]  # per value: the storage it lives in (views share their base's)
+    storage_bytes: Sequence[float]  # per storage
+    first_use: Sequence[Optional[int]]  # per value: the first backward point index it is read at (None: never)
+    last_use: Sequence[Optional[int]]  # per value: the last backward point index it is read at
+    hold_until: Sequence[Optional[int]]  # per value: the last point a kept copy is held (its last use, or a
+    # recomputation that reads it)
+    fixed: Sequence[float]  # per point: bytes held regardless of the choice
+    at: Sequence[int] = ()  # per point, for the caller: the program statement it stands for
+
+    @property
+    def n(self) -> int:
+        return len(self.seconds)
+
+    @property
+    def points(self) -> range:
+        return range(len(self.fixed))
+
+    def consumers(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for v, ins in enumerate(self.inputs):
+            for w in ins:
+                out[w].append(v)
+        return out
+
+    def storage_last_use(self) -> list[int]:
+        last = [-1] * len(self.storage_bytes)
+        for v in range(self.n):
+            if self.last_use[v] is not None:
+                last[self.storage[v]] = max(last[self.storage[v]], self.last_use[v])
+        return last
+
+
+@dataclass(frozen=True)
+class RecomputeChoice:
+    recomputed: tuple[int, ...]
+    seconds: float  # added time
+    memory: float  # the model's peak over the points
+    status: str  # "optimal" | "feasible"
+
+
+def memory_of(problem: RecomputeProblem, recomputed: set) -> list[float]:
+    """The model's bytes at each point when ``recomputed`` is recomputed and the rest is kept where
+    needed: the function the solver keeps under the limit, evaluated directly."""
+    consumers = problem.consumers()
+    kept = [v not in recomputed and (problem.first_use[v] is not None or any(c in recomputed for c in consumers[v]))
+            for v in range(problem.n)]
+    start: dict[int, float] = {}  # recomputed value -> the point it is recomputed at
+
+    def started(v: int) -> float:
+        if v not in start:
+            start[v] = INF  # cycles cannot occur (inputs come earlier), but guard anyway
+            first = problem.first_use[v] if problem.first_use[v] is not None else INF
+            start[v] = min([first] + [started(c) for c in consumers[v] if c in recomputed])
+        return start[v]
+
+    last = problem.storage_last_use()
+    out = []
+    for t in problem.points:
+        held = set()
+        for v in range(problem.n):
+            s = problem.storage[v]
+            if kept[v] and problem.hold_until[v] is not None and problem.hold_until[v] >= t:
+                held.add(s)
+            elif v in recomputed and started(v) <= t <= last[s]:
+                held.add(s)
+        out.append(problem.fixed[t] + sum(problem.storage_bytes[s] for s in held))
+    return out
+
+
+def feasible(problem: RecomputeProblem, recomputed: set) -> bool:
+    """Every recomputed value is recomputable (its inputs are kept or recomputed by construction)."""
+    return all(not math.isinf(problem.seconds[v]) for v in recomputed)
+
+
+def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[int, ...]]:
+    """(least added seconds, recomputed set) over every subset of the recomputable values."""
+    candidates = [v for v in range(problem.n) if not math.isinf(problem.seconds[v])]
+    best = (INF, ())
+    for k in range(len(candidates) + 1):
+        for subset in itertools.combinations(candidates, k):
+            seconds = sum(problem.seconds[v] for v in subset)
+            if seconds < best[0] and max(memory_of(problem, set(subset)), default=0.0) <= limit:
+                best = (seconds, subset)
+    if math.isinf(best[0]):
+        raise SolverError("no recomputation meets the limit")
+    return best
+
+
+def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limit_s: float = 30.0) -> RecomputeChoice:
+    """Least added time with the model's memory ≤ ``limit`` at every point; ``limit=None`` asks
+    for the least memory instead (and the least time among plans with that memory)."""
+    if limit is None:
+        least = _solve(problem, None, time_limit_s)
+        return _solve(problem, least.memory * (1 + 1e-9) + 1.0, time_limit_s)
+    return _solve(problem, limit, time_limit_s)
+
+
+def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: float) -> RecomputeChoice:
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    n, points = problem.n, list(problem.points)
+    consumers = problem.consumers()
+    recomputable = [not math.isinf(s) for s in problem.seconds]
+    r = [solver.BoolVar(f"r{v}") if recomputable[v] else None for v in range(n)]
+    k = [solver.BoolVar(f"k{v}") for v in range(n)]
+
+    def rec(v):
+        return r[v] if r[v] is not None else 0
+
+    for v in range(n):
+        if problem.first_use[v] is not None:
+            solver.Add(k[v] + rec(v) >= 1)
+        for w in problem.inputs[v]:
+            if r[v] is not None:
+                solver.Add(k[w] + rec(w) >= r[v])
+    # started[v][t]: v's recomputed copy exists by point t (monotone in t); none before the first
+    # point any recomputation that reads v (directly or down a chain) could run
+    earliest = [INF] * n
+    for v in range(n - 1, -1, -1):
+        if recomputable[v]:
+            first = problem.first_use[v] if problem.first_use[v] is not None else INF
+            earliest[v] = min([first] + [earliest[c] for c in consumers[v]])
+    started: dict[int, dict[int, object]] = {}
+    for v in range(n):
+        if recomputable[v] and earliest[v] < INF:
+            started[v] = {t: solver.NumVar(0, 1, "") for t in points if t >= earliest[v]}
+    for v, row in started.items():
+        first = problem.first_use[v] if problem.first_use[v] is not None else INF
+        for t, var in row.items():
+            if t >= first:
+                solver.Add(var >= r[v])
+            elif t > earliest[v]:
+                solver.Add(var >= row[t - 1])
+            if t < first:  # before v's own use only a recomputation reading it starts it
+                for c in consumers[v]:
+                    if c in started and t in started[c]:
+                        solver.Add(var >= started[c][t] + r[v] - 1)
+    last = problem.storage_last_use()
+    by_storage: dict[int, list[int]] = {}
+    for v in range(n):
+        by_storage.setdefault(problem.storage[v], []).append(v)
+    peak = solver.NumVar(0, solver.infinity(), "peak")
+    for t in points:
+        terms = []
+        for s, values in by_storage.items():
+            holders = [k[v] for v in values if problem.hold_until[v] is not None and problem.hold_until[v] >= t]
+            holders += [started[v][t] for v in values if v in started and t in started[v] and t <= last[s]]
+            if not holders or not problem.storage_bytes[s]:
+                continue
+            held = holders[0]
+            if len(holders) > 1:
+                held = solver.NumVar(0, 1, "")
+                for h in holders:
+                    solver.Add(held >= h)
+            terms.append(problem.storage_bytes[s] * held)
+        total = problem.fixed[t] + solver.Sum(terms) if terms else problem.fixed[t]
+        if limit is not None:
+            solver.Add(total <= limit)
+        else:
+            solver.Add(peak >= total)
+    objective = solver.Objective()
+    if limit is None:
+        objective.SetCoefficient(peak, 1.0)
+    else:
+        for v in range(n):
+            if r[v] is not None and problem.seconds[v]:
+                objective.SetCoefficient(r[v], problem.seconds[v] * 1e9)
+    objective.SetMinimization()
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    status = solver.Solve()
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        raise SolverError("no recomputation meets the memory limit" if status == pywraplp.Solver.INFEASIBLE
+                          else f"the recomputation solver found no solution within {time_limit_s:.0f} s")
+    chosen = tuple(v for v in range(n) if r[v] is not None and r[v].solution_value() > 0.5)
+    memory = max(memory_of(problem, set(chosen)), default=0.0)
+    return RecomputeChoice(chosen, sum(problem.seconds[v] for v in chosen), memory,
+                           "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible")

@@ -1,0 +1,171 @@
+"""Recomputation: the solver against brute force, and recompute plans that run, match eager,
+and hold the memory they predict."""
+import math
+import random
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import autopar
+from autopar.errors import AutoparError, SolverError
+from autopar.passes.memory import simulate
+from autopar.passes.recompute import build_problem
+from autopar.passes.schedule import schedule
+from autopar.recompute_solver import RecomputeProblem, brute_force, memory_of, solve
+from examples import gpt2
+from tests.workers import FAST
+
+
+def random_problem(rng: random.Random, n: int, points: int) -> RecomputeProblem:
+    """A forward chain with branches: each value reads up to two earlier ones; some are views of
+    their input; some cannot be recomputed; backward reads come in reverse order, as in backprop."""
+    inputs, storage, storage_bytes, seconds = [], [], [], []
+    for v in range(n):
+        ins = sorted(rng.sample(range(v), min(v, rng.choice((1, 1, 2))))) if v else []
+        inputs.append(ins)
+        if ins and rng.random() < 0.2:
+            storage.append(storage[ins[0]])  # a view of its first input
+        else:
+            storage.append(len(storage_bytes))
+            storage_bytes.append(float(rng.randint(1, 9) * 100))
+        seconds.append(math.inf if rng.random() < 0.15 else rng.uniform(0.1, 2.0))
+    first_use, last_use = [], []
+    for v in range(n):
+        if rng.random() < 0.7:
+            first = min(points - 1, max(0, (n - 1 - v) * points // n + rng.randint(-1, 0)))
+            first_use.append(first)
+            last_use.append(min(points - 1, first + rng.randint(0, 1)))
+        else:
+            first_use.append(None)
+            last_use.append(None)
+    consumers = [[c for c in range(n) if v in inputs[c]] for v in range(n)]
+    hold_until = []
+    for v in range(n):
+        ends = [x for x in [last_use[v]] + [first_use[c] for c in consumers[v]] if x is not None]
+        hold_until.append(max(ends) if ends else None)
+    fixed = [float(rng.randint(0, 500)) for _ in range(points)]
+    return RecomputeProblem(seconds, inputs, storage, storage_bytes, first_use, last_use, hold_until, fixed)
+
+
+def test_the_recompute_solver_equals_brute_force_on_small_problems():
+    rng = random.Random(7)
+    compared = 0
+    for trial in range(40):
+        problem = random_problem(rng, n=rng.randint(5, 11), points=rng.randint(2, 5))
+        everything_kept = max(memory_of(problem, set()))
+        least = solve(problem, None)  # the least memory the model allows
+        brute_least = min(max(memory_of(problem, set(s))) for k in range(problem.n + 1)
+                          for s in _subsets(problem, k))
+        assert least.memory == pytest.approx(brute_least)
+        for share in (0.0, 0.3, 0.6, 0.9):
+            limit = least.memory + share * (everything_kept - least.memory)
+            seconds, subset = brute_force(problem, limit)
+            found = solve(problem, limit)
+            assert found.seconds == pytest.approx(seconds, abs=1e-9), (trial, share, subset, found)
+            assert max(memory_of(problem, set(found.recomputed))) <= limit + 1e-6
+            compared += 1
+        with pytest.raises(SolverError):
+            solve(problem, least.memory - 1.0)
+    assert compared == 160
+
+
+def _subsets(problem, k):
+    import itertools
+
+    return itertools.combinations([v for v in range(problem.n) if not math.isinf(problem.seconds[v])], k)
+
+
+class TanhStack(nn.Module):
+    def __init__(self, layers: int, width: int = 64):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x, y):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return ((x - y) ** 2).mean()
+
+
+def test_the_recompute_solver_equals_brute_force_on_a_captured_program():
+    model, inputs = TanhStack(2), (torch.randn(512, 64), torch.randn(512, 64))
+    plan = autopar.plan(model, inputs, mesh="dp=2", hardware="h100-sxm")
+    statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
+    memory = simulate(statements, plan.graph, plan.strategies, plan.mesh, "adam")
+    problem, names = build_problem(statements, memory.during, plan.strategies, plan.graph.loss)
+    recomputable = [v for v in range(problem.n) if not math.isinf(problem.seconds[v])]
+    assert 3 <= len(recomputable) <= 14, names
+    everything_kept = max(memory_of(problem, set()))
+    least = solve(problem, None)
+    assert least.memory < everything_kept  # recomputing saves memory on this program
+    for share in (0.2, 0.5, 0.8):
+        limit = least.memory + share * (everything_kept - least.memory)
+        assert solve(problem, limit).seconds == pytest.approx(brute_force(problem, limit)[0], abs=1e-12)
+
+
+@pytest.fixture(scope="module")
+def recompute_plans():
+    """A GPT-2-style decoder on 2 ranks, data parallel (layouts pinned, so only recomputation answers
+    the budget), SGD as the workers run: no recomputation, full recomputation, and two budgets
+    between. A long sequence, so that activations are most of the memory."""
+    model, inputs = gpt2.make(gpt2.GPT2Config(vocab=256, seq=128, layers=2, heads=4, width=128, batch=8))
+    pin = {fqn: "R" for fqn, _ in model.named_parameters()}
+
+    def make(**options):
+        return autopar.plan(model, inputs, mesh="dp=2", hardware=FAST, optimizer="sgd", pin=pin, **options)
+
+    plain, full = make(recompute="none"), make(recompute="full")
+    top, bottom = plain.predicted.peak_memory_bytes, full.predicted.peak_memory_bytes
+    budgets = [bottom + share * (top - bottom) for share in (0.6, 0.25)] + [bottom * 1.01]
+    return model, inputs, [(None, plain)] + [(b, make(memory_budget=b)) for b in budgets] + [(None, full)]
+
+
+def test_recompute_plans_match_eager_and_their_predicted_memory(recompute_plans):
+    model, inputs, plans = recompute_plans
+    measured, recompute_s = [], []
+    for budget, plan in plans:
+        report = autopar.check(model, inputs, plan=plan, measure_memory=True)
+        assert report.ok, str(report)
+        peak = max(report.peak_memory_bytes)
+        assert peak == pytest.approx(plan.predicted.peak_memory_bytes, rel=0.2), (budget, plan.predicted.memory_bytes)
+        if budget is not None:
+            assert plan.predicted.peak_memory_bytes <= budget
+        measured.append(peak)
+        recompute_s.append(plan.predicted.recompute_s)
+    # budgets fall from none to the tightest: the measured peak never rises, the added time never
+    # falls. MemTracker's peak varies between runs of one program by up to one buffer (it sees
+    # gloo's asynchronous work release tensors at varying moments): 1% of the peak is allowed.
+    jitter = 0.01 * measured[0]
+    assert all(later <= earlier + jitter for earlier, later in zip(measured[:4], measured[1:4])), measured
+    assert recompute_s[:4] == sorted(recompute_s[:4]), recompute_s
+    assert recompute_s[0] == 0 and recompute_s[3] > 0
+    tightest_budget = plans[3][0]
+    assert measured[3] <= tightest_budget + jitter, (measured[3], tightest_budget)
+    assert measured[3] < 0.8 * measured[0]  # recomputation really frees memory in the running program
+
+
+def test_the_emitted_backward_recomputes_and_the_forward_copy_is_freed(recompute_plans):
+    _, _, plans = recompute_plans
+    plan = plans[-1][1]  # full recomputation
+    assert plan.recompute and plan.predicted.recompute_s > 0
+    source = plan.emit()
+    lines = source.splitlines()
+    loss_line = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{plan.graph.loss} = "))
+    ops_again = 0
+    for var in plan.recompute:
+        copy = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{var}__rc = "))
+        assert copy > loss_line and "[recomputed for backward" in lines[copy]
+        freed = next(i for i, line in enumerate(lines)
+                     if line.strip().startswith("del ") and re.search(rf"\b{var}\b", line))
+        assert freed < copy  # the forward copy is gone before backward computes it again
+        ops_again += "= aten." in lines[copy]
+    assert ops_again >= 5  # forward ops really run again, not just views
+
+
+def test_recompute_only_when_the_budget_needs_it_and_bad_modes_are_refused(fast_network):
+    model, inputs = gpt2.make("tiny")
+    plan = autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network)
+    assert plan.recompute == () and plan.predicted.recompute_s == 0
+    with pytest.raises(AutoparError, match="unknown recompute mode 'some'"):
+        autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network, recompute="some")
