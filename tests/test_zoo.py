@@ -12,6 +12,9 @@ ZOO = ["gpt2", "llama", "mistral", "bert", "mixtral", "vit"]
 # 130-200 s, so for the run on gloo its solve is cut at 60 s: any incumbent is a correct
 # program, which check verifies
 SOLVE_LIMIT_S = {"mixtral": 60}
+# the JAX backend translates every op of these; Mixtral's routing ops (topk, sort, histc,
+# index_put, the grouped matmul custom op) are not translated yet
+JAX_ZOO = {"gpt2", "llama", "mistral", "bert", "vit"}
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -36,6 +39,9 @@ def test_zoo_model_on_dp2_tp2_matches_eager(name, fast_network):
                for r in plan.redistributions for s in r.steps)  # the tp axis is really used
     report = autopar.check(model, inputs, plan=plan)
     assert report.ok, str(report)
+    if name in JAX_ZOO:  # the same plan as a sharded JAX program on 4 CPU devices
+        report = autopar.check(model, inputs, plan=plan, backend="jax")
+        assert report.ok, str(report)
 
 
 @pytest.mark.filterwarnings("ignore:the sharding solver stopped")  # 2-D meshes may hit the 60 s limit on 2 cores

@@ -198,26 +198,28 @@ def aten_nll_loss_backward(grad, x, target, weight, reduction, ignore_index, tot
     return jnp.zeros_like(x).at[rows, safe].add(g)
 
 
-def _attention(q, k, v, is_causal, scale):
+def _attention(q, k, v, is_causal, scale, attn_mask=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = jnp.einsum("...qd,...kd->...qk", q, k) * scale
     if is_causal:
         s_q, s_k = scores.shape[-2:]
         scores = jnp.where(jnp.tril(jnp.ones((s_q, s_k), bool)), scores, -jnp.inf)
+    if attn_mask is not None:  # a boolean mask keeps where True; a float mask adds
+        scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == bool else scores + attn_mask
     lse = jax.nn.logsumexp(scores, axis=-1)
     return jnp.einsum("...qk,...kd->...qd", jnp.exp(scores - lse[..., None]), v), lse
 
 
 def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
-    if dropout_p or attn_mask is not None:
-        raise NotImplementedError("attention with dropout or a mask is not translated to JAX yet")
-    return _attention(q, k, v, is_causal, scale)
+    if dropout_p:
+        raise NotImplementedError("attention dropout is not translated to JAX (its mask would differ from torch's)")
+    return _attention(q, k, v, is_causal, scale, attn_mask)
 
 
 def aten_sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, attn_mask=None, scale=None):
-    if dropout_p or attn_mask is not None:
-        raise NotImplementedError("attention with dropout or a mask is not translated to JAX yet")
-    return jax.vjp(lambda a, b, c: _attention(a, b, c, is_causal, scale)[0], q, k, v)[1](grad_out)
+    if dropout_p:
+        raise NotImplementedError("attention dropout is not translated to JAX (its mask would differ from torch's)")
+    return jax.vjp(lambda a, b, c: _attention(a, b, c, is_causal, scale, attn_mask)[0], q, k, v)[1](grad_out)
 
 
 def aten_where(condition, a, b):
@@ -229,7 +231,136 @@ def aten_masked_fill(x, mask, value):
 
 
 def aten_cat(tensors, dim=0):
-    return jnp.concatenate(tensors, axis=dim)
+    kept = [x for x in tensors if not (x.ndim == 1 and x.shape[0] == 0)]  # ATen skips empty 1-D tensors
+    return jnp.concatenate(kept, axis=dim) if kept else tensors[0]
+
+
+def aten_constant_pad_nd(x, pad, value=0):
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):  # ATen pads the last dim first
+        widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def aten_slice(x, dim=0, start=None, end=None, step=1):
+    index = [slice(None)] * x.ndim
+    index[dim] = slice(start, end, step)
+    return x[tuple(index)]
+
+
+def aten_slice_backward(grad, input_sizes, dim, start, end, step):
+    index = [slice(None)] * len(input_sizes)
+    index[dim] = slice(start, end, step)
+    return jnp.zeros(input_sizes, grad.dtype).at[tuple(index)].set(grad)
+
+
+def aten_select(x, dim, index):
+    return jnp.take(x, index, axis=dim)
+
+
+def aten_select_backward(grad, input_sizes, dim, index):
+    where = [slice(None)] * len(input_sizes)
+    where[dim] = index
+    return jnp.zeros(input_sizes, grad.dtype).at[tuple(where)].set(grad)
+
+
+def aten_split(x, split_size, dim=0):
+    return [lax.slice_in_dim(x, i, min(i + split_size, x.shape[dim]), axis=dim)
+            for i in range(0, x.shape[dim], split_size)]
+
+
+def aten_gather(x, dim, index, sparse_grad=False):
+    return jnp.take_along_axis(x, index, axis=dim)
+
+
+def aten_scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(value, dtype=dtype)
+
+
+def aten_ones(size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(size, dtype=dtype)
+
+
+def aten_zeros(size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, dtype=dtype)
+
+
+def aten_empty_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros_like(x, dtype=dtype)  # never read before written: zeros are as good
+
+
+def aten_fill(x, value):
+    return jnp.full_like(x, value)
+
+
+def aten_le(a, b):
+    return a <= b
+
+
+def aten_lt(a, b):
+    return a < b
+
+
+def aten_ge(a, b):
+    return a >= b
+
+
+def aten_gt(a, b):
+    return a > b
+
+
+def aten_eq(a, b):
+    return a == b
+
+
+def aten_bitwise_and(a, b):
+    return a & b
+
+
+def aten_bitwise_not(x):
+    return ~x
+
+
+def aten_cos(x):
+    return jnp.cos(x)
+
+
+def aten_sin(x):
+    return jnp.sin(x)
+
+
+def aten_exp(x):
+    return jnp.exp(x)
+
+
+def aten_rsqrt(x):
+    return lax.rsqrt(x)
+
+
+def aten_sigmoid(x):
+    return jax.nn.sigmoid(x)
+
+
+def aten_silu(x):
+    return jax.nn.silu(x)
+
+
+def aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise NotImplementedError("transposed convolution is not translated to JAX yet")
+    spatial = "DHW"[3 - (x.ndim - 2):]
+    out = lax.conv_general_dilated(x, weight, window_strides=stride, padding=[(p, p) for p in padding],
+                                   rhs_dilation=dilation, feature_group_count=groups,
+                                   dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial))
+    return out if bias is None else out + bias.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def aten_convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                              groups, output_mask):
+    conv = lambda a, b: aten_convolution(a, b, None, stride, padding, dilation, transposed, output_padding, groups)
+    grad_x, grad_w = jax.vjp(conv, x, weight)[1](grad)
+    grad_b = jnp.sum(grad, axis=(0,) + tuple(range(2, grad.ndim))) if bias_sizes is not None else None
+    return grad_x, grad_w, grad_b
 
 
 TABLE = {
@@ -283,6 +414,41 @@ TABLE = {
     "aten.where.self": aten_where,
     "aten.masked_fill.Scalar": aten_masked_fill,
     "aten.cat.default": aten_cat,
+    "aten.constant_pad_nd.default": aten_constant_pad_nd,
+    "aten.slice.Tensor": aten_slice,
+    "aten.slice_backward.default": aten_slice_backward,
+    "aten.select.int": aten_select,
+    "aten.select_backward.default": aten_select_backward,
+    "aten.split.Tensor": aten_split,
+    "aten.gather.default": aten_gather,
+    "aten.scalar_tensor.default": aten_scalar_tensor,
+    "aten.ones.default": aten_ones,
+    "aten.zeros.default": aten_zeros,
+    "aten.empty_like.default": aten_empty_like,
+    "aten.fill.Scalar": aten_fill,
+    "aten.lift_fresh_copy.default": aten_identity,
+    "aten.add.Scalar": aten_add,
+    "aten.sub.Scalar": aten_sub,
+    "aten.le.Tensor": aten_le,
+    "aten.le.Scalar": aten_le,
+    "aten.lt.Tensor": aten_lt,
+    "aten.lt.Scalar": aten_lt,
+    "aten.ge.Tensor": aten_ge,
+    "aten.ge.Scalar": aten_ge,
+    "aten.gt.Tensor": aten_gt,
+    "aten.gt.Scalar": aten_gt,
+    "aten.eq.Tensor": aten_eq,
+    "aten.eq.Scalar": aten_eq,
+    "aten.bitwise_and.Tensor": aten_bitwise_and,
+    "aten.bitwise_not.default": aten_bitwise_not,
+    "aten.cos.default": aten_cos,
+    "aten.sin.default": aten_sin,
+    "aten.exp.default": aten_exp,
+    "aten.rsqrt.default": aten_rsqrt,
+    "aten.sigmoid.default": aten_sigmoid,
+    "aten.silu.default": aten_silu,
+    "aten.convolution.default": aten_convolution,
+    "aten.convolution_backward.default": aten_convolution_backward,
 }
 
 # functions a table entry calls besides itself (the emitted program carries them too)
@@ -292,4 +458,5 @@ DEPENDS = {
     aten_nll_loss_backward: (_nll_terms,),
     aten_sdpa_flash_cpu: (_attention,),
     aten_sdpa_flash_cpu_backward: (_attention,),
+    aten_convolution_backward: (aten_convolution,),
 }

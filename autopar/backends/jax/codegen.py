@@ -107,22 +107,22 @@ class _Printer:
         return f"return ({', '.join(s.uses)},)"
 
 
+# one collective step in JAX, on the named axis (x: the variable, p: the axis size)
+_COLLECTIVES = {
+    "all_reduce": "lax.psum({x}, {axis})",
+    "all_gather": "lax.all_gather({x}, {axis}, axis={dim}, tiled=True)",
+    "reduce_scatter": "lax.psum_scatter({x}, {axis}, scatter_dimension={dim}, tiled=True)",
+    "all_to_all": "lax.all_to_all({x}, {axis}, {dim}, {src_dim}, tiled=True)",  # split dim, gather src_dim
+    "shard": "block({x}, {axis}, {p}, {dim})",
+    "zero_partial": "jnp.where(lax.axis_index({axis}) == 0, {x}, jnp.zeros_like({x}))",
+}
+
+
 def _collective(step, var: str, mesh) -> str:
-    axis = repr(mesh.axis_names[step.axis])
-    size = mesh.shape[step.axis]
-    if step.kind == "all_reduce":
-        return f"lax.psum({var}, {axis})"
-    if step.kind == "all_gather":
-        return f"lax.all_gather({var}, {axis}, axis={step.dim}, tiled=True)"
-    if step.kind == "reduce_scatter":
-        return f"lax.psum_scatter({var}, {axis}, scatter_dimension={step.dim}, tiled=True)"
-    if step.kind == "all_to_all":
-        return f"lax.all_to_all({var}, {axis}, {step.dim}, {step.src_dim}, tiled=True)"
-    if step.kind == "shard":
-        return f"block({var}, {axis}, {size}, {step.dim})"
-    if step.kind == "zero_partial":
-        return f"jnp.where(lax.axis_index({axis}) == 0, {var}, jnp.zeros_like({var}))"
-    raise AutoparError(f"the JAX backend cannot emit the collective step {step.kind!r}")
+    if step.kind not in _COLLECTIVES:
+        raise AutoparError(f"the JAX backend cannot emit the collective step {step.kind!r}")
+    return _COLLECTIVES[step.kind].format(x=var, axis=repr(mesh.axis_names[step.axis]), p=mesh.shape[step.axis],
+                                          dim=step.dim, src_dim=step.src_dim)
 
 
 def _partition_spec(plan, placeholder: str) -> str:

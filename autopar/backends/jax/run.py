@@ -25,7 +25,8 @@ def run_jax_step(plan, model: nn.Module, inputs: tuple, timeout_s: float = 600) 
         source = os.path.join(tmp, "gen.py")
         with open(source, "w") as f:
             f.write(plan.emit("jax"))
-        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict(keep_vars=False).items()}
+        state = {k: v.detach().cpu().numpy()  # every buffer, non-persistent ones too (not in state_dict)
+                 for k, v in [*model.named_parameters(), *model.named_buffers()]}
         np.savez(os.path.join(tmp, "params.npz"), **state)
         np.savez(os.path.join(tmp, "batch.npz"), **{f"x{i}": x.detach().cpu().numpy() for i, x in enumerate(inputs)})
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={math.prod(plan.mesh.shape)}",
