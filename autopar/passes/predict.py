@@ -19,7 +19,7 @@ class Predicted:
     total_flops: float = 0.0  # FLOPs of one training step of the whole model (forward and backward)
     hidden_communication_s: float = 0.0  # gradient syncs that run under the backward pass
     memory_timeline: tuple = ()  # (variable, bytes live after the statement defining it), in program order
-    recompute_s: float = 0.0  # forward work done again in backward (part of compute_s)
+    recompute_s: float = 0.0  # forward ops and collectives run again in backward (counted in compute_s)
 
     @property
     def peak_memory_bytes(self) -> float:

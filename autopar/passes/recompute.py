@@ -7,10 +7,11 @@ least time among such sets); ``"none"`` never recomputes.
 
 The exact peak comes from simulating the program (autopar.passes.memory); the
 solver (autopar.recompute_solver) works on a linear model of the memory at a
-few points of backward, built from the program without recomputation. The model
-misses what recomputation itself allocates (temporaries of the recomputed ops),
-so, as in the sharding pass, while the simulated peak is over the budget the
-model's limit drops by the excess and the solve repeats.
+few points of backward, built from the program without recomputation. While the
+simulated peak is over the budget, the statement where it peaks becomes a point
+of the model and the solve repeats; where the peak already was a point, the model
+misses what recomputing allocates, and its limit drops by the excess instead. If
+no set found fits, the least-memory set is the last answer.
 
 A value can be recomputed when the op that made it can run again with the same
 result: not a random op, not a constant. Forward collectives recompute too
