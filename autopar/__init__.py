@@ -2,6 +2,7 @@
 from autopar.api import plan
 from autopar.check import CheckReport, check
 from autopar.cost_models.hardware import PRESETS, Hardware, Link
+from autopar.diff import PlanDiff, diff
 from autopar.errors import AutoparError, CaptureError, MeshError, PlanFormatError, PlanMismatchError, SolverError
 from autopar.mesh import Mesh
 from autopar.parallelize import autoparallelize, plan_of
@@ -10,7 +11,7 @@ from autopar.placement import Partial, Replicate, Shard, Spec
 from autopar.plan import Plan
 
 __all__ = [
-    "plan", "check", "CheckReport", "autoparallelize", "plan_of", "register_rule", "Plan", "Mesh", "Shard",
+    "plan", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "plan_of", "register_rule", "Plan", "Mesh", "Shard",
     "Replicate", "Partial", "Spec", "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError",
     "PlanFormatError", "PlanMismatchError", "SolverError",
 ]

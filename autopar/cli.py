@@ -62,6 +62,19 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_diff(args) -> int:
+    from autopar.diff import diff
+    from autopar.plan import Plan
+
+    plans = []
+    for path in (args.a, args.b):
+        with open(path) as f:
+            plans.append(Plan.from_json(f.read()))
+    result = diff(*plans)
+    print(result)
+    return 0
+
+
 def cmd_check(args) -> int:
     from autopar.check import check
 
@@ -117,6 +130,10 @@ def main(argv=None) -> int:
     k.add_argument("--world-sizes", default="2,4", help="process counts to measure collectives over")
     k.add_argument("--name", default="local-cpu")
     k.set_defaults(run=cmd_calibrate)
+    d = sub.add_parser("diff", help="where two plan files of one model differ, and the cost delta of each")
+    d.add_argument("a", help="plan JSON (autopar plan --out)")
+    d.add_argument("b", help="plan JSON to compare with the first")
+    d.set_defaults(run=cmd_diff)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
