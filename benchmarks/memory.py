@@ -10,7 +10,8 @@ curve of large models under shrinking budgets.
    by category, the predicted step time and what recomputation adds to it.
 2. Megatron check: the activations one layer keeps for backward (bf16, dropout,
    softmax attention written out, batch 1, one device) beside Korthikanti et al.
-   2022's s*b*h*(34 + 5*a*s/h) bytes.
+   2022's s*b*h*(34 + 5*a*s/h) bytes; and the recompute solver's time on a
+   12-layer model (--solve-layers).
 3. CPU (4 gloo processes, SGD): the GPT-2-style decoder planned under several
    budgets, and with full recomputation; predicted peak against the peak torch's
    MemTracker measures in each worker, and the error.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,6 +36,7 @@ from autopar.module_paths import module_paths  # noqa: E402
 from autopar.passes.memory import simulate  # noqa: E402
 from autopar.passes.recompute import build_problem  # noqa: E402
 from autopar.passes.schedule import schedule  # noqa: E402
+from autopar.recompute_solver import memory_of, solve  # noqa: E402
 from autopar.units import human_bytes, human_seconds  # noqa: E402
 from examples import gpt2  # noqa: E402
 from tests.workers import FAST  # noqa: E402
@@ -70,6 +73,28 @@ def gpu_curves(layers: int) -> None:
                 print(f"  {share:.0%} budget    {exc}")
         full = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", recompute="full", solver_time_limit_s=120)
         print(row("full recompute", full))
+
+
+def recompute_solve_time(layers: int) -> None:
+    """How long the recompute solver takes on a deep model (GPT-2-124M-shaped, dp=8)."""
+    cfg = gpt2.GPT2Config(vocab=50304, seq=1024, layers=layers, heads=12, width=768, batch=8)
+    model, inputs = gpt2.make(cfg, device="meta")
+    plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", recompute="none")
+    statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
+    memory = simulate(statements, plan.graph, plan.strategies, plan.mesh, "adam")
+    problem, _ = build_problem(statements, memory.during, plan.strategies, plan.graph.loss)
+    everything_kept = max(memory_of(problem, set()))
+    start = time.perf_counter()
+    least = solve(problem, None)
+    print(f"\nRecompute solver, GPT-2-124M-shaped, {layers} layers, dp=8 ({problem.n} values, "
+          f"{len(problem.fixed)} points): least memory ({least.memory / everything_kept:.0%} of all kept) "
+          f"in {time.perf_counter() - start:.1f} s, {least.status}")
+    for share in (0.5, 0.8):
+        limit = least.memory + share * (everything_kept - least.memory)
+        start = time.perf_counter()
+        found = solve(problem, limit)
+        print(f"  limit {share:.0%} of the way up: {time.perf_counter() - start:.1f} s, {found.status}, "
+              f"+{human_seconds(found.seconds)}")
 
 
 def megatron_check() -> None:
@@ -121,11 +146,13 @@ def cpu_accuracy() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu-layers", type=int, default=2)
+    parser.add_argument("--solve-layers", type=int, default=12, help="depth for the recompute solver timing")
     parser.add_argument("--skip-gpu", action="store_true", help="only the CPU measurement")
     args = parser.parse_args()
     if not args.skip_gpu:
         gpu_curves(args.gpu_layers)
         megatron_check()
+        recompute_solve_time(args.solve_layers)
     worst = cpu_accuracy()
     print(f"worst peak-memory error: {100 * worst:.1f}%")
 
