@@ -103,11 +103,6 @@ def memory_of(problem: RecomputeProblem, recomputed: set) -> list[float]:
     return out
 
 
-def feasible(problem: RecomputeProblem, recomputed: set) -> bool:
-    """Every recomputed value is recomputable (its inputs are kept or recomputed by construction)."""
-    return all(not math.isinf(problem.seconds[v]) for v in recomputed)
-
-
 def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[int, ...]]:
     """(least added seconds, recomputed set) over every subset of the recomputable values."""
     candidates = [v for v in range(problem.n) if not math.isinf(problem.seconds[v])]
