@@ -62,8 +62,10 @@ class RecomputePass(Pass):
     provides = ("recompute", "memory")
 
     def run(self, program: Program, ctx: PassContext) -> str:
-        budget = memory_budget(ctx)
-        result = fit(to_ir(program), program.table("choice"), program.table("redistributions"), ctx, budget)
+        # the sharding pass's budget loop has decided it for the layout it chose; a pipeline that
+        # sets the layout another way gets it decided here
+        result = program.tables.get("fit") or fit(to_ir(program), program.table("choice"),
+                                                  program.table("redistributions"), ctx, memory_budget(ctx))
         chosen = result.recompute or Recompute((), 0.0, result.plain)  # over budget: only with recompute="none"
         program.tables["recompute"] = chosen
         program.tables["memory"] = chosen.memory

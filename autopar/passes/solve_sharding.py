@@ -35,7 +35,7 @@ from autopar.units import human_bytes, human_seconds
 class SolveShardingPass(Pass):
     name = "solve_sharding"
     requires = ("meta", "strategies", "tied_to")
-    provides = ("choice", "solver")
+    provides = ("choice", "solver", "fit")
 
     def run(self, program: Program, ctx: PassContext) -> str:
         meta, strategies, tied = program.table("meta"), program.table("strategies"), program.table("tied_to")
@@ -135,10 +135,11 @@ class SolveShardingPass(Pass):
 
         rows = _memory_rows(program, strategies, groups, index, root, ctx)
         lean = _Lean(run_solver, rows, node_costs)
-        result, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
-                                                  ctx.options.get("recompute") == "full")
-        if result is None:
+        best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
+                                              ctx.options.get("recompute") == "full")
+        if best is None:
             raise _infeasible(budget, attempts, lean, least_of, ctx.mesh)
+        result, program.tables["fit"] = best  # the recompute pass takes this layout's fit as decided here
         program.tables["choice"] = choice_of(result)
         program.tables["solver"] = result
         return (f"{len(groups)} variables groups, {len(edges)} edges, {result.n_variables} booleans, "
@@ -167,8 +168,8 @@ class _Lean:
 
 
 def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, report, full_recompute: bool):
-    """(the solution that fits the budget, with recomputation if it needs it, for the least step
-    time among those tried, or None; the smallest (peak, breakdown) of each layout tried)."""
+    """((the solution that fits the budget, with recomputation if it needs it, for the least step
+    time among those tried, and its fit) or None; the smallest (peak, breakdown) of each layout tried)."""
     stand_in = MemoryLimit(rows, 0)
     limit, attempts, best, best_time = None, [], None, math.inf
     for _ in range(_BUDGET_ATTEMPTS):
@@ -182,7 +183,7 @@ def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, r
         fitted = fit_of(result)
         attempts.append((fitted.least.peak_bytes, fitted.least.breakdown))
         if fitted.recompute is not None and result.objective + fitted.recompute.seconds < best_time:
-            best, best_time = result, result.objective + fitted.recompute.seconds
+            best, best_time = (result, fitted), result.objective + fitted.recompute.seconds
         if fitted.plain.peak_bytes <= budget or (best is not None and full_recompute):
             break
         floor = stand_in.used(lean.result.choice)
