@@ -86,3 +86,22 @@ def test_lowering_the_budget_never_raises_the_peak_and_an_impossible_one_is_expl
     with pytest.raises(AutoparError, match=r"smallest peak autopar finds is [\d.]+ [KMG]B") as info:
         autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget="100MiB")
     assert "memory_budget" in str(info.value)
+
+
+def test_collective_buffers_follow_the_library(fast_network):
+    """gloo gathers every rank's part before concatenating (n*p held while it runs); NCCL's dim-0
+    all-gather lands in its result (nothing extra)."""
+    from autopar.passes.schedule import schedule
+
+    model, inputs = gpt2.make("tiny")
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network)
+    by_library = {lib: schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, library=lib)
+                  for lib in ("gloo", "nccl")}
+    gathers = 0
+    for gloo, nccl in zip(by_library["gloo"], by_library["nccl"]):
+        if gloo.kind == "move" and gloo.redistribution.steps[gloo.step].kind == "all_gather":
+            step = gloo.redistribution.steps[gloo.step]
+            assert gloo.scratch == gloo.nbytes > 0  # the parts add up to the gathered size
+            assert nccl.scratch == (0.0 if step.dim == 0 else gloo.scratch)
+            gathers += 1
+    assert gathers > 0

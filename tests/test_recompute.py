@@ -169,3 +169,18 @@ def test_recompute_only_when_the_budget_needs_it_and_bad_modes_are_refused(fast_
     assert plan.recompute == () and plan.predicted.recompute_s == 0
     with pytest.raises(AutoparError, match="unknown recompute mode 'some'"):
         autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network, recompute="some")
+
+
+def test_recomputation_survives_the_plan_file_and_shows_in_the_summary_and_the_formula(recompute_plans):
+    model, inputs, plans = recompute_plans
+    plan = plans[-1][1]  # full recomputation
+    again = autopar.Plan.from_json(plan.to_json())
+    assert again.recompute == plan.recompute and again.predicted.recompute_s == plan.predicted.recompute_s
+    assert again.emit() == plan.emit()
+    assert f"recomputation: {len(plan.recompute)} forward values computed again" in plan.summary()
+    # the step-time formula counts the recomputed work too
+    pin = {fqn: "R" for fqn, _ in model.named_parameters()}
+    symbolic = autopar.plan(model, inputs, mesh="dp=2", hardware=FAST, optimizer="sgd", pin=pin, recompute="full",
+                            symbolic_dims={"batch": 0, "seq": 1})
+    assert symbolic.predicted.recompute_s > 0
+    assert symbolic.evaluate() == pytest.approx(symbolic.predicted.step_time_s, rel=1e-12)
