@@ -1,5 +1,6 @@
 """autopar: automatic parallelization of PyTorch training steps."""
 from autopar.api import plan
+from autopar.baseline_plans import Baselines, baselines
 from autopar.check import CheckReport, check
 from autopar.cost_models.hardware import PRESETS, Hardware, Link
 from autopar.diff import PlanDiff, diff
@@ -11,7 +12,7 @@ from autopar.placement import Partial, Replicate, Shard, Spec
 from autopar.plan import Plan
 
 __all__ = [
-    "plan", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "plan_of", "register_rule", "Plan", "Mesh", "Shard",
+    "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "plan_of", "register_rule", "Plan", "Mesh", "Shard",
     "Replicate", "Partial", "Spec", "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError",
     "PlanFormatError", "PlanMismatchError", "SolverError",
 ]

@@ -1,7 +1,9 @@
-"""autopar.plan: capture, run the passes, and package the result as a Plan."""
+"""autopar.plan: capture, run the passes (on each candidate mesh), and package the result as a Plan."""
 from __future__ import annotations
 
+import dataclasses
 import sys
+import time
 import warnings
 from typing import Callable, Optional
 
@@ -11,9 +13,12 @@ from autopar.capture import capture, program_inputs
 from autopar.cost_models.hardware import Hardware, get_hardware
 from autopar.cost_models.model import CostModel
 from autopar.graph_ir import to_ir
+from autopar.errors import AutoparError
 from autopar.mesh import Mesh
+from autopar.mesh_search import candidate_meshes
 from autopar.module_paths import module_paths
-from autopar.passes.base import Pass, PassContext, PassManager
+from autopar.passes.base import Pass, PassContext, PassManager, PassRecord
+from autopar.passes.cluster_layers import ClusterLayersPass
 from autopar.passes.collectives import CollectivesPass
 from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
 from autopar.passes.memory import optimizer_bytes_per_element
@@ -24,24 +29,31 @@ from autopar.passes.solve_sharding import SolveShardingPass
 from autopar.passes.strategies import StrategiesPass
 from autopar.plan import Plan, SolverStats
 from autopar.symbolic_shapes import size_symbols
-from autopar.units import parse_bytes
+from autopar.units import human_seconds, parse_bytes
 
 
 def default_passes() -> list[Pass]:
-    return [ShapesPass(), StrategiesPass(), SolveShardingPass(), CollectivesPass(), RecomputePass(), PredictPass()]
+    return [ShapesPass(), StrategiesPass(), ClusterLayersPass(), SolveShardingPass(), CollectivesPass(),
+            RecomputePass(), PredictPass()]
 
 
 def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" = "h100-sxm",
          solver: str = "mip", solver_time_limit_s: float = 60.0, pin: Optional[dict] = None,
          memory_budget: "str | float | None" = None, optimizer: str = "adam", recompute: str = "auto",
-         symbolic_dims: Optional[dict[str, int]] = None, progress: Optional[Callable[[str], None]] = None,
+         symbolic_dims: Optional[dict[str, int]] = None, cluster_layers: bool = True,
+         restrict: Optional[Callable] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
     """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
 
     Runs in one process on fake tensors: no process group and no real memory, so
-    models built on the meta device plan too. ``solver`` is "mip" (SCIP) or "cp-sat".
+    models built on the meta device plan too. ``mesh`` is a mesh ({"dp": 8, "tp": 8} or
+    "dp=8,tp=8"), or a device count (64) or "auto" (the process group's size): then every
+    1-D and 2-D mesh that respects node boundaries is planned and the fastest plan wins.
+    ``solver`` is "mip" (SCIP) or "cp-sat"; ``solver_time_limit_s`` bounds each solve, which
+    then returns the best plan found with its proven gap (``plan.solver``).
     ``pin`` fixes parameter layouts, e.g. ``{"fc1.weight": "S(0),R"}`` (one placement per
-    mesh axis); the solver lays out everything else around them.
+    mesh axis); the solver lays out everything else around them. ``restrict(node, strategy)``
+    returning False rules a strategy out (autopar.baselines uses it).
     ``symbolic_dims`` names input sizes, e.g. ``{"batch": 0, "seq": 1}`` (the dim index in
     every tensor input that has it); the plan then carries its cost as a formula of them
     (``plan.cost_formula()``, ``plan.evaluate(batch=..., seq=...)``), at the price of
@@ -49,30 +61,53 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     ``memory_budget`` (bytes, or text such as "60GiB"; default 90% of the device's memory)
     bounds the predicted per-device peak, which counts ``optimizer`` state ("sgd", "adam",
     "adam-mixed"); a budget no plan meets is an AutoparError naming the smallest peak found.
+    ``cluster_layers``: identical repeated layers share the solver's variables (their interior
+    layers take one template layer's layouts), which keeps deep models fast to solve.
     ``recompute``: "auto" recomputes forward values in backward only when the budget needs it,
     choosing what adds the least time; "full" recomputes for the least memory; "none" never.
     """
-    mesh = Mesh.parse(mesh)
-    hw = get_hardware(hardware)
     if progress is None and verbose:
         progress = lambda msg: print(f"[autopar] {msg}", file=sys.stderr)  # noqa: E731
-    ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw),
-                      options={"solver": solver, "solver_time_limit_s": solver_time_limit_s,
-                               "pin": dict(pin or {}), "memory_budget": parse_bytes(memory_budget),
-                               "optimizer": optimizer, "recompute": check_mode(recompute)}, progress=progress)
     optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here, before any work
-    ctx.report("capturing the training step ...")
+    candidate_meshes(mesh, get_hardware(hardware))  # so does a bad mesh or hardware
+    if progress is not None:
+        progress("capturing the training step ...")
     program = capture(model, example_inputs)
+    return plan_captured(program, model, example_inputs, mesh=mesh, hardware=hardware, solver=solver,
+                         solver_time_limit_s=solver_time_limit_s, pin=pin, memory_budget=memory_budget,
+                         optimizer=optimizer, recompute=recompute, symbolic_dims=symbolic_dims,
+                         cluster_layers=cluster_layers, restrict=restrict, progress=progress)
+
+
+def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware="h100-sxm", solver="mip",
+                  solver_time_limit_s=60.0, pin=None, memory_budget=None, optimizer="adam", recompute="auto",
+                  symbolic_dims=None, cluster_layers=True, restrict=None, progress=None) -> Plan:
+    """``plan`` for a step already captured (autopar.capture.capture), so that several plans of
+    one model (baselines, meshes) share the capture. The program is not modified."""
+    hw = get_hardware(hardware)
+    meshes = candidate_meshes(mesh, hw)
+    options = {"solver": solver, "solver_time_limit_s": solver_time_limit_s, "pin": dict(pin or {}),
+               "memory_budget": parse_bytes(memory_budget), "optimizer": optimizer,
+               "recompute": check_mode(recompute), "cluster_layers": cluster_layers, "restrict": restrict}
+    sizes = size_symbols(program_inputs(example_inputs), symbolic_dims) if symbolic_dims is not None else None
+    if len(meshes) == 1:
+        return _plan_on(program, meshes[0], hw, options, sizes, model, example_inputs, progress)
+    return _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, progress)
+
+
+def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, example_inputs, progress) -> Plan:
+    """Run the passes on ``program`` (its side tables start empty) for one mesh."""
+    program = dataclasses.replace(program, tables={})
     passes = default_passes()
-    if symbolic_dims is not None:
-        sizes = size_symbols(program_inputs(example_inputs), symbolic_dims)
+    if sizes is not None:
         passes += [SymbolicShapesPass(model, program_inputs(example_inputs), sizes), CostFormulaPass(sizes)]
+    ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw), options=options, progress=progress)
     history = PassManager(passes).run(program, ctx)
     result = program.table("solver")
     if result.status != "optimal":
-        warnings.warn(f"the sharding solver stopped at its {solver_time_limit_s:.0f} s limit; the plan is "
-                      f"within {result.gap:.1%} of optimal (raise solver_time_limit_s to close the gap)",
-                      stacklevel=2)
+        warnings.warn(f"the sharding solver stopped at its {options['solver_time_limit_s']:.0f} s limit on mesh "
+                      f"{mesh}; the plan is within {result.gap:.1%} of optimal (raise solver_time_limit_s to "
+                      f"close the gap)", stacklevel=3)
     fallback = program.table("fallback")
     return Plan(
         mesh=mesh,
@@ -89,3 +124,26 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
         history=tuple(history),
         formula=program.tables.get("cost_formula"),
     )
+
+
+def _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, progress) -> Plan:
+    """Plan every candidate mesh; the least predicted step time wins. The winner's history
+    starts with a ``mesh_search`` record listing each mesh's step time (or why it failed)."""
+    report = progress or (lambda msg: None)
+    start = time.perf_counter()
+    best, tried = None, []
+    for mesh in meshes:
+        report(f"mesh search: planning {mesh} ...")
+        try:
+            candidate = _plan_on(program, mesh, hw, options, sizes, model, example_inputs, progress)
+        except AutoparError as exc:  # e.g. no layout on this mesh fits the memory budget
+            tried.append(f"{mesh}: {str(exc).split(':')[0]}")
+            continue
+        tried.append(f"{mesh}: {human_seconds(candidate.predicted.step_time_s)}")
+        report(f"mesh search: {tried[-1]}")
+        if best is None or candidate.predicted.step_time_s < best.predicted.step_time_s:
+            best = candidate
+    if best is None:
+        raise AutoparError("no mesh of " f"{meshes[0].size} devices gives a plan: " + "; ".join(tried))
+    record = PassRecord("mesh_search", time.perf_counter() - start, f"best {best.mesh} of " + "; ".join(tried))
+    return dataclasses.replace(best, history=(record,) + best.history)

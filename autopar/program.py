@@ -53,15 +53,20 @@ class Program:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr node -> small real tensor
     tables: dict[str, dict] = field(default_factory=dict)
     exported: Any = None  # the torch.export program, which knows each forward op's module
+    _by_name: dict = field(default_factory=dict, repr=False, compare=False)
 
     def nodes(self) -> list[fx.Node]:
         return list(self.gm.graph.nodes)
 
     def node(self, name: str) -> fx.Node:
-        for n in self.gm.graph.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        found = self._by_name.get(name)
+        if found is None or found.graph is not self.gm.graph or getattr(found, "_erased", False) \
+                or found.name != name:  # the graph changed since the index was built
+            self._by_name = {n.name: n for n in self.gm.graph.nodes}
+            found = self._by_name.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
 
     def gradient_targets(self) -> list[tuple[str, str]]:
         """(gradient node, placeholder of the parameter it belongs to) for every gradient."""

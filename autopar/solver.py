@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from autopar.errors import SolverError
+from autopar.problem_reduction import reduce_problem
 
 Matrix = Sequence[Sequence[float]]
 SCALE = 1e9  # objective in nanoseconds (integers for CP-SAT)
@@ -36,6 +37,7 @@ class SolverResult:
     seconds: float
     backend: str
     n_variables: int
+    n_removed: int = 0  # strategies dropped before the solve (forbidden or dominated)
 
     @property
     def gap(self) -> float:
@@ -92,24 +94,32 @@ def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0
     graphs where CP-SAT stalls: GPT-2-style 2-layer model on a 2-D mesh, SCIP 5 s optimal vs
     CP-SAT 60 s with a 33% gap) or "cp-sat"."""
     start = time.perf_counter()
-    if backend == "mip":
-        choice, status, bound, n_vars = _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory)
-    elif backend == "cp-sat":
-        choice, status, bound, n_vars = _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memory)
-    else:
+    if backend not in ("mip", "cp-sat"):
         raise ValueError(f"unknown solver backend {backend!r}; use 'mip' or 'cp-sat'")
+    reduced = reduce_problem(node_costs, edges, overlap, memory)
+    small_hint = reduced.reduce_choice(hint) if hint is not None else None
+    if backend == "mip":
+        choice, status, bound, n_vars = _solve_mip(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
+                                                   reduced.overlap, reduced.memory)
+    else:
+        choice, status, bound, n_vars = _solve_cpsat(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
+                                                     progress, reduced.overlap, reduced.memory)
     if choice is None:
         if hint is None or math.isinf(evaluate(node_costs, edges, hint, overlap)) or \
                 (memory is not None and memory.used(hint) > memory.limit):
             raise SolverError(f"the sharding solver ({backend}) found no feasible plan within {time_limit_s:.0f} s; "
                               f"raise solver_time_limit_s")
-        choice, status = tuple(hint), "feasible"  # the warm start is always a valid plan
+        choice, status, bound = tuple(hint), "feasible", 0.0  # the warm start is always a valid plan
+    else:
+        choice, bound = reduced.expand(choice), bound + reduced.constant
     value = evaluate(node_costs, edges, choice, overlap)
     return SolverResult(tuple(choice), value, value if status == "optimal" else min(bound, value), status,
-                        time.perf_counter() - start, backend, n_vars)
+                        time.perf_counter() - start, backend, n_vars, reduced.n_removed)
 
 
 def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
+    # rows are built with Constraint.SetCoefficient: the natural API (sum(...) == x) spends longer
+    # building a 200k-variable model than SCIP spends solving it
     from ortools.linear_solver import pywraplp
 
     solver = pywraplp.Solver.CreateSolver("SCIP")
@@ -117,10 +127,10 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
     x = []
     for costs in node_costs:
         row = [solver.BoolVar("") for _ in costs]
-        solver.Add(sum(row) == 1)
+        _linear(solver, [(v, 1.0) for v in row], 1.0, 1.0)
         for var, c in zip(row, costs):
             if math.isinf(c):
-                solver.Add(var == 0)
+                var.SetUb(0.0)
             elif c:
                 objective.SetCoefficient(var, c * SCALE)
         x.append(row)
@@ -132,22 +142,22 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
             y[a, b] = solver.NumVar(0.0, 1.0, "")
             if c:
                 objective.SetCoefficient(y[a, b], c * SCALE)
-        _marginals(solver.Add, x[i], x[j], y, len(m), len(m[0]))
+        _mip_marginals(solver, x[i], x[j], y)
         n_vars += len(y)
     if overlap is not None:
         excess = solver.NumVar(0.0, solver.infinity(), "excess")  # in objective units (ns) already
         objective.SetCoefficient(excess, 1.0)
-        hidden = []
+        terms = [(excess, -1.0)]  # Σ hidden − Σ cover − excess ≤ 0
         for i, j, m in _priced_edges(overlap.edges):
             y = {(a, b): solver.NumVar(0.0, 1.0, "") for a, b, _ in _allowed_pairs(m)}
-            _marginals(solver.Add, x[i], x[j], y, len(m), len(m[0]))
-            hidden += [c * SCALE * y[a, b] for a, b, c in _allowed_pairs(m) if c]
+            _mip_marginals(solver, x[i], x[j], y)
+            terms += [(y[a, b], c * SCALE) for a, b, c in _allowed_pairs(m) if c]
             n_vars += len(y)
-        cover = [c * SCALE * x[i][k] for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
-        solver.Add(excess >= solver.Sum(hidden) - solver.Sum(cover))
+        terms += [(x[i][k], -c * SCALE) for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
+        _linear(solver, terms, -solver.infinity(), 0.0)
     if memory is not None:
-        solver.Add(solver.Sum([b * x[i][k] for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b])
-                   <= memory.limit)
+        _linear(solver, [(x[i][k], b) for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b],
+                -solver.infinity(), memory.limit)
     objective.SetMinimization()
     solver.SetTimeLimit(int(time_limit_s * 1000))
     if hint is not None:
@@ -158,6 +168,26 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
         return None, None, 0.0, n_vars
     choice = tuple(max(range(len(row)), key=lambda k: row[k].solution_value()) for row in x)
     return choice, "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible", objective.BestBound() / SCALE, n_vars
+
+
+def _linear(solver, terms, lower: float, upper: float) -> None:
+    """lower <= Σ coefficient * variable <= upper."""
+    constraint = solver.Constraint(lower, upper)
+    for var, coefficient in terms:
+        constraint.SetCoefficient(var, coefficient)
+
+
+def _mip_marginals(solver, xi, xj, y) -> None:
+    """Σ_b y[a, b] = x_i[a] and Σ_a y[a, b] = x_j[b]."""
+    rows = [solver.Constraint(0.0, 0.0) for _ in xi]
+    cols = [solver.Constraint(0.0, 0.0) for _ in xj]
+    for a, var in enumerate(xi):
+        rows[a].SetCoefficient(var, -1.0)
+    for b, var in enumerate(xj):
+        cols[b].SetCoefficient(var, -1.0)
+    for (a, b), var in y.items():
+        rows[a].SetCoefficient(var, 1.0)
+        cols[b].SetCoefficient(var, 1.0)
 
 
 def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memory):

@@ -112,7 +112,11 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
         return statements, Recompute(variables, choice.seconds, memory)
 
     def least() -> Fit:
-        found = decided(solve(problem, None))[1]
+        try:
+            found = decided(solve(problem, None))[1]
+        except SolverError:  # too large to solve in time: this layout gets no recomputation
+            ctx.report("the recomputation solver found no solution in time; keeping every value")
+            return Fit(plain, None)
         return Fit(plain, found if found.memory.peak_bytes <= budget else None, found.memory)
 
     if mode == "full":

@@ -17,7 +17,9 @@ solutions tried, the fastest that fits wins.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 
 from autopar.errors import AutoparError, SolverError
 from autopar.passes.base import Pass, PassContext
@@ -26,6 +28,7 @@ from autopar.graph_ir import to_ir
 from autopar.passes.memory import optimizer_bytes_per_element
 from autopar.passes.recompute import fit, memory_budget
 from autopar.passes.rule_table import rule_for
+from autopar.passes.warm_start import descend_axes
 from autopar.placement import Spec
 from autopar.program import Program, forward_nodes, tensor_inputs
 from autopar.solver import MemoryLimit, Overlap, solve
@@ -34,19 +37,25 @@ from autopar.units import human_bytes, human_seconds
 
 class SolveShardingPass(Pass):
     name = "solve_sharding"
-    requires = ("meta", "strategies", "tied_to")
+    requires = ("meta", "strategies", "tied_to", "cluster_of")
     provides = ("choice", "solver", "fit")
 
     def run(self, program: Program, ctx: PassContext) -> str:
         meta, strategies, tied = program.table("meta"), program.table("strategies"), program.table("tied_to")
+        cluster_of = program.table("cluster_of")
         cost = ctx.cost
 
         def root(name: str) -> str:
-            while name in tied:
-                name = tied[name]
-            return name
+            """The node whose variable decides ``name``'s strategy (same index, same layout)."""
+            while True:
+                if name in cluster_of:
+                    name = cluster_of[name]
+                elif name in tied:
+                    name = tied[name]
+                else:
+                    return name
 
-        groups = [n for n in strategies if n not in tied]
+        groups = [n for n in strategies if n not in tied and n not in cluster_of]
         index = {g: i for i, g in enumerate(groups)}
         node_costs = [[0.0] * len(strategies[g]) for g in groups]
         cover = [[0.0] * len(strategies[g]) for g in groups]  # backward compute that gradient syncs hide under
@@ -99,7 +108,7 @@ class SolveShardingPass(Pass):
             def layouts(a, b, g=grad, p=param):
                 return meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
 
-            hideable = kappa > 0 and index[root(grad)] != index[param]
+            hideable = kappa > 0 and index[root(grad)] != index[root(param)]
             add_edge(grad, param, lambda a, b: cost.reshard_time(*layouts(a, b))
                      - (cost.async_time(*layouts(a, b)) if hideable else 0.0))
             if hideable:
@@ -108,7 +117,15 @@ class SolveShardingPass(Pass):
         for name, allowed in _pinned(program, strategies, ctx.options.get("pin", {}), ctx.mesh).items():
             for k, s in enumerate(strategies[name]):
                 if s.out_specs[0] != allowed:
-                    node_costs[index[name]][k] = math.inf
+                    node_costs[index[root(name)]][k] = math.inf
+
+        restrict = ctx.options.get("restrict")
+        if restrict is not None:
+            for node in program.nodes():
+                if node.name in strategies:
+                    for k, s in enumerate(strategies[node.name]):
+                        if not restrict(node, s):
+                            node_costs[index[root(node.name)]][k] = math.inf
 
         edges = [(i, j, m) for (i, j), m in edge_acc.items()]
         hint = [_replicated_index(strategies[g]) for g in groups]
@@ -117,11 +134,29 @@ class SolveShardingPass(Pass):
         def choice_of(result) -> dict:
             return {name: strategies[name][result.choice[index[root(name)]]] for name in strategies}
 
-        def run_solver(limit, costs=node_costs, start=hint):
-            return solve(costs, edges, backend=ctx.options.get("solver", "mip"),
-                         time_limit_s=ctx.options.get("solver_time_limit_s", 60.0),
-                         hint=start if None not in start else None, progress=ctx.progress, overlap=overlap,
-                         memory=limit)
+        time_limit = ctx.options.get("solver_time_limit_s", 60.0)  # per solve, warm start included
+        options = [strategies[g] for g in groups]
+
+        def run_solver(limit, costs=node_costs, start=hint, bounded=True):
+            """``limit`` None: only what every rank holds all step must fit (never cuts off a plan
+            that fits, and spares the solver layouts that cannot); ``bounded`` False: not even that."""
+            begin = time.perf_counter()
+            if limit is None and bounded:
+                limit = MemoryLimit(held, budget)
+
+            def solve_for(seconds, restricted_costs, warm):
+                return solve(restricted_costs, edges, backend=ctx.options.get("solver", "mip"),
+                             time_limit_s=max(0.5, seconds), hint=warm if None not in warm else None,
+                             progress=ctx.progress, overlap=overlap, memory=limit)
+
+            if ctx.mesh.ndim > 1:  # one axis at a time first: a good start the full solve then improves
+                # (most of the time: on large graphs the full solve rarely improves on it)
+                share = 2 * time_limit / 3
+                warm = descend_axes(lambda c, w: solve_for(share - (time.perf_counter() - begin), c, w),
+                                    costs, options, ctx.mesh.ndim, start, share, ctx.report)
+                start = list(warm.choice) if warm is not None else start
+            result = solve_for(time_limit - (time.perf_counter() - begin), costs, start)
+            return dataclasses.replace(result, seconds=time.perf_counter() - begin)
 
         graph = to_ir(program)
         budget = memory_budget(ctx)
@@ -133,7 +168,7 @@ class SolveShardingPass(Pass):
         def least_of(result):
             return fit_of(result, "none" if ctx.options.get("recompute") == "none" else "full").least
 
-        rows = _memory_rows(program, strategies, groups, index, root, ctx)
+        rows, held = _memory_rows(program, strategies, groups, index, root, ctx)
         lean = _Lean(run_solver, rows, node_costs)
         best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
                                               ctx.options.get("recompute") == "full")
@@ -161,9 +196,11 @@ class _Lean:
     @property
     def result(self):
         if self._result is None:
-            costs = [[math.inf if math.isinf(c) else b for c, b in zip(cr, br)]
+            # bytes as the objective, in TB: the solver counts in nanoseconds, and terabytes keep
+            # an 80-layer model's total (hundreds of GB) a finite integer of SCIP's scale
+            costs = [[math.inf if math.isinf(c) else b / 1e12 for c, b in zip(cr, br)]
                      for cr, br in zip(self.node_costs, self.rows)]
-            self._result = self.run_solver(None, costs)
+            self._result = self.run_solver(None, costs, bounded=False)
         return self._result
 
 
@@ -200,9 +237,10 @@ def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, r
     return best, attempts
 
 
-def _memory_rows(program: Program, strategies: dict, groups, index, root, ctx) -> list[list[float]]:
-    """Per group and strategy, the bytes a rank holds all step (parameters, their gradients and
-    optimizer state, inputs) or keeps from forward to backward (saved activations)."""
+def _memory_rows(program: Program, strategies: dict, groups, index, root, ctx):
+    """Per group and strategy: the bytes a rank holds all step (parameters, their gradients and
+    optimizer state, inputs) or keeps from forward to backward (saved activations): the budget's
+    linear stand-in; and of those, what no plan can free (parameters, optimizer state, inputs)."""
     meta = program.table("meta")
     forward = forward_nodes(program)
     optimizer = ctx.options.get("optimizer", "adam")
@@ -211,6 +249,7 @@ def _memory_rows(program: Program, strategies: dict, groups, index, root, ctx) -
         if node.op == "call_function" and node.name in forward and any(u.name not in forward for u in node.users):
             saved.add(_storage_base(node).name)
     rows = [[0.0] * len(strategies[g]) for g in groups]
+    held = [[0.0] * len(strategies[g]) for g in groups]
     for node in program.nodes():
         if node.name not in strategies or node.op == "output":
             continue
@@ -218,15 +257,20 @@ def _memory_rows(program: Program, strategies: dict, groups, index, root, ctx) -
         if m is None:
             continue
         if node.name in program.params:
-            per_element = 2 * m.itemsize + optimizer_bytes_per_element(optimizer, m.itemsize)
-        elif node.op == "placeholder" or node.name in saved:
-            per_element = m.itemsize
+            kept = m.itemsize + optimizer_bytes_per_element(optimizer, m.itemsize)
+            per_element = kept + m.itemsize  # and the gradient
+        elif node.op == "placeholder":
+            kept = per_element = m.itemsize
+        elif node.name in saved:
+            kept, per_element = 0, m.itemsize
         else:
             continue
-        row = rows[index[root(node.name)]]
+        g = index[root(node.name)]
         for k, s in enumerate(strategies[node.name]):
-            row[k] += math.prod(s.out_specs[0].local_shape(m.shape, ctx.mesh)) * per_element
-    return rows
+            elements = math.prod(s.out_specs[0].local_shape(m.shape, ctx.mesh))
+            rows[g][k] += elements * per_element
+            held[g][k] += elements * kept
+    return rows, held
 
 
 def _storage_base(node):

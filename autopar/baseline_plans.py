@@ -1,0 +1,183 @@
+"""Hand-written layouts, planned through the same passes so they are priced like the solver's.
+
+    plans = autopar.baselines(model, inputs, devices=8, hardware="h100-sxm")
+    for name, p in plans.items(): print(name, p.mesh, p.predicted.step_time_s)
+
+Each baseline fixes every parameter's placement (through ``pin``) the way an expert
+would write it; the solver then lays out the activations around those parameters,
+so a baseline is a real plan (emitted, checked and run like any other):
+
+- ``dp``: data parallel on a 1-D mesh, parameters replicated.
+- ``zero3``: ZeRO-3 / FSDP on a 1-D mesh, each parameter sharded along its first dim
+  the device count divides (gathered before use, gradients reduce-scattered).
+- ``megatron-tp{t}``: Megatron-LM tensor parallelism on ``(dp=n/t, tp=t)`` (Shoeybi et
+  al. 2019): attention and MLP input projections column-parallel (weight rows split),
+  output projections row-parallel (weight columns split), embedding and LM head split
+  over the vocabulary, norms replicated; replicated over ``dp``. Without sequence
+  parallelism no activation is split along the sequence on ``tp``; ``-sp`` lets the
+  solver split the norm and dropout regions along it (Korthikanti et al. 2022).
+- ``megatron-tp{t}-fsdp`` (and ``-sp``): the same, with parameters also sharded over
+  ``dp`` along their other dim (2-D FSDP + TP, as torchtitan runs Llama).
+
+Tensor-parallel degrees are those that divide the device count, fit in a node, and
+divide the attention heads (``heads``, read from the model's config when not given).
+A baseline whose memory does not fit the budget is left out (``skipped`` says why).
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from autopar.api import plan_captured
+from autopar.capture import capture
+from autopar.cost_models.hardware import get_hardware
+from autopar.errors import AutoparError
+from autopar.mesh import Mesh
+from autopar.placement import Shard
+
+# module names of the projections Megatron splits by output (column) and by input (row)
+_COLUMN = re.compile(r"(^|\.)(q|k|v|q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|wq|wk|wv|gate_proj|up_proj|"
+                     r"fc|fc1|c_fc|w1|w3|intermediate\.dense)$")
+_ROW = re.compile(r"(^|\.)(o_proj|out_proj|proj|c_proj|wo|down_proj|fc2|w2|out|output\.dense)$")
+_VOCAB = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings|lm_head|(^|\.)head|(^|\.)output)$")
+
+
+class Baselines(dict):
+    """name -> Plan, with ``skipped``: name -> why that baseline has no plan."""
+
+    def __init__(self):
+        super().__init__()
+        self.skipped: dict[str, str] = {}
+
+
+def baselines(model: nn.Module, example_inputs, *, devices: int, hardware="h100-sxm", heads: Optional[int] = None,
+              tp_degrees: Optional[list[int]] = None, progress: Optional[Callable[[str], None]] = None,
+              program=None, **plan_options) -> Baselines:
+    """The baselines for ``devices`` devices as Plans; ``plan_options`` go to autopar.plan
+    (memory_budget, optimizer, solver_time_limit_s, ...), so they meet the same budget.
+    ``program``: the step as autopar.capture.capture gave it, to skip capturing it again."""
+
+    hw = get_hardware(hardware)
+    heads = heads or _heads_of(model)
+    params = dict(model.named_parameters())
+    tokens = _tokens(example_inputs)
+    if program is None:
+        program = capture(model, example_inputs)
+    layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None),
+               "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None)}
+    degrees = tp_degrees if tp_degrees is not None else [
+        t for t in range(2, devices + 1) if devices % t == 0 and hw.devices_per_node % t == 0
+        and (heads is None or heads % t == 0)]
+    for t in degrees:
+        mesh = Mesh.of(dp=devices // t, tp=t)
+        for fsdp in (False, True) if devices > t else (False,):
+            pin = {n: _megatron(n, p, t, devices // t if fsdp else 1) for n, p in params.items()}
+            for sp in (False, True):
+                name = f"megatron-tp{t}" + ("-fsdp" if fsdp else "") + ("-sp" if sp else "")
+                layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1))
+    out = Baselines()
+    for name, (mesh, pin, restrict) in layouts.items():
+        if progress is not None:
+            progress(f"baseline {name} on {mesh} ...")
+        try:
+            out[name] = plan_captured(program, model, example_inputs, mesh=mesh, hardware=hw, pin=pin, restrict=restrict,
+                             progress=progress, **plan_options)
+        except AutoparError as exc:  # e.g. replicated parameters do not fit the memory budget
+            out.skipped[name] = str(exc)
+    return out
+
+
+def best(plans: dict):
+    """(name, plan) with the least predicted step time."""
+    if not plans:
+        raise AutoparError("no baseline has a plan (each was over the memory budget)")
+    return min(plans.items(), key=lambda kv: kv[1].predicted.step_time_s)
+
+
+def _megatron(fqn: str, p: torch.Tensor, tp: int, dp: int) -> str:
+    module = fqn.rpartition(".")[0]
+    tp_dim = None
+    if p.dim() == 2 and _COLUMN.search(module):
+        tp_dim = 0
+    elif p.dim() == 2 and _ROW.search(module):
+        tp_dim = 1
+    elif p.dim() == 2 and _VOCAB.search(module):
+        tp_dim = 0
+    elif p.dim() == 1 and fqn.endswith(".bias") and _COLUMN.search(module):
+        tp_dim = 0
+    if tp_dim is not None and p.shape[tp_dim] % tp != 0:
+        tp_dim = None
+    dp_dim = None
+    if dp > 1:
+        dp_dim = next((d for d in range(p.dim()) if d != tp_dim and p.shape[d] % dp == 0 and p.shape[d] > 1), None)
+    return f"{_placement(dp_dim)},{_placement(tp_dim)}"
+
+
+def _fsdp(p: torch.Tensor, devices: int) -> str:
+    dim = next((d for d in range(p.dim()) if p.shape[d] % devices == 0 and p.shape[d] > 1), None)
+    return _placement(dim)
+
+
+def _placement(dim: Optional[int]) -> str:
+    return "R" if dim is None else str(Shard(dim))
+
+
+def _no_sequence_split(program, tokens: Optional[tuple[int, int]], axis: int):
+    """No activation (a value computed from the inputs) split along its sequence dim on mesh
+    axis ``axis``: Megatron without sequence parallelism. The sequence dim is recognised by
+    size and place: a dim of the sequence length that is not the last (feature) dim of a 2-D or
+    3-D value, any such dim of a 4-D attention value, or a flattened batch x sequence dim."""
+    if tokens is None:
+        return None
+    batch, seq = tokens
+    activations = _descendants(program, program.user_inputs)
+
+    def is_sequence_dim(shape, d: int) -> bool:
+        if shape[d] == batch * seq:
+            return True
+        return shape[d] == seq and (d < len(shape) - 1 or len(shape) == 4)
+
+    def allowed(node, strategy) -> bool:
+        if node.name not in activations:
+            return True
+        val = node.meta.get("val")
+        shapes = [v.shape for v in (val if isinstance(val, (tuple, list)) else [val]) if isinstance(v, torch.Tensor)]
+        for spec, shape in zip(strategy.out_specs, shapes):
+            p = spec.placements[axis]
+            if isinstance(p, Shard) and p.dim < len(shape) and is_sequence_dim(shape, p.dim):
+                return False
+        return True
+
+    return allowed
+
+
+def _descendants(program, names) -> set[str]:
+    seen, stack = set(), [program.node(n) for n in names]
+    while stack:
+        node = stack.pop()
+        if node.name not in seen:
+            seen.add(node.name)
+            stack.extend(node.users)
+    return seen
+
+
+def _tokens(example_inputs) -> Optional[tuple[int, int]]:
+    """(batch, sequence length) of the first integer input of rank 2 (token ids)."""
+    inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and x.dim() == 2:
+            return int(x.shape[0]), int(x.shape[1])
+    return None
+
+
+def _heads_of(model: nn.Module) -> Optional[int]:
+    for module in model.modules():
+        for holder in (getattr(module, "config", None), getattr(module, "cfg", None)):
+            for attr in ("num_attention_heads", "n_head", "heads"):
+                value = getattr(holder, attr, None)
+                if isinstance(value, int):
+                    return value
+    return None

@@ -1,0 +1,84 @@
+"""Scale features: repeated-layer clustering, the solver time limit, mesh search, baselines."""
+import dataclasses
+import warnings
+
+import pytest
+
+import autopar
+from autopar.mesh import Mesh
+from autopar.mesh_search import candidate_meshes
+from examples import gpt2, mlp
+
+# no dim of this decoder shares the sequence length (48) or batch x sequence (96), which the
+# Megatron baselines without sequence parallelism recognise by size
+SMALL = gpt2.GPT2Config(vocab=384, seq=48, layers=2, heads=4, width=128, batch=2)
+
+
+def test_clustering_gives_the_unclustered_optimum_on_four_layers():
+    model, inputs = gpt2.make(dataclasses.replace(gpt2.SIZES["small"], layers=4), device="meta")
+    clustered = autopar.plan(model, inputs, mesh="dp=4", hardware="h100-sxm")
+    separate = autopar.plan(model, inputs, mesh="dp=4", hardware="h100-sxm", cluster_layers=False)
+    note = next(r.note for r in clustered.history if r.name == "cluster_layers")
+    assert note == "2 of 4 layers of blocks share layer 1's variables"
+    assert clustered.solver.status == separate.solver.status == "optimal"
+    assert clustered.solver.n_variables < separate.solver.n_variables
+    assert clustered.solver.objective_s == pytest.approx(separate.solver.objective_s, rel=1e-9)
+    # the shared layers really have one layout
+    for name in ("attn.q.weight", "fc.weight", "out.weight"):
+        assert clustered.param_spec(f"blocks.1.{name}") == clustered.param_spec(f"blocks.2.{name}")
+
+
+def test_a_hit_time_limit_returns_a_valid_plan_with_its_gap(fast_network):
+    model, inputs = gpt2.make("tiny")
+    with pytest.warns(UserWarning, match=r"within \d+\.\d% of optimal"):
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network, solver_time_limit_s=1.0,
+                            cluster_layers=False)
+    assert plan.solver.status == "feasible"
+    assert 0.0 < plan.solver.gap <= 1.0
+    assert plan.solver.bound_s <= plan.solver.objective_s
+    report = autopar.check(model, inputs, plan=plan)
+    assert report.ok, str(report)
+
+
+def test_mesh_search_tries_every_factorisation_and_keeps_the_cheapest():
+    hw = autopar.PRESETS["h100-sxm"]
+    assert candidate_meshes(8, hw) == [Mesh.of(dp=8), Mesh.of(dp=4, tp=2), Mesh.of(dp=2, tp=4)]
+    # 2 nodes of 8: tp groups inside a node (2, 4, 8) or spanning both (no 16 = the 1-D mesh)
+    assert [m.shape for m in candidate_meshes(16, hw)] == [(16,), (8, 2), (4, 4), (2, 8)]
+    model, inputs = mlp.make(batch=16, width=256, hidden=1024)
+    searched = autopar.plan(model, inputs, mesh=8, hardware="h100-sxm")
+    each = {str(m): autopar.plan(model, inputs, mesh=m, hardware="h100-sxm").predicted.step_time_s
+            for m in candidate_meshes(8, hw)}
+    assert searched.predicted.step_time_s == pytest.approx(min(each.values()), rel=1e-9)
+    assert str(searched.mesh) == min(each, key=each.get)
+    note = searched.history[0].note
+    assert searched.history[0].name == "mesh_search" and all(m in note for m in each)
+
+
+def test_mesh_search_explains_a_bad_device_count():
+    with pytest.raises(autopar.MeshError, match="process group"):
+        candidate_meshes("auto", autopar.PRESETS["h100-sxm"])
+
+
+def test_baselines_are_real_plans_that_pass_check(fast_network):
+    model, inputs = gpt2.make(SMALL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        plans = autopar.baselines(model, inputs, devices=4, hardware=fast_network)
+    assert set(plans) == {"dp", "zero3", "megatron-tp2", "megatron-tp2-sp", "megatron-tp2-fsdp",
+                          "megatron-tp2-fsdp-sp", "megatron-tp4", "megatron-tp4-sp"}, plans.skipped
+    megatron = plans["megatron-tp2"]
+    assert str(megatron.param_spec("blocks.0.attn.q.weight")) == "(R, S(0))"  # column-parallel
+    assert str(megatron.param_spec("blocks.0.attn.proj.weight")) == "(R, S(1))"  # row-parallel
+    assert str(plans["zero3"].param_spec("blocks.0.fc.weight")) == "(S(0))"
+    assert str(plans["megatron-tp2-fsdp"].param_spec("blocks.0.fc.weight")) == "(S(1), S(0))"
+    # without sequence parallelism no activation is split along the sequence on tp
+    for name, spec in megatron.strategies.items():
+        node = megatron.graph.node(name)
+        for meta, out in zip(node.outputs, spec.out_specs):
+            p = out.placements[1]
+            if meta is not None and isinstance(p, autopar.Shard) and node.op == "call":
+                assert meta.shape[p.dim] not in (48, 96), (name, meta, out)
+    for name in ("dp", "zero3", "megatron-tp2", "megatron-tp2-fsdp-sp", "megatron-tp4-sp"):
+        report = autopar.check(model, inputs, plan=plans[name])
+        assert report.ok, (name, str(report))
