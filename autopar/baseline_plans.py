@@ -37,6 +37,7 @@ from autopar.cost_models.hardware import get_hardware
 from autopar.errors import AutoparError
 from autopar.mesh import Mesh
 from autopar.placement import Shard
+from autopar.program import descendants
 
 # module names of the projections Megatron splits by output (column) and by input (row)
 _COLUMN = re.compile(r"(^|\.)(q|k|v|q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|wq|wk|wv|gate_proj|up_proj|"
@@ -133,7 +134,7 @@ def _no_sequence_split(program, tokens: Optional[tuple[int, int]], axis: int):
     if tokens is None:
         return None
     batch, seq = tokens
-    activations = _descendants(program, program.user_inputs)
+    activations = descendants([program.node(n) for n in program.user_inputs])
 
     def is_sequence_dim(shape, d: int) -> bool:
         if shape[d] == batch * seq:
@@ -152,16 +153,6 @@ def _no_sequence_split(program, tokens: Optional[tuple[int, int]], axis: int):
         return True
 
     return allowed
-
-
-def _descendants(program, names) -> set[str]:
-    seen, stack = set(), [program.node(n) for n in names]
-    while stack:
-        node = stack.pop()
-        if node.name not in seen:
-            seen.add(node.name)
-            stack.extend(node.users)
-    return seen
 
 
 def _tokens(example_inputs) -> Optional[tuple[int, int]]:

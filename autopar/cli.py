@@ -45,7 +45,8 @@ def cmd_plan(args) -> int:
     from autopar.api import plan
 
     model, inputs = load_factory(args.factory)
-    result = plan(model, inputs, mesh=args.mesh, hardware=args.hardware, solver=args.solver,
+    mesh = int(args.mesh) if args.mesh.isdigit() else args.mesh  # a device count: search the meshes
+    result = plan(model, inputs, mesh=mesh, hardware=args.hardware, solver=args.solver,
                   solver_time_limit_s=args.time_limit, progress=_progress(args.quiet))
     print(result.summary())
     if args.out:
@@ -109,7 +110,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("factory", help="MODULE:FACTORY; FACTORY() returns (model, example_inputs)")
-    common.add_argument("--mesh", required=True, help="named mesh axes, e.g. dp=2,tp=2")
+    common.add_argument("--mesh", required=True, help="named mesh axes, e.g. dp=2,tp=2; for plan also a device "
+                                                         "count (8) or auto: the fastest mesh of that many")
     common.add_argument("--hardware", default="h100-sxm", help="hardware preset (default h100-sxm) or a spec file")
     p = sub.add_parser("plan", parents=[common], help="plan a model and print the summary")
     p.add_argument("--out", help="write the plan as JSON here")

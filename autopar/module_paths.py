@@ -19,7 +19,7 @@ from torch._export.utils import _collect_all_valid_cia_ops
 
 from autopar.canonicalize import capture_decompositions
 from autopar.capture import user_fqn
-from autopar.program import Program, forward_nodes, tensor_inputs
+from autopar.program import Program, descendants, forward_nodes, tensor_inputs
 
 
 def module_paths(program: Program) -> dict[str, str]:
@@ -28,7 +28,7 @@ def module_paths(program: Program) -> dict[str, str]:
         return {}
     forward = _aligned_forward_paths(program)
     param_module = {ph: fqn.rpartition(".")[0] for ph, fqn in program.params.items()}
-    carries_gradient = _descendants(program.node(program.loss))
+    carries_gradient = descendants([program.node(program.loss)])
     paths: dict[str, str] = {}
     for node in program.nodes():
         if node.op != "call_function":
@@ -44,16 +44,6 @@ def module_paths(program: Program) -> dict[str, str]:
         if labelled:
             paths[node.name] = min(labelled, key=lambda gp: (gp[0], -len(gp[1])))[1]
     return paths
-
-
-def _descendants(node: fx.Node) -> set[str]:
-    seen, stack = set(), [node]
-    while stack:
-        n = stack.pop()
-        if n.name not in seen:
-            seen.add(n.name)
-            stack.extend(n.users)
-    return seen
 
 
 def _aligned_forward_paths(program: Program) -> dict[str, str]:

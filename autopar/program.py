@@ -116,6 +116,13 @@ def forward_nodes(program: Program) -> set[str]:
     return seen
 
 
-
-
-
+def descendants(nodes) -> set[str]:
+    """Names of ``nodes`` and of every node that reads them, directly or not."""
+    seen: set[str] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if n.name not in seen:
+            seen.add(n.name)
+            stack.extend(n.users)
+    return seen

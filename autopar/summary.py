@@ -23,6 +23,7 @@ def summarize(plan) -> str:
         f"({n_calls} ops: {n_forward} forward, {n_calls - n_forward} backward)",
         f"solver: {s.backend} {s.status} in {s.seconds:.2f} s ({s.n_variables} variables), "
         f"objective {human_seconds(s.objective_s)}, gap {s.gap:.2%}",
+        *[f"mesh search: {r.note}" for r in plan.history if r.name == "mesh_search"],
         f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
         f"+ communication {human_seconds(p.communication_s)}"
         + (f" (and {human_seconds(p.hidden_communication_s)} of gradient sync hidden under backward)"

@@ -82,3 +82,11 @@ def test_baselines_are_real_plans_that_pass_check(fast_network):
     for name in ("dp", "zero3", "megatron-tp2", "megatron-tp2-fsdp-sp", "megatron-tp4-sp"):
         report = autopar.check(model, inputs, plan=plans[name])
         assert report.ok, (name, str(report))
+
+
+def test_cli_searches_the_meshes_of_a_device_count(capsys):
+    from autopar.cli import main as cli
+
+    assert cli(["plan", "examples.mlp:factory", "--mesh", "4", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "predicted step time" in text and "mesh search: best (dp=" in text and "(dp=2, tp=2)" in text
