@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=80)
     parser.add_argument("--short-layers", type=int, default=8)
     parser.add_argument("--mesh", default="dp=8,tp=8")
-    parser.add_argument("--time-limit", type=float, default=20.0, help="solver time limit per solve")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="solver time limit per integer program")
     args = parser.parse_args()
 
     solve_s = {}

@@ -134,7 +134,7 @@ class SolveShardingPass(Pass):
         def choice_of(result) -> dict:
             return {name: strategies[name][result.choice[index[root(name)]]] for name in strategies}
 
-        time_limit = ctx.options.get("solver_time_limit_s", 60.0)  # per solve, warm start included
+        time_limit = ctx.options.get("solver_time_limit_s", 60.0)  # per integer program
         options = [strategies[g] for g in groups]
 
         def run_solver(limit, costs=node_costs, start=hint, bounded=True):
@@ -144,18 +144,15 @@ class SolveShardingPass(Pass):
             if limit is None and bounded:
                 limit = MemoryLimit(held, budget)
 
-            def solve_for(seconds, restricted_costs, warm):
+            def solve_for(restricted_costs, warm):
                 return solve(restricted_costs, edges, backend=ctx.options.get("solver", "mip"),
-                             time_limit_s=max(0.5, seconds), hint=warm if None not in warm else None,
+                             time_limit_s=time_limit, hint=warm if None not in warm else None,
                              progress=ctx.progress, overlap=overlap, memory=limit)
 
             if ctx.mesh.ndim > 1:  # one axis at a time first: a good start the full solve then improves
-                # (most of the time: on large graphs the full solve rarely improves on it)
-                share = 2 * time_limit / 3
-                warm = descend_axes(lambda c, w: solve_for(share - (time.perf_counter() - begin), c, w),
-                                    costs, options, ctx.mesh.ndim, start, share, ctx.report)
+                warm = descend_axes(solve_for, costs, options, ctx.mesh.ndim, start, ctx.report)
                 start = list(warm.choice) if warm is not None else start
-            result = solve_for(time_limit - (time.perf_counter() - begin), costs, start)
+            result = solve_for(costs, start)
             return dataclasses.replace(result, seconds=time.perf_counter() - begin)
 
         graph = to_ir(program)
@@ -196,9 +193,9 @@ class _Lean:
     @property
     def result(self):
         if self._result is None:
-            # bytes as the objective, in TB: the solver counts in nanoseconds, and terabytes keep
-            # an 80-layer model's total (hundreds of GB) a finite integer of SCIP's scale
-            costs = [[math.inf if math.isinf(c) else b / 1e12 for c, b in zip(cr, br)]
+            # bytes as the objective, in GB: the solver scales costs by 1e9 (nanoseconds), and raw
+            # bytes would pass SCIP's infinity (1e20) on an 80-layer model
+            costs = [[math.inf if math.isinf(c) else b / 1e9 for c, b in zip(cr, br)]
                      for cr, br in zip(self.node_costs, self.rows)]
             self._result = self.run_solver(None, costs, bounded=False)
         return self._result

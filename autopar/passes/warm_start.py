@@ -12,7 +12,6 @@ so the objective never rises.
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable, Sequence
 
 from autopar.errors import SolverError
@@ -24,18 +23,20 @@ def axis_signature(strategy, axis: int) -> tuple:
 
 
 def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence[list], ndim: int,
-                 start: Sequence[int], time_limit_s: float, report: Callable[[str], None]):
+                 start: Sequence[int], report: Callable[[str], None], max_rounds: int = 4):
     """The best solution found by solving one axis at a time from ``start``, as a solver result
-    (or None when no restricted problem could be solved).
+    (or None when no restricted problem could be solved): it stops when no axis improves, or
+    after ``max_rounds`` passes over the axes.
 
     ``options[g]`` are group g's strategies; ``solve_restricted(costs, hint)`` solves the problem
     with these node costs (infinite where a strategy is ruled out) and returns a SolverResult.
     """
-    deadline = time.perf_counter() + time_limit_s
     best, current = None, list(start)
     stalled = 0
     axis = 0
-    while stalled < ndim and time.perf_counter() < deadline:
+    for _ in range(max_rounds * ndim):
+        if stalled >= ndim:
+            break
         kept = [[axis_signature(s, b) for b in range(ndim) if b != axis] for s in
                 (options[g][k] for g, k in enumerate(current))]
         costs = [[c if [axis_signature(s, b) for b in range(ndim) if b != axis] == kept[g] else math.inf
