@@ -1,7 +1,9 @@
 """solve_sharding: one strategy per node, by the OR-Tools model in ``autopar.solver``.
 
-Nodes tied together (followers) share one variable; edges inside a group fold
-into the group's own cost. Two constraints make the program a training step:
+Nodes tied together (followers, and the layers cluster_layers matched to a
+template layer) share one variable; edges inside a group fold into the group's
+own cost. On an N-D mesh the solve starts from autopar.passes.warm_start's
+axis-by-axis layout. Two constraints make the program a training step:
 the loss ends replicated, and each gradient ends in its parameter's layout.
 The first collective of each gradient's move runs under the backward pass
 (``Hardware.gradient_overlap``), so only what backward cannot cover counts.
