@@ -164,15 +164,17 @@ class SolveShardingPass(Pass):
             chosen = choice_of(result)
             return fit(graph, chosen, find_redistributions(program, chosen, cost), ctx, budget, mode)
 
-        def least_of(result):
-            return fit_of(result, "none" if ctx.options.get("recompute") == "none" else "full").least
-
         rows, held = _memory_rows(program, strategies, groups, index, root, ctx)
         lean = _Lean(run_solver, rows, node_costs)
         best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
                                               ctx.options.get("recompute") == "full")
         if best is None:
-            raise _infeasible(budget, attempts, lean, least_of, ctx.mesh)
+            # the leanest layout with as much recomputation as helps: the loop may have missed it
+            # (its recomputation solves can time out on deep models); it fits, or nothing found does
+            lean_fit = fit_of(lean.result, "none" if ctx.options.get("recompute") == "none" else "full")
+            if lean_fit.recompute is None:
+                raise _infeasible(budget, attempts, lean_fit.least, ctx.mesh)
+            best = (lean.result, lean_fit)
         result, program.tables["fit"] = best  # the recompute pass takes this layout's fit as decided here
         program.tables["choice"] = choice_of(result)
         program.tables["solver"] = result
@@ -282,10 +284,9 @@ def _storage_base(node):
     return node
 
 
-def _infeasible(budget, attempts, lean: _Lean, least_of, mesh) -> AutoparError:
-    """The error for a budget no plan meets, with the smallest peak among the plans tried and the
-    memory-first plan (with as much recomputation as helps)."""
-    peak = least_of(lean.result)
+def _infeasible(budget, attempts, peak, mesh) -> AutoparError:
+    """The error for a budget no plan meets, with the smallest peak among the plans tried and
+    ``peak``, the memory-first plan's (with as much recomputation as helps)."""
     smallest, breakdown = min(attempts + [(peak.peak_bytes, peak.breakdown)], key=lambda a: a[0])
     top = sorted(breakdown.items(), key=lambda kv: -kv[1])[:3]
     return AutoparError(
