@@ -151,7 +151,7 @@ class SolveShardingPass(Pass):
                              time_limit_s=time_limit, hint=warm if None not in warm else None,
                              progress=ctx.progress, overlap=overlap, memory=limit)
 
-            if ctx.mesh.ndim > 1:  # one axis at a time first: a good start the full solve then improves
+            if ctx.mesh.ndim > 1 and None not in start:  # one axis at a time first: a good start
                 warm = descend_axes(solve_for, costs, options, ctx.mesh.ndim, start, ctx.report)
                 start = list(warm.choice) if warm is not None else start
             result = solve_for(costs, start)
@@ -293,7 +293,7 @@ def _infeasible(budget, attempts, peak, mesh) -> AutoparError:
         f"no plan on mesh {mesh} fits the memory budget of {human_bytes(budget)} per device: the smallest "
         f"peak autopar finds is {human_bytes(smallest)} (" + ", ".join(f"{k.replace('_', ' ')} "
         f"{human_bytes(v)}" for k, v in top) + "); raise memory_budget to at least that, use more devices, "
-        f"a lighter optimizer, or recompute='auto' if recomputation is off")
+        "a lighter optimizer, or recompute='auto' if recomputation is off")
 
 
 def _pinned(program: Program, strategies: dict, pin: dict, mesh) -> dict:
