@@ -90,3 +90,12 @@ def test_cli_searches_the_meshes_of_a_device_count(capsys):
     assert cli(["plan", "examples.mlp:factory", "--mesh", "4", "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "predicted step time" in text and "mesh search: best (dp=" in text and "(dp=2, tp=2)" in text
+
+
+def test_the_axis_by_axis_warm_start_runs_on_2d_meshes_and_the_full_solve_only_improves_it():
+    model, inputs = mlp.make(batch=16, width=256, hidden=1024)
+    messages = []
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", progress=messages.append)
+    warm = [float(m.split("objective ")[1].split(" ms")[0]) for m in messages if m.startswith("warm start:")]
+    assert warm and warm == sorted(warm, reverse=True)  # each accepted axis solve lowers the objective
+    assert plan.solver.objective_s * 1e3 <= warm[-1] + 1e-4
