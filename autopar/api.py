@@ -144,6 +144,6 @@ def _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, p
         if best is None or candidate.predicted.step_time_s < best.predicted.step_time_s:
             best = candidate
     if best is None:
-        raise AutoparError("no mesh of " f"{meshes[0].size} devices gives a plan: " + "; ".join(tried))
+        raise AutoparError(f"no mesh of {meshes[0].size} devices gives a plan: " + "; ".join(tried))
     record = PassRecord("mesh_search", time.perf_counter() - start, f"best {best.mesh} of " + "; ".join(tried))
     return dataclasses.replace(best, history=(record,) + best.history)

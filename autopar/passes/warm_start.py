@@ -31,16 +31,19 @@ def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence
     ``options[g]`` are group g's strategies; ``solve_restricted(costs, hint)`` solves the problem
     with these node costs (infinite where a strategy is ruled out) and returns a SolverResult.
     """
+    per_axis = [[[axis_signature(s, b) for b in range(ndim)] for s in group] for group in options]
     best, current = None, list(start)
     stalled = 0
     axis = 0
     for _ in range(max_rounds * ndim):
         if stalled >= ndim:
             break
-        kept = [[axis_signature(s, b) for b in range(ndim) if b != axis] for s in
-                (options[g][k] for g, k in enumerate(current))]
-        costs = [[c if [axis_signature(s, b) for b in range(ndim) if b != axis] == kept[g] else math.inf
-                  for c, s in zip(node_costs[g], options[g])] for g in range(len(node_costs))]
+
+        def others(g: int, k: int) -> list:  # what strategy k of group g does on the fixed axes
+            return per_axis[g][k][:axis] + per_axis[g][k][axis + 1:]
+
+        costs = [[c if others(g, k) == others(g, current[g]) else math.inf for k, c in enumerate(node_costs[g])]
+                 for g in range(len(node_costs))]
         try:
             result = solve_restricted(costs, current)
         except SolverError:
