@@ -90,12 +90,14 @@ def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware="
                "memory_budget": parse_bytes(memory_budget), "optimizer": optimizer,
                "recompute": check_mode(recompute), "cluster_layers": cluster_layers, "restrict": restrict}
     sizes = size_symbols(program_inputs(example_inputs), symbolic_dims) if symbolic_dims is not None else None
+    modules = module_paths(program)  # the same on every mesh
     if len(meshes) == 1:
-        return _plan_on(program, meshes[0], hw, options, sizes, model, example_inputs, progress)
-    return _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, progress)
+        return _plan_on(program, meshes[0], hw, options, sizes, model, example_inputs, modules, progress)
+    return _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, modules, progress)
 
 
-def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, example_inputs, progress) -> Plan:
+def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, example_inputs, modules,
+             progress) -> Plan:
     """Run the passes on ``program`` (its side tables start empty) for one mesh."""
     program = dataclasses.replace(program, tables={})
     passes = default_passes()
@@ -118,7 +120,8 @@ def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, exa
         predicted=program.table("predicted"),
         recompute=program.table("recompute").variables,
         fallback_nodes=dict(fallback),
-        fallback_modules={n: p for n, p in module_paths(program).items() if n in fallback} if fallback else {},
+        fallback_modules={n: p for n, p in modules.items() if n in fallback},
+        modules=modules,
         solver=SolverStats(result.backend, result.status, result.objective, result.bound, result.gap,
                            result.seconds, result.n_variables),
         history=tuple(history),
@@ -126,7 +129,7 @@ def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, exa
     )
 
 
-def _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, progress) -> Plan:
+def _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, modules, progress) -> Plan:
     """Plan every candidate mesh; the least predicted step time wins. The winner's history
     starts with a ``mesh_search`` record listing each mesh's step time (or why it failed)."""
     report = progress or (lambda msg: None)
@@ -135,7 +138,7 @@ def _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, p
     for mesh in meshes:
         report(f"mesh search: planning {mesh} ...")
         try:
-            candidate = _plan_on(program, mesh, hw, options, sizes, model, example_inputs, progress)
+            candidate = _plan_on(program, mesh, hw, options, sizes, model, example_inputs, modules, progress)
         except AutoparError as exc:  # e.g. no layout on this mesh fits the memory budget
             tried.append(f"{mesh}: {str(exc).split(':')[0]}")
             continue

@@ -46,6 +46,7 @@ class Plan:
     fallback_modules: dict = field(default_factory=dict)  # fallback node -> module path it sits in
     formula: Optional[CostFormula] = None  # present when planned with symbolic_dims
     recompute: tuple[str, ...] = ()  # forward variables the program computes again in backward
+    modules: dict = field(default_factory=dict)  # call node -> module path it comes from ("" = the model)
     format_version: int = FORMAT_VERSION
 
     # ---- queries -------------------------------------------------------------------
@@ -145,6 +146,7 @@ class Plan:
             "history": [r.__dict__ for r in self.history],
             "formula": self.formula.to_json() if self.formula else None,
             "recompute": list(self.recompute),
+            "modules": self.modules,
         }
         return json.dumps(body, indent=1)
 
@@ -172,6 +174,7 @@ class Plan:
                 history=tuple(PassRecord(**r) for r in d["history"]),
                 formula=CostFormula.from_json(d["formula"]) if d.get("formula") else None,
                 recompute=tuple(d.get("recompute", ())),  # absent in plans from before it existed
+                modules=dict(d.get("modules", {})),  # likewise
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:
