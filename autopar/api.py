@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from torch import nn
 
@@ -14,34 +15,28 @@ from autopar.cost_models.hardware import Hardware, get_hardware
 from autopar.cost_models.model import CostModel
 from autopar.graph_ir import to_ir
 from autopar.errors import AutoparError
+from autopar.explain_state import state_from_program
 from autopar.mesh import Mesh
 from autopar.mesh_search import candidate_meshes
 from autopar.module_paths import module_paths
+from autopar import plan_cache
+from autopar.constraints import from_options
+from autopar.pass_registry import pipeline
 from autopar.passes.base import Pass, PassContext, PassManager, PassRecord
-from autopar.passes.cluster_layers import ClusterLayersPass
-from autopar.passes.collectives import CollectivesPass
 from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
 from autopar.passes.memory import optimizer_bytes_per_element
-from autopar.passes.predict import PredictPass
-from autopar.passes.recompute import RecomputePass, check_mode
-from autopar.passes.shapes import ShapesPass
-from autopar.passes.solve_sharding import SolveShardingPass
-from autopar.passes.strategies import StrategiesPass
+from autopar.passes.recompute import check_mode
 from autopar.plan import Plan, SolverStats
 from autopar.symbolic_shapes import size_symbols
 from autopar.units import human_seconds, parse_bytes
-
-
-def default_passes() -> list[Pass]:
-    return [ShapesPass(), StrategiesPass(), ClusterLayersPass(), SolveShardingPass(), CollectivesPass(),
-            RecomputePass(), PredictPass()]
 
 
 def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" = "h100-sxm",
          solver: str = "mip", solver_time_limit_s: float = 60.0, pin: Optional[dict] = None,
          memory_budget: "str | float | None" = None, optimizer: str = "adam", recompute: str = "auto",
          symbolic_dims: Optional[dict[str, int]] = None, cluster_layers: bool = True,
-         restrict: Optional[Callable] = None, progress: Optional[Callable[[str], None]] = None,
+         restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
+         cache_dir: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
     """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
 
@@ -53,7 +48,10 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     program, which then returns the best plan found with its proven gap (``plan.solver``).
     ``pin`` fixes parameter layouts, e.g. ``{"fc1.weight": "S(0),R"}`` (one placement per
     mesh axis); the solver lays out everything else around them. ``restrict(node, strategy)``
-    returning False rules a strategy out (autopar.baselines uses it).
+    returning False rules a strategy out (autopar.baselines uses it). ``passes`` are extra
+    passes for this plan (see autopar.register_pass for every plan): each goes before
+    cluster_layers unless its ``before``/``after`` names another pass, and may add solver
+    constraints through ``ctx.constraints`` (autopar.constraints).
     ``symbolic_dims`` names input sizes, e.g. ``{"batch": 0, "seq": 1}`` (the dim index in
     every tensor input that has it); the plan then carries its cost as a formula of them
     (``plan.cost_formula()``, ``plan.evaluate(batch=..., seq=...)``), at the price of
@@ -65,30 +63,53 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     layers take one template layer's layouts), which keeps deep models fast to solve.
     ``recompute``: "auto" recomputes forward values in backward only when the budget needs it,
     choosing what adds the least time; "full" recomputes for the least memory; "none" never.
+    ``cache``: a plan of the same graph, meshes, hardware spec, options and autopar code is
+    loaded from ``cache_dir`` (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans) instead
+    of solved; plans with ``restrict`` or custom passes are not cached (autopar.plan_cache).
     """
     if progress is None and verbose:
         progress = lambda msg: print(f"[autopar] {msg}", file=sys.stderr)  # noqa: E731
     optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here, before any work
     candidate_meshes(mesh, get_hardware(hardware))  # so does a bad mesh or hardware
+    pipeline(passes)  # and a pass placed next to one that does not exist
     if progress is not None:
         progress("capturing the training step ...")
     program = capture(model, example_inputs)
-    return plan_captured(program, model, example_inputs, mesh=mesh, hardware=hardware, solver=solver,
-                         solver_time_limit_s=solver_time_limit_s, pin=pin, memory_budget=memory_budget,
-                         optimizer=optimizer, recompute=recompute, symbolic_dims=symbolic_dims,
-                         cluster_layers=cluster_layers, restrict=restrict, progress=progress)
+    key = None
+    if cache and plan_cache.cacheable(restrict, passes):
+        key = plan_cache.plan_key(program, mesh, get_hardware(hardware), {
+            "solver": solver, "solver_time_limit_s": solver_time_limit_s, "pin": pin or {},
+            "memory_budget": parse_bytes(memory_budget), "optimizer": optimizer, "recompute": recompute,
+            "symbolic_dims": symbolic_dims, "cluster_layers": cluster_layers})
+        cached = plan_cache.load(key, cache_dir)
+        if cached is not None:
+            if progress is not None:
+                progress(cached.history[-1].note)
+            if cached.solver.status != "optimal":  # as when it was solved: the user should still know
+                _warn_stopped_early(cached.mesh, solver_time_limit_s, cached.solver.gap, stacklevel=2)
+            return dataclasses.replace(cached, planning_state=functools.cache(
+                lambda: state_from_program(cached, program, get_hardware(hardware), pin)))
+    result = plan_captured(program, model, example_inputs, mesh=mesh, hardware=hardware, solver=solver,
+                           solver_time_limit_s=solver_time_limit_s, pin=pin, memory_budget=memory_budget,
+                           optimizer=optimizer, recompute=recompute, symbolic_dims=symbolic_dims,
+                           cluster_layers=cluster_layers, restrict=restrict, passes=passes, progress=progress)
+    if key is not None:
+        plan_cache.store(key, result, cache_dir)
+    return result
 
 
 def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware="h100-sxm", solver="mip",
                   solver_time_limit_s=60.0, pin=None, memory_budget=None, optimizer="adam", recompute="auto",
-                  symbolic_dims=None, cluster_layers=True, restrict=None, progress=None) -> Plan:
+                  symbolic_dims=None, cluster_layers=True, restrict=None, passes=(), progress=None) -> Plan:
     """``plan`` for a step already captured (autopar.capture.capture), so that several plans of
     one model (baselines, meshes) share the capture. The program is not modified."""
     hw = get_hardware(hardware)
     meshes = candidate_meshes(mesh, hw)
     options = {"solver": solver, "solver_time_limit_s": solver_time_limit_s, "pin": dict(pin or {}),
                "memory_budget": parse_bytes(memory_budget), "optimizer": optimizer,
-               "recompute": check_mode(recompute), "cluster_layers": cluster_layers, "restrict": restrict}
+               "recompute": check_mode(recompute), "cluster_layers": cluster_layers, "restrict": restrict,
+               "passes": tuple(passes)}
+    pipeline(options["passes"])  # a misplaced pass fails here, before any work
     sizes = size_symbols(program_inputs(example_inputs), symbolic_dims) if symbolic_dims is not None else None
     modules = module_paths(program)  # the same on every mesh
     if len(meshes) == 1:
@@ -100,16 +121,15 @@ def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, exa
              progress) -> Plan:
     """Run the passes on ``program`` (its side tables start empty) for one mesh."""
     program = dataclasses.replace(program, tables={})
-    passes = default_passes()
+    passes = pipeline(options["passes"])
     if sizes is not None:
         passes += [SymbolicShapesPass(model, program_inputs(example_inputs), sizes), CostFormulaPass(sizes)]
-    ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw), options=options, progress=progress)
+    ctx = PassContext(mesh=mesh, cost=CostModel(mesh, hw), options=options, progress=progress,
+                      constraints=from_options(options["pin"], options["restrict"]))
     history = PassManager(passes).run(program, ctx)
     result = program.table("solver")
     if result.status != "optimal":
-        warnings.warn(f"the sharding solver stopped at its {options['solver_time_limit_s']:.0f} s limit on mesh "
-                      f"{mesh}; the plan is within {result.gap:.1%} of optimal (raise solver_time_limit_s to "
-                      f"close the gap)", stacklevel=3)
+        _warn_stopped_early(mesh, options["solver_time_limit_s"], result.gap, stacklevel=3)
     fallback = program.table("fallback")
     return Plan(
         mesh=mesh,
@@ -126,7 +146,14 @@ def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, exa
                            result.seconds, result.n_variables),
         history=tuple(history),
         formula=program.tables.get("cost_formula"),
+        planning_state=lambda: (program, ctx),
     )
+
+
+def _warn_stopped_early(mesh: Mesh, time_limit_s: float, gap: float, stacklevel: int) -> None:
+    warnings.warn(f"the sharding solver stopped at its {time_limit_s:.0f} s limit on mesh {mesh}; the plan is "
+                  f"within {gap:.1%} of optimal (raise solver_time_limit_s to close the gap)",
+                  stacklevel=stacklevel + 1)
 
 
 def _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, modules, progress) -> Plan:

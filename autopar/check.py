@@ -12,6 +12,7 @@ from autopar.errors import MeshError
 from autopar.mesh import Mesh
 from autopar.plan import Plan
 from autopar.runtime.local_cluster import get_cluster
+from autopar.runtime.module import check_plan_is_for
 from autopar.runtime.rank_mesh import assemble
 
 SEED = 1234
@@ -113,6 +114,8 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-
     mesh = Mesh.parse(mesh) if plan is None else plan.mesh
     if plan is None:
         plan = make_plan(model, inputs, mesh=mesh, hardware=hardware)
+    else:
+        check_plan_is_for(plan, model, inputs)
     steps = 1 if backend == "jax" else steps
     reference = copy.deepcopy(model)
     reference_losses, reference_grads = train(reference, lambda: reference(*inputs), steps, lr)

@@ -3,6 +3,8 @@
     autopar plan examples.gpt2:factory --mesh dp=2,tp=2 --hardware h100-sxm --out plan.json --emit torch:gen.py
     autopar check examples.gpt2:factory --mesh dp=2,tp=2 --steps 3
     autopar calibrate --out cpu.json
+    autopar show plan.json
+    autopar report plan.json --html report.html
 
 FACTORY() returns (model, example_inputs); the model's forward returns the loss.
 """
@@ -35,19 +37,16 @@ def load_factory(spec: str):
     return made
 
 
-def _progress(quiet: bool):
-    if quiet or not sys.stderr.isatty():
-        return None
-    return lambda msg: print(f"[autopar] {msg}", file=sys.stderr, flush=True)
-
-
 def cmd_plan(args) -> int:
     from autopar.api import plan
+    from autopar.progress import terminal_progress
 
     model, inputs = load_factory(args.factory)
     mesh = int(args.mesh) if args.mesh.isdigit() else args.mesh  # a device count: search the meshes
-    result = plan(model, inputs, mesh=mesh, hardware=args.hardware, solver=args.solver,
-                  solver_time_limit_s=args.time_limit, progress=_progress(args.quiet))
+    with terminal_progress(args.quiet) as progress:
+        result = plan(model, inputs, mesh=mesh, hardware=args.hardware, solver=args.solver,
+                      solver_time_limit_s=args.time_limit, cache=not args.no_cache, cache_dir=args.cache_dir,
+                      progress=progress)
     print(result.summary())
     if args.out:
         with open(args.out, "w") as f:
@@ -65,14 +64,43 @@ def cmd_plan(args) -> int:
 
 def cmd_diff(args) -> int:
     from autopar.diff import diff
+
+    print(diff(_read_plan(args.a), _read_plan(args.b)))
+    return 0
+
+
+def _read_plan(path: str):
     from autopar.plan import Plan
 
-    plans = []
-    for path in (args.a, args.b):
+    try:
         with open(path) as f:
-            plans.append(Plan.from_json(f.read()))
-    result = diff(*plans)
-    print(result)
+            return Plan.from_json(f.read())
+    except OSError as exc:
+        raise AutoparError(f"cannot read the plan file {path!r} ({exc.strerror}); write one with "
+                           f"`autopar plan ... --out {path}`") from exc
+
+
+def cmd_show(args) -> int:
+    from rich.console import Console
+
+    from autopar.show import render_plan
+
+    plan = _read_plan(args.plan)
+    # piped output is not wrapped to the 80 columns rich assumes without a terminal
+    render_plan(plan, Console(width=None if sys.stdout.isatty() else 140))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from autopar.report_html import render_html
+
+    plan = _read_plan(args.plan)
+    try:
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(render_html(plan))
+    except OSError as exc:
+        raise AutoparError(f"cannot write the report to {args.html!r} ({exc.strerror})") from exc
+    print(f"report of plan {plan.hash} written to {args.html}")
     return 0
 
 
@@ -120,6 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--solver", default="mip", choices=["mip", "cp-sat"])
     p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--no-cache", action="store_true", help="solve again even if the plan cache holds this plan")
+    p.add_argument("--cache-dir", help="plan cache directory (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans)")
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", parents=[common], help="run the plan on local CPU processes and compare "
                                                         "with eager PyTorch")
@@ -136,6 +166,13 @@ def main(argv=None) -> int:
     d.add_argument("a", help="plan JSON (autopar plan --out)")
     d.add_argument("b", help="plan JSON to compare with the first")
     d.set_defaults(run=cmd_diff)
+    v = sub.add_parser("show", help="print a plan file as tables: layers, placements, collectives, memory")
+    v.add_argument("plan", help="plan JSON (autopar plan --out)")
+    v.set_defaults(run=cmd_show)
+    r = sub.add_parser("report", help="write a plan file as one self-contained HTML page")
+    r.add_argument("plan", help="plan JSON (autopar plan --out)")
+    r.add_argument("--html", required=True, metavar="OUT.html", help="where to write the page")
+    r.set_defaults(run=cmd_report)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -14,22 +14,24 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, MeshError
 from autopar.mesh import Mesh
+from autopar.pass_registry import pipeline
 from autopar.plan import Plan
 
 
 class _Runner:
     """Plans on the first call, then runs the emitted program on every call."""
 
-    def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str]):
+    def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple):
         self.mesh = Mesh.parse(mesh)
+        self.passes = passes
         self.hardware = hardware
         self.plan = plan
         self.device = device
@@ -42,19 +44,21 @@ class _Runner:
 
     def _start(self, model: nn.Module, inputs):
         from autopar.api import plan as make_plan
-        from autopar.runtime.module import ParallelModule
+        from autopar.runtime.module import ParallelModule, check_plan_is_for
         from autopar.runtime.rank_mesh import RankMesh
 
         _ensure_process_group()
         self.mesh.check_world_size(dist.get_world_size())  # before any planning or communication
         plan = self.plan
         if plan is None:
-            text = [make_plan(model, inputs, mesh=self.mesh, hardware=self.hardware).to_json()
+            text = [make_plan(model, inputs, mesh=self.mesh, hardware=self.hardware, passes=self.passes).to_json()
                     if dist.get_rank() == 0 else None]
             dist.broadcast_object_list(text, src=0)
             plan = Plan.from_json(text[0])
         elif plan.mesh != self.mesh:
-            raise AutoparError(f"the given plan is for mesh {plan.mesh}, not {self.mesh}")
+            raise MeshError(f"the given plan is for mesh {plan.mesh}, not {self.mesh}")
+        else:  # on every rank, so that all of them raise
+            check_plan_is_for(plan, model, inputs)
         device = self.device or ("cuda" if dist.get_backend() == "nccl" else "cpu")
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
@@ -88,12 +92,14 @@ class AutoParallel(nn.Module):
 
 
 def autoparallelize(model=None, *, mesh, hardware: str = "h100-sxm", plan: Optional[Plan] = None,
-                    device: Optional[str] = None):
-    """Use on an instance (returns a wrapper module) or as a class decorator."""
+                    device: Optional[str] = None, passes: Sequence = ()):
+    """Use on an instance (returns a wrapper module) or as a class decorator. ``passes``: extra
+    passes for the plan (autopar.plan's ``passes``)."""
     Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
+    pipeline(passes)  # so does a misplaced pass
 
     def runner() -> _Runner:
-        return _Runner(mesh, hardware, plan, device)
+        return _Runner(mesh, hardware, plan, device, tuple(passes))
 
     if model is None:
         return lambda cls: _decorate_class(cls, runner)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import sympy
 
@@ -48,6 +48,9 @@ class Plan:
     recompute: tuple[str, ...] = ()  # forward variables the program computes again in backward
     modules: dict = field(default_factory=dict)  # call node -> module path it comes from ("" = the model)
     format_version: int = FORMAT_VERSION
+    # () -> (program, PassContext) with the strategies the solver weighed; plan.explain needs it,
+    # and it is not saved: a plan loaded from JSON rebuilds it from the model
+    planning_state: Optional[Callable[[], Any]] = field(default=None, compare=False, repr=False)
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -117,6 +120,23 @@ class Plan:
 
             return emit_jax(self)
         raise ValueError(f"unknown backend {backend!r}; available: 'torch', 'jax'")
+
+    def explain(self, target: str, model=None, example_inputs=None, hardware=None):
+        """The layouts the solver weighed for ``target`` (a node, a parameter or a module path),
+        each priced with its neighbours' chosen layouts, and why the chosen one wins. A plan
+        loaded from JSON needs the ``model`` and ``example_inputs`` it was made for (and the
+        ``hardware``, unless a preset's name)."""
+        from autopar.explain import explain
+        from autopar.explain_state import rebuild_state
+
+        if self.planning_state is not None:
+            program, ctx = self.planning_state()
+        elif model is not None:
+            program, ctx = rebuild_state(self, model, example_inputs, hardware)
+        else:
+            raise AutoparError("this plan was loaded from JSON and keeps no planning state: "
+                               "pass the model and example inputs, plan.explain(target, model, example_inputs)")
+        return explain(self, program, ctx, target)
 
     def summary(self) -> str:
         from autopar.summary import summarize

@@ -113,8 +113,12 @@ def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0
     else:
         choice, bound = reduced.expand(choice), bound + reduced.constant
     value = evaluate(node_costs, edges, choice, overlap)
-    return SolverResult(tuple(choice), value, value if status == "optimal" else min(bound, value), status,
-                        time.perf_counter() - start, backend, n_vars, reduced.n_removed)
+    result = SolverResult(tuple(choice), value, value if status == "optimal" else min(bound, value), status,
+                          time.perf_counter() - start, backend, n_vars, reduced.n_removed)
+    if progress is not None:
+        progress(f"solver {backend}: {status}, objective {value * 1e3:.4f} ms, bound {result.bound * 1e3:.4f} ms "
+                 f"(gap {result.gap:.1%}), {n_vars} variables, {result.seconds:.1f} s")
+    return result
 
 
 def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 from autopar.backends.printer import shape_text
+from autopar.plan_layers import TOP_LEVEL, module_rows
 from autopar.units import human_bytes, human_seconds
 
 _MAX_ROWS = 40
@@ -24,6 +25,7 @@ def summarize(plan) -> str:
         f"solver: {s.backend} {s.status} in {s.seconds:.2f} s ({s.n_variables} variables), "
         f"objective {human_seconds(s.objective_s)}, gap {s.gap:.2%}",
         *[f"mesh search: {r.note}" for r in plan.history if r.name == "mesh_search"],
+        *[f"plan cache: {r.note}" for r in plan.history if r.name == "cache"],
         f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
         f"+ communication {human_seconds(p.communication_s)}"
         + (f" (and {human_seconds(p.hidden_communication_s)} of gradient sync hidden under backward)"
@@ -32,11 +34,9 @@ def summarize(plan) -> str:
         + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
         _recompute_line(plan),
         "",
-        f"parameters (placement per mesh axis: {axes}):",
+        f"by module (compute per step; parameters with their placement per mesh axis: {axes}):",
     ]
-    params = [(fqn, g.node(ph).outputs[0].shape, plan.out_spec(ph)) for ph, fqn in g.params.items()]
-    width = max((len(f) for f, _, _ in params), default=10)
-    out += [f"  {fqn:<{width}}  {shape_text(shape):<16} {spec}" for fqn, shape, spec in params]
+    out += _module_lines(plan)
 
     ops = [n for n in g.nodes if n.op == "call" and n.phase == "forward" and not n.target.startswith(_METADATA_OPS)]
     ops.sort(key=lambda n: -plan.strategies[n.name].compute_s)
@@ -69,6 +69,21 @@ def summarize(plan) -> str:
         where = ", ".join(distinct[:_MAX_SITES]) + (f" and {len(distinct) - _MAX_SITES} more" if len(distinct) > _MAX_SITES else "")
         out.append(f"  {op} x{len(modules)} in {where}")
     return "\n".join(out)
+
+
+def _module_lines(plan) -> list[str]:
+    rows = [r for r in module_rows(plan) if r.params or r.forward_s or r.backward_s]
+    width = max((len(f) for r in rows for f, _, _ in r.params), default=10)
+    out = []
+    for row in rows:
+        moved = sum(r.step_bytes[i] for r, i in row.collectives)
+        seconds = sum(r.step_seconds[i] for r, i in row.collectives)
+        collectives = f", {len(row.collectives)} collectives ({human_bytes(moved)}, {human_seconds(seconds)})" \
+            if row.collectives else ""
+        out.append(f"  {row.path or TOP_LEVEL}: forward {human_seconds(row.forward_s)}, backward "
+                   f"{human_seconds(row.backward_s)}{collectives}")
+        out += [f"    {fqn:<{width}}  {shape_text(shape):<16} {spec}" for fqn, shape, spec in row.params]
+    return out
 
 
 def _recompute_line(plan) -> str:

@@ -1,6 +1,8 @@
 """Sizes and durations as people write them: "60GiB" in, "1.5 GB" and "3.2 ms" out."""
 from __future__ import annotations
 
+import math
+
 from autopar.errors import AutoparError
 
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
@@ -30,6 +32,15 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TB"
+
+
+def bytes_at_least(n: float) -> str:
+    """``n`` bytes rounded up to a tenth of a binary unit, in text parse_bytes reads back ("4.1MiB"):
+    human_bytes rounds to the nearest and writes binary units as "MB", which parse_bytes reads as 1e6."""
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size = _UNITS[unit.upper()]
+        if n < 1024 * size or unit == "TiB":
+            return f"{math.ceil(n / size * 10) / 10:g}{unit}"
 
 
 def human_seconds(s: float) -> str:

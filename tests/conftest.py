@@ -5,6 +5,15 @@ import pytest
 from autopar.cost_models.hardware import PRESETS, Link
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fresh_plan_cache(tmp_path_factory):
+    """One empty plan cache for the session (worker processes inherit it): no test reads the
+    user's cache or stale entries, and tests still share what earlier tests planned."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AUTOPAR_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def fast_network():
     """An H100 whose links are 1000x faster and kernels have no launch floor or small-size penalty.

@@ -15,7 +15,8 @@ def header(plan, title: str) -> list[str]:
         f" + communication {plan.predicted.communication_s * 1e3:.4f} ms",
         "# passes:",
     ]
-    lines += [f"#   {r.name}: {r.note}" for r in plan.history]
+    # the program is the same whether its plan was solved now or loaded from the plan cache
+    lines += [f"#   {r.name}: {r.note}" for r in plan.history if r.name != "cache"]
     return lines
 
 

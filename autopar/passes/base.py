@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from autopar.constraints import Constraints
 from autopar.cost_models.model import CostModel
 from autopar.errors import AutoparError
 from autopar.mesh import Mesh
@@ -24,6 +25,7 @@ class PassContext:
     cost: CostModel
     options: dict[str, Any] = field(default_factory=dict)
     progress: Optional[Callable[[str], None]] = None
+    constraints: Constraints = field(default_factory=Constraints)  # what passes ask of the sharding solve
 
     def report(self, message: str) -> None:
         if self.progress is not None:
@@ -33,12 +35,15 @@ class PassContext:
 class Pass:
     """A pass reads side tables named in ``requires`` and writes those in ``provides``.
 
-    ``run`` returns a one-line note for the plan's history.
+    ``run`` returns a one-line note for the plan's history. A user's pass may set
+    ``before`` or ``after`` (another pass's name) to say where it runs (autopar.pass_registry).
     """
 
     name: str = "pass"
     requires: tuple[str, ...] = ()
     provides: tuple[str, ...] = ()
+    before: Optional[str] = None
+    after: Optional[str] = None
 
     def run(self, program: Program, ctx: PassContext) -> str:
         raise NotImplementedError
@@ -62,8 +67,8 @@ class PassManager:
 
     def run(self, program: Program, ctx: PassContext) -> list[PassRecord]:
         history = []
-        for p in self.passes:
-            ctx.report(f"pass {p.name} ...")
+        for k, p in enumerate(self.passes, 1):
+            ctx.report(f"pass {k}/{len(self.passes)} {p.name} ...")
             start = time.perf_counter()
             note = p.run(program, ctx) or ""
             seconds = time.perf_counter() - start
@@ -71,5 +76,5 @@ class PassManager:
             if missing:
                 raise AutoparError(f"pass {p.name!r} promised side tables {missing} but did not write them")
             history.append(PassRecord(p.name, seconds, note))
-            ctx.report(f"pass {p.name} done in {seconds:.2f}s {note}")
+            ctx.report(f"pass {k}/{len(self.passes)} {p.name} done in {seconds:.2f}s {note}")
         return history

@@ -9,7 +9,7 @@ This is the clustering of Meta's AutoParallel and of Alpa's repeated-layer
 handling; with it an 80-layer model solves about as fast as a 3-layer one.
 
 Finding the layers. Parameters named ``<prefix>.<i>.<rest>`` with the same
-``rest`` names, shapes and dtypes (and pins) for every ``i`` form a run of layers.
+``rest`` names, shapes and dtypes for every ``i`` form a run of layers.
 The joint graph runs forward layer by layer and backward in reverse, so layer
 ``i``'s forward block is the forward ops from the first one that reads a layer-``i``
 parameter up to the first that reads a layer-``i+1`` one (likewise in backward,
@@ -18,7 +18,9 @@ op, arguments, shapes, and each tensor argument in the same place relative to th
 layer (its own parameter ``rest``, an op of its own or a neighbouring layer's
 block at the same offset, or the same node outside the layers). Nodes then map
 to the template's node at the same offset, and only where their strategy lists
-match entry by entry, so sharing a variable always means the same layout.
+match entry by entry, so sharing a variable always means the same layout; and a
+layer that constraints (ctx.constraints: pins, forbids) treat unlike the template
+keeps its own variables.
 """
 from __future__ import annotations
 
@@ -37,20 +39,22 @@ _LAYER = re.compile(r"^(.*?)\.(\d+)\.(.+)$")
 class ClusterLayersPass(Pass):
     name = "cluster_layers"
     requires = ("strategies",)
-    provides = ("cluster_of",)
+    provides = ("cluster_of", "allowed")
 
     def run(self, program: Program, ctx: PassContext) -> str:
+        # only layers that the constraints treat alike share variables
+        allowed = program.tables["allowed"] = ctx.constraints.allowed(program, program.table("strategies"), ctx.mesh)
         if not ctx.options.get("cluster_layers", True):
             program.tables["cluster_of"] = {}
             return "off"
         strategies = program.table("strategies")
         cluster_of: dict[str, str] = {}
         notes = []
-        for run in _layer_runs(program, ctx.options.get("pin", {})):
-            mapped = _map_run(program, run, strategies)
+        for run in _layer_runs(program):
+            mapped, sharing = _map_run(program, run, strategies, allowed)
             cluster_of.update(mapped)
             if mapped:
-                notes.append(f"{len(run.layers) - 2} of {len(run.layers)} layers of {run.prefix} share layer "
+                notes.append(f"{sharing} of {len(run.layers)} layers of {run.prefix} share layer "
                              f"{run.layers[1]}'s variables")
         program.tables["cluster_of"] = cluster_of
         return "; ".join(notes) or "no repeated layers"
@@ -63,7 +67,7 @@ class _Run:
         self.prefix, self.layers, self.params = prefix, layers, params  # params: layer -> rest -> placeholder
 
 
-def _layer_runs(program: Program, pin: dict) -> list[_Run]:
+def _layer_runs(program: Program) -> list[_Run]:
     meta = program.table("meta")
     by_prefix: dict[str, dict[int, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
     for placeholder, fqn in program.params.items():
@@ -73,8 +77,7 @@ def _layer_runs(program: Program, pin: dict) -> list[_Run]:
     runs = []
     for prefix, layers in by_prefix.items():
         def signature(i):
-            return sorted((rest, meta[ph][0], str(pin.get(f"{prefix}.{i}.{rest}")))
-                          for rest, ph in layers[i].items())
+            return sorted((rest, meta[ph][0]) for rest, ph in layers[i].items())
         indices = sorted(layers)
         start = 0
         for k in range(1, len(indices) + 1):
@@ -85,7 +88,9 @@ def _layer_runs(program: Program, pin: dict) -> list[_Run]:
     return runs
 
 
-def _map_run(program: Program, run: _Run, strategies: dict) -> dict[str, str]:
+def _map_run(program: Program, run: _Run, strategies: dict, allowed: dict) -> tuple[dict[str, str], int]:
+    """Node -> the template layer's node it shares a variable with; and how many layers share
+    the template's variables (the template included)."""
     # the joint graph holds forward (up to the loss, with what it saves for backward) then backward
     calls = [n for n in program.nodes() if n.op == "call_function"]
     loss_at = next(k for k, n in enumerate(calls) if n.name == program.loss)
@@ -94,7 +99,7 @@ def _map_run(program: Program, run: _Run, strategies: dict) -> dict[str, str]:
     for phase, nodes in phases.items():
         starts = _block_starts(nodes, run)
         if starts is None:
-            return {}
+            return {}, 0
         for k, layer in enumerate(run.layers):
             begin = starts[layer]
             # backward visits the layers in reverse: layer i's block ends where layer i-1's begins
@@ -114,22 +119,22 @@ def _map_run(program: Program, run: _Run, strategies: dict) -> dict[str, str]:
 
     template = run.layers[1]
     interior = run.layers[1:-1]
-    mapped: dict[str, str] = {}
     for phase in ("f", "b"):
         reference = signature(phase, template)
         for layer in interior[1:]:
             if signature(phase, layer) != reference:
-                return {}  # not one repeated computation: solve the layers separately
+                return {}, 0  # not one repeated computation: solve the layers separately
+    mapped: dict[str, str] = {}
+    sharing = 1
     for layer in interior[1:]:
-        for phase in ("f", "b"):
-            for own, theirs in zip(blocks[phase, layer], blocks[phase, template]):
-                if _same_options(strategies[own.name], strategies[theirs.name]):
-                    mapped[own.name] = theirs.name
-        for rest, ph in run.params[layer].items():
-            theirs = run.params[template][rest]
-            if _same_options(strategies[ph], strategies[theirs]):
-                mapped[ph] = theirs
-    return mapped
+        pairs = [(own.name, theirs.name) for phase in ("f", "b")
+                 for own, theirs in zip(blocks[phase, layer], blocks[phase, template])]
+        pairs += [(ph, run.params[template][rest]) for rest, ph in run.params[layer].items()]
+        if any(allowed.get(own) != allowed.get(theirs) for own, theirs in pairs):
+            continue  # constrained unlike the template: this layer keeps its own variables
+        mapped.update((own, theirs) for own, theirs in pairs if _same_options(strategies[own], strategies[theirs]))
+        sharing += 1
+    return mapped, sharing
 
 
 def _block_starts(nodes: list[fx.Node], run: _Run) -> Optional[dict[int, int]]:

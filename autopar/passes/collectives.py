@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from autopar.passes.base import Pass, PassContext
 from autopar.placement import Spec
 from autopar.program import Program, forward_nodes, is_multi_output, tensor_inputs
-from autopar.redistribute import ASYNC_KINDS, Step
+from autopar.redistribute import ASYNC_KINDS, COMMUNICATING, Step
 
-COMMUNICATING = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
 @dataclass(frozen=True)

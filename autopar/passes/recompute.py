@@ -77,7 +77,9 @@ class RecomputePass(Pass):
 
 
 def memory_budget(ctx: PassContext) -> float:
-    return ctx.options.get("memory_budget") or 0.9 * ctx.cost.hardware.memory_bytes
+    budget = ctx.options.get("memory_budget") or 0.9 * ctx.cost.hardware.memory_bytes
+    cap = ctx.constraints.memory_cap  # a pass's cap_memory
+    return budget if cap is None else min(budget, cap)
 
 
 def check_mode(mode: str) -> str:

@@ -31,15 +31,14 @@ from autopar.passes.memory import optimizer_bytes_per_element
 from autopar.passes.recompute import fit, memory_budget
 from autopar.passes.rule_table import rule_for
 from autopar.passes.warm_start import descend_axes
-from autopar.placement import Spec
 from autopar.program import Program, forward_nodes, tensor_inputs
 from autopar.solver import MemoryLimit, Overlap, solve
-from autopar.units import human_bytes, human_seconds
+from autopar.units import bytes_at_least, human_bytes, human_seconds
 
 
 class SolveShardingPass(Pass):
     name = "solve_sharding"
-    requires = ("meta", "strategies", "tied_to", "cluster_of")
+    requires = ("meta", "strategies", "tied_to", "cluster_of", "allowed")
     provides = ("choice", "solver", "fit")
 
     def run(self, program: Program, ctx: PassContext) -> str:
@@ -82,6 +81,12 @@ class SolveShardingPass(Pass):
                 for b in range(n_dst):
                     acc[a][b] += matrix_fn(a, b)
 
+        forbidden_move = ctx.constraints.move_checker(ctx.mesh)
+
+        def reshard_time(m, src, dst):
+            return math.inf if forbidden_move is not None and forbidden_move(src, dst) else \
+                cost.reshard_time(m, src, dst)
+
         forward = forward_nodes(program)
         kappa = cost.hardware.gradient_overlap
         for node in program.nodes():
@@ -97,7 +102,7 @@ class SolveShardingPass(Pass):
                         and len(meta[arg.name]) > 1:
                     continue  # getitem of a multi-output op: same layout by construction
                 src_meta = meta[arg.name][0]
-                add_edge(arg.name, node.name, lambda a, b, arg=arg, node=node, j=j, m=src_meta: cost.reshard_time(
+                add_edge(arg.name, node.name, lambda a, b, arg=arg, node=node, j=j, m=src_meta: reshard_time(
                     m, strategies[arg.name][a].out_specs[0], strategies[node.name][b].in_specs[j]))
 
         # the loss must end replicated on every rank
@@ -111,23 +116,17 @@ class SolveShardingPass(Pass):
                 return meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
 
             hideable = kappa > 0 and index[root(grad)] != index[root(param)]
-            add_edge(grad, param, lambda a, b: cost.reshard_time(*layouts(a, b))
+            add_edge(grad, param, lambda a, b: reshard_time(*layouts(a, b))
                      - (cost.async_time(*layouts(a, b)) if hideable else 0.0))
             if hideable:
                 add_edge(grad, param, lambda a, b: cost.async_time(*layouts(a, b)), overlap_acc)
 
-        for name, allowed in _pinned(program, strategies, ctx.options.get("pin", {}), ctx.mesh).items():
-            for k, s in enumerate(strategies[name]):
-                if s.out_specs[0] != allowed:
+        allowed = ctx.constraints.allowed(program, strategies, ctx.mesh)
+        _check_clustering_saw(allowed, program.table("allowed"), cluster_of)
+        for name, keep in allowed.items():
+            for k, ok in enumerate(keep):
+                if not ok:
                     node_costs[index[root(name)]][k] = math.inf
-
-        restrict = ctx.options.get("restrict")
-        if restrict is not None:
-            for node in program.nodes():
-                if node.name in strategies:
-                    for k, s in enumerate(strategies[node.name]):
-                        if not restrict(node, s):
-                            node_costs[index[root(node.name)]][k] = math.inf
 
         edges = [(i, j, m) for (i, j), m in edge_acc.items()]
         hint = [_replicated_index(strategies[g]) for g in groups]
@@ -173,6 +172,9 @@ class SolveShardingPass(Pass):
             # (its recomputation solves can time out on deep models); it fits, or nothing found does
             lean_fit = fit_of(lean.result, "none" if ctx.options.get("recompute") == "none" else "full")
             if lean_fit.recompute is None:
+                if not attempts:  # even the memory floor failed: the fastest layout may still peak lower
+                    fastest = fit_of(run_solver(None, bounded=False))
+                    attempts.append((fastest.least.peak_bytes, fastest.least.breakdown))
                 raise _infeasible(budget, attempts, lean_fit.least, ctx.mesh)
             best = (lean.result, lean_fit)
         result, program.tables["fit"] = best  # the recompute pass takes this layout's fit as decided here
@@ -292,28 +294,18 @@ def _infeasible(budget, attempts, peak, mesh) -> AutoparError:
     return AutoparError(
         f"no plan on mesh {mesh} fits the memory budget of {human_bytes(budget)} per device: the smallest "
         f"peak autopar finds is {human_bytes(smallest)} (" + ", ".join(f"{k.replace('_', ' ')} "
-        f"{human_bytes(v)}" for k, v in top) + "); raise memory_budget to at least that, use more devices, "
-        "a lighter optimizer, or recompute='auto' if recomputation is off")
+        f"{human_bytes(v)}" for k, v in top) + f"); raise memory_budget to at least {bytes_at_least(smallest)!r}, "
+        "use more devices, a lighter optimizer, or recompute='auto' if recomputation is off")
 
 
-def _pinned(program: Program, strategies: dict, pin: dict, mesh) -> dict:
-    """Placeholder name -> the Spec the user pinned its parameter to (checked against its options)."""
-    placeholder = {fqn: ph for ph, fqn in program.params.items()}
-    out = {}
-    for fqn, text in pin.items():
-        if fqn not in placeholder:
-            raise AutoparError(f"cannot pin {fqn!r}: the model has no such parameter (it has e.g. "
-                               f"{', '.join(sorted(placeholder)[:4])})")
-        try:
-            spec = Spec.from_json(text) if isinstance(text, str) else Spec(tuple(text))
-        except ValueError as exc:
-            raise AutoparError(f"cannot pin {fqn!r}: {exc}") from exc
-        options = [s.out_specs[0] for s in strategies[placeholder[fqn]]]
-        if len(spec.placements) != mesh.ndim or spec not in options:
-            raise AutoparError(f"cannot pin {fqn!r} to {text!r} on mesh {mesh}: its layouts are "
-                               f"{', '.join(o.to_json() for o in options)} (one placement per mesh axis)")
-        out[placeholder[fqn]] = spec
-    return out
+def _check_clustering_saw(allowed: dict, seen: dict, cluster_of: dict) -> None:
+    """Layers were tied by the constraints cluster_layers saw; one added since could bind a
+    whole cluster through one of its layers."""
+    clustered = set(cluster_of) | set(cluster_of.values())
+    late = sorted(n for n in set(allowed) | set(seen) if n in clustered and allowed.get(n) != seen.get(n))
+    if late:
+        raise AutoparError(f"constraints on {', '.join(late[:3])} came after cluster_layers tied them to other "
+                           f"layers: run the pass that adds them before cluster_layers")
 
 
 def _replicated_index(options) -> int | None:

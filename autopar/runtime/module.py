@@ -17,7 +17,9 @@ import types
 import torch
 from torch import nn
 
+from autopar.capture import capture
 from autopar.errors import PlanMismatchError
+from autopar.graph_ir import fingerprint_of
 from autopar.plan import Plan
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
@@ -80,6 +82,17 @@ class ParallelModule(nn.Module):
         loss, grads = outputs[0], outputs[1:]
         pairs = [(g, p) for g, p in zip(grads, self._grad_params) if p is not None]
         return _LossWithGradients.apply(loss, tuple(g for g, _ in pairs), *(p for _, p in pairs))
+
+
+def check_plan_is_for(plan: Plan, model: nn.Module, inputs) -> None:
+    """Refuse a plan of another computation before it runs: one made for another forward, or
+    for inputs of other shapes, has the same parameters but would compute something else."""
+    fingerprint = fingerprint_of(capture(model, inputs))
+    if fingerprint != plan.fingerprint:
+        raise PlanMismatchError(
+            f"plan {plan.hash} was made for graph {plan.fingerprint}, but this model and these inputs capture as "
+            f"graph {fingerprint} (another forward, or inputs of other shapes or dtypes); plan this model with "
+            f"these inputs with autopar.plan and use that plan")
 
 
 def check_plan_matches(plan: Plan, model: nn.Module) -> None:
