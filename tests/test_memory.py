@@ -1,10 +1,13 @@
 """Per-device memory: the model of the emitted program's peak, the budget the solver keeps,
 and ZeRO/FSDP-style sharding when memory demands it."""
+import re
+
 import pytest
 import torch
 
 import autopar
 from autopar.errors import AutoparError
+from autopar.passes import solve_sharding
 from autopar.passes.memory import CATEGORIES
 from autopar.units import parse_bytes
 from examples import gpt2
@@ -105,3 +108,19 @@ def test_collective_buffers_follow_the_library(fast_network):
             assert nccl.scratch == (0.0 if step.dim == 0 else gloo.scratch)
             gathers += 1
     assert gathers > 0
+
+
+def test_when_the_budget_loop_gives_up_the_leanest_layout_is_taken_if_it_fits(monkeypatch):
+    """On deep models the loop's recomputation solves time out; here it is cut to one attempt (the
+    fastest layout, which fits no budget below 868 MiB). The leanest layout then fits 480 MiB as it
+    is (473.8 MiB; recomputing everything would raise its peak to 494 MiB). Under 470 MiB nothing
+    fits, and the error names a budget above the one asked for."""
+    monkeypatch.setattr(solve_sharding, "_BUDGET_ATTEMPTS", 1)
+    cfg = gpt2.GPT2Config(vocab=8192, seq=512, layers=2, heads=16, width=2048, batch=8)
+    model, inputs = gpt2.make(cfg, device="meta")
+    plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget="480MiB", cache=False)
+    assert plan.predicted.peak_memory_bytes <= parse_bytes("480MiB")
+    with pytest.raises(AutoparError, match=r"at least '([\d.]+MiB)'") as info:
+        autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget="470MiB", cache=False)
+    suggested = re.search(r"at least '([\d.]+MiB)'", str(info.value)).group(1)
+    assert parse_bytes(suggested) > parse_bytes("470MiB")

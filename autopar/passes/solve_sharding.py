@@ -168,9 +168,12 @@ class SolveShardingPass(Pass):
         best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
                                               ctx.options.get("recompute") == "full")
         if best is None:
-            # the leanest layout with as much recomputation as helps: the loop may have missed it
-            # (its recomputation solves can time out on deep models); it fits, or nothing found does
-            lean_fit = fit_of(lean.result, "none" if ctx.options.get("recompute") == "none" else "full")
+            # the leanest layout, as it is or with as much recomputation as helps: the loop may have
+            # missed it (its recomputation solves can time out on deep models); it fits, or nothing
+            # found does. Recomputing everything can also raise the peak, hence "none" first.
+            lean_fit = fit_of(lean.result, "none")
+            if lean_fit.recompute is None and ctx.options.get("recompute") != "none":
+                lean_fit = fit_of(lean.result, "full")
             if lean_fit.recompute is None:
                 if not attempts:  # even the memory floor failed: the fastest layout may still peak lower
                     fastest = fit_of(run_solver(None, bounded=False))
