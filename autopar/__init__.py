@@ -15,8 +15,8 @@ from autopar.placement import Partial, Replicate, Shard, Spec
 from autopar.plan import Plan
 
 __all__ = [
-    "plan", "baselines", "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext",
-    "Constraints", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "plan_of", "register_rule", "Plan", "Mesh", "Shard",
-    "Replicate", "Partial", "Spec", "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError",
-    "PlanFormatError", "PlanMismatchError", "SolverError",
+    "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "plan_of",
+    "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext", "Constraints", "register_rule",
+    "Plan", "Mesh", "Shard", "Replicate", "Partial", "Spec", "Hardware", "Link", "PRESETS", "AutoparError",
+    "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError", "SolverError",
 ]

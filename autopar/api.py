@@ -111,6 +111,8 @@ def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware="
                "passes": tuple(passes)}
     pipeline(options["passes"])  # a misplaced pass fails here, before any work
     sizes = size_symbols(program_inputs(example_inputs), symbolic_dims) if symbolic_dims is not None else None
+    if progress is not None:
+        progress("naming each node's module ...")
     modules = module_paths(program)  # the same on every mesh
     if len(meshes) == 1:
         return _plan_on(program, meshes[0], hw, options, sizes, model, example_inputs, modules, progress)

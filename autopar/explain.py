@@ -66,8 +66,9 @@ class NodeExplanation:
                  f"{'total':>10} {'bytes/dev':>10}  collectives"]
         for s in shown:
             mark = "->" if s.chosen else "x " if not s.allowed else "  "
-            lines.append(f"  {mark}{s.layout:<{width}} {human_seconds(s.compute_s):>10} {human_seconds(s.reshard_in_s):>11} "
-                         f"{human_seconds(s.reshard_out_s):>11} {_total(s):>10} {human_bytes(s.output_bytes):>10}  "
+            lines.append(f"  {mark}{s.layout:<{width}} {human_seconds(s.compute_s):>10} "
+                         f"{human_seconds(s.reshard_in_s):>11} {human_seconds(s.reshard_out_s):>11} "
+                         f"{_total(s):>10} {human_bytes(s.output_bytes):>10}  "
                          f"{', '.join(s.collectives) or '-'}")
         if len(self.strategies) > len(shown):
             lines.append(f"  ... {len(self.strategies) - len(shown)} more, dearer")

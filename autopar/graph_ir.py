@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -143,15 +143,6 @@ def to_ir(program: Program) -> GraphIR:
         ))
     return GraphIR(tuple(nodes), dict(program.params), dict(program.buffers), tuple(program.user_inputs),
                    program.loss, dict(program.grads), tuple(program.outputs))
-
-
-def fingerprint_of(program: Program) -> str:
-    """The graph fingerprint every plan of ``program`` carries, without planning it."""
-    from autopar.passes.shapes import ShapesPass  # the passes import this module
-
-    shaped = replace(program, tables={})
-    ShapesPass().run(shaped, ctx=None)  # it reads no context; to_ir needs its shapes table
-    return to_ir(shaped).fingerprint()
 
 
 def resolve_target(target: str):

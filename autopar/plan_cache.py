@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Optional
 
 from autopar.cost_models.hardware import Hardware
-from autopar.graph_ir import fingerprint_of
 from autopar.mesh_search import candidate_meshes
 from autopar.pass_registry import registered_passes
 from autopar.passes.base import PassRecord
+from autopar.passes.shapes import fingerprint_of
 from autopar.passes.rule_table import NAMED_RULES, RULES
 from autopar.plan import Plan
 from autopar.program import Program

@@ -32,7 +32,7 @@ def plan_row(size: str, mesh: str, hardware: str) -> dict:
     program = capture(model, inputs)
     capture_s = time.perf_counter() - start
     start = time.perf_counter()
-    plan = autopar.plan(model, inputs, mesh=mesh, hardware=hardware)
+    plan = autopar.plan(model, inputs, mesh=mesh, hardware=hardware, cache=False)
     total_s = time.perf_counter() - start
     n_strategies = next(r.note for r in plan.history if r.name == "strategies")
     return {
@@ -78,7 +78,7 @@ def main() -> None:
     from autopar.runtime.local_cluster import get_cluster
 
     model, inputs = gpt2.make(args.run_size)
-    plan = autopar.plan(model, inputs, mesh=args.mesh, hardware=args.hardware)
+    plan = autopar.plan(model, inputs, mesh=args.mesh, hardware=args.hardware, cache=False)
     mesh = autopar.Mesh.parse(args.mesh)
     buffer = io.BytesIO()
     torch.save(model, buffer)

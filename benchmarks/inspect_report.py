@@ -38,7 +38,8 @@ def main() -> None:
     with torch.device("meta"):
         model, inputs = hf_zoo.make(args.model, **hf_zoo.sizes(args.model))
     start = time.perf_counter()
-    plan = autopar.plan(model, inputs, mesh=args.mesh, hardware=args.hardware, solver_time_limit_s=args.time_limit)
+    plan = autopar.plan(model, inputs, mesh=args.mesh, hardware=args.hardware, solver_time_limit_s=args.time_limit,
+                        cache=False)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"{args.model}: {params:.0f}M parameters, {len(plan.graph.nodes)} graph nodes, "
           f"{len(plan.collectives())} collectives; planned on ({args.mesh}) in {time.perf_counter() - start:.1f} s")

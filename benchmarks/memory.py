@@ -61,17 +61,18 @@ def gpu_curves(layers: int) -> None:
         cfg = gpt2.GPT2Config(vocab=51200, seq=2048, layers=layers, heads=heads, width=width, batch=8)
         model, inputs = gpt2.make(cfg, device="meta")
         print(f"\n{name}-shaped, {layers} layers, batch 8 x 2048, 8 x h100-sxm (dp=8), Adam:")
-        loose = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", solver_time_limit_s=120)
+        loose = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", solver_time_limit_s=120, cache=False)
         print(row("no budget", loose))
         for share in (0.9, 0.75, 0.6, 0.45):
             budget = share * loose.predicted.peak_memory_bytes
             try:
                 plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=budget,
-                                    solver_time_limit_s=120)
+                                    solver_time_limit_s=120, cache=False)
                 print(row(f"{share:.0%} budget", plan))
             except AutoparError as exc:
                 print(f"  {share:.0%} budget    {exc}")
-        full = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", recompute="full", solver_time_limit_s=120)
+        full = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", recompute="full", solver_time_limit_s=120,
+                            cache=False)
         print(row("full recompute", full))
 
 
@@ -79,7 +80,7 @@ def recompute_solve_time(layers: int) -> None:
     """How long the recompute solver takes on a deep model (GPT-2-124M-shaped, dp=8)."""
     cfg = gpt2.GPT2Config(vocab=50304, seq=1024, layers=layers, heads=12, width=768, batch=8)
     model, inputs = gpt2.make(cfg, device="meta")
-    plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", recompute="none")
+    plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", recompute="none", cache=False)
     statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
     memory = simulate(statements, plan.graph, plan.strategies, plan.mesh, "adam")
     problem, _ = build_problem(statements, memory.during, plan.strategies, plan.graph.loss)
@@ -105,7 +106,7 @@ def megatron_check() -> None:
         cfg = gpt2.GPT2Config(vocab=51200, seq=s, layers=2, heads=a, width=h, batch=b, megatron=True)
         model, inputs = gpt2.make(cfg, device="meta")
         model.to(torch.bfloat16)
-        plan = autopar.plan(model, inputs, mesh="dp=1", hardware="h100-sxm")
+        plan = autopar.plan(model, inputs, mesh="dp=1", hardware="h100-sxm", cache=False)
         paths = module_paths(capture(model, inputs))
         statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
         memory = simulate(statements, plan.graph, plan.strategies, plan.mesh, "adam")
@@ -120,7 +121,7 @@ def megatron_check() -> None:
 def cpu_accuracy() -> float:
     model, inputs = gpt2.make("tiny")
     print("\nGPT-2-style 'tiny' on 4 local processes (gloo), SGD: predicted vs measured peak per device")
-    loose = autopar.plan(model, inputs, mesh="dp=4", hardware=FAST, optimizer="sgd")
+    loose = autopar.plan(model, inputs, mesh="dp=4", hardware=FAST, optimizer="sgd", cache=False)
     worst = 0.0
     for share in (None, 0.9, 0.8, 0.75, 0.7, "full"):
         budget = None if share in (None, "full") else share * loose.predicted.peak_memory_bytes
@@ -128,7 +129,7 @@ def cpu_accuracy() -> float:
         try:
             plan = loose if share is None else autopar.plan(
                 model, inputs, mesh="dp=4", hardware=FAST, optimizer="sgd", memory_budget=budget,
-                recompute="full" if share == "full" else "auto")
+                recompute="full" if share == "full" else "auto", cache=False)
         except AutoparError as exc:
             print(f"  {label}: {exc}")
             continue

@@ -45,7 +45,7 @@ def main() -> None:
         capture_s = time.perf_counter() - start
         ops = {str(n.target) for n in program.gm.graph.nodes if n.op == "call_function"}
         plan = autopar.plan(model, inputs, mesh=args.mesh, hardware=args.hardware,
-                            solver_time_limit_s=args.time_limit)
+                            solver_time_limit_s=args.time_limit, cache=False)
         params = sum(p.numel() for p in model.parameters()) / 1e6
         print(f"{name:<8} {params:>7.0f}M {len(program.gm.graph.nodes):>6} {len(ops):>4} "
               f"{len(plan.fallback_nodes):>8} {capture_s:>7.1f}s {plan.solver.seconds:>7.1f}s "

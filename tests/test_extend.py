@@ -77,6 +77,8 @@ def test_misplaced_or_malformed_passes_fail_before_any_work():
         autopar.plan(model, inputs, mesh="tp=4", passes=[Constrain(lambda c: None, before="solve")])
     with pytest.raises(AutoparError, match="autopar.Pass instance"):
         autopar.plan(model, inputs, mesh="tp=4", passes=[lambda program, ctx: None])
+    with pytest.raises(AutoparError, match="no such pass"):  # autoparallelize takes passes= too
+        autopar.autoparallelize(model, mesh="tp=4", passes=[Constrain(lambda c: None, after="solve")])
     with pytest.raises(AutoparError, match="cannot pin 'fc3'.*no parameter, module or node"):
         autopar.plan(model, inputs, mesh="tp=4", hardware=FAST, passes=[Constrain(lambda c: c.pin("fc3", "R"))])
     with pytest.raises(AutoparError, match="rule out every layout"):

@@ -1,6 +1,9 @@
 """shapes: every node's global output shapes and dtypes, from the fake-tensor trace."""
 from __future__ import annotations
 
+import dataclasses
+
+from autopar.graph_ir import to_ir
 from autopar.passes.base import Pass, PassContext
 from autopar.program import Program, output_metas
 
@@ -16,3 +19,10 @@ class ShapesPass(Pass):
                 table[node.name] = output_metas(node)
         program.tables["meta"] = table
         return f"{len(table)} nodes"
+
+
+def fingerprint_of(program: Program) -> str:
+    """The graph fingerprint every plan of ``program`` carries, without planning it."""
+    shaped = dataclasses.replace(program, tables={})
+    ShapesPass().run(shaped, ctx=None)  # it reads no context; to_ir needs its shapes table
+    return to_ir(shaped).fingerprint()

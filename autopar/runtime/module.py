@@ -19,7 +19,7 @@ from torch import nn
 
 from autopar.capture import capture
 from autopar.errors import PlanMismatchError
-from autopar.graph_ir import fingerprint_of
+from autopar.passes.shapes import fingerprint_of
 from autopar.plan import Plan
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
