@@ -173,7 +173,7 @@ def _explain_node(plan, program: Program, ctx: PassContext, allowed: dict, name:
     rows.sort(key=lambda r: (not r.allowed, r.total_s, not r.chosen))
     what = program.params.get(name) or str(program.node(name).target)
     module = plan.modules.get(name, program.params.get(name, "").rpartition(".")[0])
-    return NodeExplanation(name, what, module, tuple(rows), _reason(rows, len(group)))
+    return NodeExplanation(name, what, module, tuple(rows), _reason(rows, len(group), plan.solver))
 
 
 def _group_of(name: str, strategies: dict, tied: dict, cluster_of: dict) -> list[str]:
@@ -186,7 +186,7 @@ def _group_of(name: str, strategies: dict, tied: dict, cluster_of: dict) -> list
     return [n for n in strategies if root(n) == mine]
 
 
-def _reason(rows: list[PricedStrategy], group_size: int) -> str:
+def _reason(rows: list[PricedStrategy], group_size: int, solver) -> str:
     chosen = next(r for r in rows if r.chosen)
     shared = f" (priced with the {group_size - 1} nodes that share its layout: followers and repeated " \
              f"layers)" if group_size > 1 else ""
@@ -203,6 +203,8 @@ def _reason(rows: list[PricedStrategy], group_size: int) -> str:
     best = cheaper[0]
     why = [f"gradient syncs run partly hidden under backward, which these prices (full collective time) "
            f"do not show"]
+    if solver.status != "optimal":
+        why.append(f"the solver stopped at its time limit {solver.gap:.1%} from proven optimal")
     if chosen.output_bytes < best.output_bytes:
         why.insert(0, f"it holds {human_bytes(best.output_bytes - chosen.output_bytes)} less per device, "
                       f"which the memory budget needs")
