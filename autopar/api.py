@@ -77,18 +77,11 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     program = capture(model, example_inputs)
     key = None
     if cache and plan_cache.cacheable(restrict, passes):
-        key = plan_cache.plan_key(program, mesh, get_hardware(hardware), {
-            "solver": solver, "solver_time_limit_s": solver_time_limit_s, "pin": pin or {},
-            "memory_budget": parse_bytes(memory_budget), "optimizer": optimizer, "recompute": recompute,
-            "symbolic_dims": symbolic_dims, "cluster_layers": cluster_layers})
+        options = _options(solver, solver_time_limit_s, pin, memory_budget, optimizer, recompute, cluster_layers)
+        key = plan_cache.plan_key(program, mesh, get_hardware(hardware), {**options, "symbolic_dims": symbolic_dims})
         cached = plan_cache.load(key, cache_dir)
         if cached is not None:
-            if progress is not None:
-                progress(cached.history[-1].note)
-            if cached.solver.status != "optimal":  # as when it was solved: the user should still know
-                _warn_stopped_early(cached.mesh, solver_time_limit_s, cached.solver.gap, stacklevel=2)
-            return dataclasses.replace(cached, planning_state=functools.cache(
-                lambda: state_from_program(cached, program, get_hardware(hardware), pin)))
+            return _from_cache(cached, program, get_hardware(hardware), options, progress)
     result = plan_captured(program, model, example_inputs, mesh=mesh, hardware=hardware, solver=solver,
                            solver_time_limit_s=solver_time_limit_s, pin=pin, memory_budget=memory_budget,
                            optimizer=optimizer, recompute=recompute, symbolic_dims=symbolic_dims,
@@ -105,10 +98,8 @@ def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware="
     one model (baselines, meshes) share the capture. The program is not modified."""
     hw = get_hardware(hardware)
     meshes = candidate_meshes(mesh, hw)
-    options = {"solver": solver, "solver_time_limit_s": solver_time_limit_s, "pin": dict(pin or {}),
-               "memory_budget": parse_bytes(memory_budget), "optimizer": optimizer,
-               "recompute": check_mode(recompute), "cluster_layers": cluster_layers, "restrict": restrict,
-               "passes": tuple(passes)}
+    options = {**_options(solver, solver_time_limit_s, pin, memory_budget, optimizer, recompute, cluster_layers),
+               "restrict": restrict, "passes": tuple(passes)}
     pipeline(options["passes"])  # a misplaced pass fails here, before any work
     sizes = size_symbols(program_inputs(example_inputs), symbolic_dims) if symbolic_dims is not None else None
     if progress is not None:
@@ -117,6 +108,23 @@ def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware="
     if len(meshes) == 1:
         return _plan_on(program, meshes[0], hw, options, sizes, model, example_inputs, modules, progress)
     return _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, modules, progress)
+
+
+def _options(solver, solver_time_limit_s, pin, memory_budget, optimizer, recompute, cluster_layers) -> dict:
+    """The planning options that are data (what the plan cache keys on); the passes read them."""
+    return {"solver": solver, "solver_time_limit_s": solver_time_limit_s, "pin": dict(pin or {}),
+            "memory_budget": parse_bytes(memory_budget), "optimizer": optimizer,
+            "recompute": check_mode(recompute), "cluster_layers": cluster_layers}
+
+
+def _from_cache(cached: Plan, program, hw: Hardware, options: dict, progress) -> Plan:
+    """A cache hit, told like a plan just made; explain rebuilds the strategies from ``program``."""
+    if progress is not None:
+        progress(cached.history[-1].note)
+    if cached.solver.status != "optimal":  # as when it was solved: the user should still know
+        _warn_stopped_early(cached.mesh, options["solver_time_limit_s"], cached.solver.gap, stacklevel=3)
+    return dataclasses.replace(cached, planning_state=functools.cache(
+        lambda: state_from_program(cached, program, hw, options["pin"])))
 
 
 def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, example_inputs, modules,
