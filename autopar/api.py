@@ -75,6 +75,8 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
     if progress is not None:
         progress("capturing the training step ...")
     program = capture(model, example_inputs)
+    if progress is not None and program.expanded_from:
+        progress(f"captured: {program.expanded_from}")
     key = None
     if cache and plan_cache.cacheable(restrict, passes):
         options = _options(solver, solver_time_limit_s, pin, memory_budget, optimizer, recompute, cluster_layers)

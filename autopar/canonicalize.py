@@ -26,7 +26,7 @@ def capture_decompositions() -> dict:
 
 def canonicalize(program: Program, tied: dict[str, str]) -> None:
     _retie(program, tied)
-    _drop_assertions(program)
+    drop_assertions(program)
     _detach_factories(program)
     _rewrite_mean_nll(program)
     _rewrite_mean(program)
@@ -63,12 +63,21 @@ def _retie(program: Program, tied: dict[str, str]) -> None:
     program.outputs = [o.name if o is not None else None for o in output.args[0]]
 
 
-def _drop_assertions(program: Program) -> None:
-    """Metadata assertions check global sizes: meaningless on local blocks, and they return nothing."""
+def drop_assertions(program: Program) -> None:
+    """Metadata assertions check global sizes: meaningless on local blocks, and they return
+    nothing; with them go the constant copies only they read."""
     graph = program.gm.graph
     for node in list(graph.nodes):
         if node.target is aten._assert_tensor_metadata.default and not node.users:
+            checked = node.all_input_nodes
             graph.erase_node(node)
+            for value in checked:
+                if value.target is aten.lift_fresh_copy.default and not value.users:
+                    source = value.args[0]
+                    graph.erase_node(value)
+                    if source.op == "get_attr" and not source.users:
+                        graph.erase_node(source)
+                        program.constants.pop(source.name, None)
 
 
 _NEW_FACTORIES = {aten.new_zeros.default: aten.zeros.default, aten.new_ones.default: aten.ones.default,

@@ -52,7 +52,7 @@ class Program:
     outputs: list[Optional[str]]  # the graph's outputs in order: loss first, then gradients
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr node -> small real tensor
     tables: dict[str, dict] = field(default_factory=dict)
-    exported: Any = None  # the torch.export program, which knows each forward op's module
+    expanded_from: Optional[str] = None  # how capture copied repeated layers (layer_expansion)
     _by_name: dict = field(default_factory=dict, repr=False, compare=False)
 
     def nodes(self) -> list[fx.Node]:

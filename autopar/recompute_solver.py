@@ -136,15 +136,22 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
     r = [solver.BoolVar(f"r{v}") if recomputable[v] else None for v in range(n)]
     k = [solver.BoolVar(f"k{v}") for v in range(n)]
 
-    def rec(v):
-        return r[v] if r[v] is not None else 0
+    inf = solver.infinity()
+
+    def row(lower: float, upper: float, terms) -> None:
+        """lower <= sum(coef * var) <= upper, set coefficient by coefficient: the natural API's
+        expression objects cost more than SCIP's solve on deep models."""
+        c = solver.Constraint(lower, upper)
+        for var, coef in terms:
+            if var is not None:
+                c.SetCoefficient(var, c.GetCoefficient(var) + coef)
 
     for v in range(n):
-        if problem.first_use[v] is not None:
-            solver.Add(k[v] + rec(v) >= 1)
+        if problem.first_use[v] is not None:  # kept or recomputed
+            row(1, inf, [(k[v], 1), (r[v], 1)])
         for w in problem.inputs[v]:
-            if r[v] is not None:
-                solver.Add(k[w] + rec(w) >= r[v])
+            if r[v] is not None:  # recomputing v needs its inputs, kept or recomputed
+                row(0, inf, [(k[w], 1), (r[w], 1), (r[v], -1)])
     # started[v][t]: v's recomputed copy exists by point t (monotone in t); none before the first
     # point any recomputation that reads v (directly or down a chain) could run
     earliest = [INF] * n
@@ -156,22 +163,22 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
     for v in range(n):
         if recomputable[v] and earliest[v] < INF:
             started[v] = {t: solver.NumVar(0, 1, "") for t in points if t >= earliest[v]}
-    for v, row in started.items():
+    for v, by_point in started.items():
         first = problem.first_use[v] if problem.first_use[v] is not None else INF
-        for t, var in row.items():
+        for t, var in by_point.items():
             if t >= first:
-                solver.Add(var >= r[v])
+                row(0, inf, [(var, 1), (r[v], -1)])
             elif t > earliest[v]:
-                solver.Add(var >= row[t - 1])
+                row(0, inf, [(var, 1), (by_point[t - 1], -1)])
             if t < first:  # before v's own use only a recomputation reading it starts it
                 for c in consumers[v]:
                     if c in started and t in started[c]:
-                        solver.Add(var >= started[c][t] + r[v] - 1)
+                        row(-1, inf, [(var, 1), (started[c][t], -1), (r[v], -1)])
     last = problem.storage_last_use()
     by_storage: dict[int, list[int]] = {}
     for v in range(n):
         by_storage.setdefault(problem.storage[v], []).append(v)
-    peak = solver.NumVar(0, solver.infinity(), "peak")
+    peak = solver.NumVar(0, inf, "peak")
     for t in points:
         terms = []
         for s, values in by_storage.items():
@@ -183,13 +190,12 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
             if len(holders) > 1:
                 held = solver.NumVar(0, 1, "")
                 for h in holders:
-                    solver.Add(held >= h)
-            terms.append(problem.storage_bytes[s] * held)
-        total = problem.fixed[t] + solver.Sum(terms) if terms else problem.fixed[t]
-        if limit is not None:
-            solver.Add(total <= limit)
-        else:
-            solver.Add(peak >= total)
+                    row(0, inf, [(held, 1), (h, -1)])
+            terms.append((held, problem.storage_bytes[s]))
+        if limit is not None:  # fixed + sum(bytes * held) <= limit
+            row(-inf, limit - problem.fixed[t], terms)
+        else:  # peak >= fixed + sum(bytes * held)
+            row(problem.fixed[t], inf, [(peak, 1)] + [(h, -b) for h, b in terms])
     objective = solver.Objective()
     if limit is None:
         objective.SetCoefficient(peak, 1.0)

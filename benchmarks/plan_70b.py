@@ -37,14 +37,16 @@ def llama_70b(layers: int, batch: int = 8, seq: int = 4096):
 
 
 def timed_plan(layers: int, mesh: str, time_limit: float):
-    """(plan, [(stage, seconds)], total seconds): capture, each pass, emit."""
+    """(plan, [(stage, seconds)], total seconds, what capture copied): capture, each pass, emit."""
     model, inputs = llama_70b(layers)
-    marks = []
+    marks, notes = [], []
     start = time.perf_counter()
 
     def progress(message: str) -> None:
         if message.startswith(("pass ", "naming")) and message.endswith(" ..."):
             marks.append(time.perf_counter())
+        elif message.startswith("captured: "):
+            notes.append(message)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the gap is printed below
@@ -56,7 +58,7 @@ def timed_plan(layers: int, mesh: str, time_limit: float):
     stages = [("capture", marks[0] - start), ("module paths", marks[1] - marks[0])] + \
         [(r.name, r.seconds) for r in plan.history]
     stages.append(("emit", end - emit_start))
-    return plan, stages, end - start
+    return plan, stages, end - start, notes
 
 
 def main() -> None:
@@ -71,7 +73,7 @@ def main() -> None:
     for layers in (args.short_layers, args.layers):
         start = time.perf_counter()
         try:
-            plan, stages, total = timed_plan(layers, args.mesh, args.time_limit)
+            plan, stages, total, notes = timed_plan(layers, args.mesh, args.time_limit)
         except autopar.AutoparError as exc:
             total = time.perf_counter() - start
             print(f"\nLlama-70B-shaped, {layers} layers: no plan after {total:.1f} s: {exc}")
@@ -79,6 +81,8 @@ def main() -> None:
             continue
         solve_s[layers] = dict(stages)["solve_sharding"]
         print(f"\nLlama-70B-shaped, {layers} layers, mesh {plan.mesh} of h100-sxm: {total:.1f} s capture to source")
+        for note in notes:
+            print(f"  {note}")
         other = total - sum(s for _, s in stages)
         for name, seconds in stages + [("other (packaging the plan)", other)]:
             print(f"  {name:<28} {seconds:7.1f} s  {seconds / total:6.1%}")

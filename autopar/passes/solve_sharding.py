@@ -23,6 +23,8 @@ import dataclasses
 import math
 import time
 
+import numpy as np
+
 from autopar.errors import AutoparError, SolverError
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.collectives import find_redistributions
@@ -60,26 +62,29 @@ class SolveShardingPass(Pass):
         index = {g: i for i, g in enumerate(groups)}
         node_costs = [[0.0] * len(strategies[g]) for g in groups]
         cover = [[0.0] * len(strategies[g]) for g in groups]  # backward compute that gradient syncs hide under
-        edge_acc: dict[tuple[int, int], list[list[float]]] = {}
-        overlap_acc: dict[tuple[int, int], list[list[float]]] = {}
+        edge_acc: dict[tuple[int, int], np.ndarray] = {}
+        overlap_acc: dict[tuple[int, int], np.ndarray] = {}
+        matrices: dict[tuple, np.ndarray] = {}
 
-        def add_edge(src: str, dst: str, matrix_fn, acc_by_pair=edge_acc) -> None:
+        def add_edge(src: str, dst: str, kind, matrix_fn, acc_by_pair=edge_acc) -> None:
+            """Add matrix_fn(src strategy, dst strategy) to the edge between their groups. Edges of
+            clustered layers repeat the template's (same strategies, same shapes): priced once."""
+            key = (cluster_of.get(src, src), cluster_of.get(dst, dst), kind)
+            matrix = matrices.get(key)
+            if matrix is None:
+                matrix = matrices[key] = np.array([[matrix_fn(a, b) for b in range(len(strategies[dst]))]
+                                                   for a in range(len(strategies[src]))], dtype=float)
             gi, gj = index[root(src)], index[root(dst)]
-            n_src, n_dst = len(strategies[src]), len(strategies[dst])
             if gi == gj:
-                for k in range(n_src):
-                    node_costs[gi][k] += matrix_fn(k, k)
-                return
-            if (gj, gi) in acc_by_pair:
-                acc = acc_by_pair[gj, gi]
-                for a in range(n_dst):
-                    for b in range(n_src):
-                        acc[a][b] += matrix_fn(b, a)
-                return
-            acc = acc_by_pair.setdefault((gi, gj), [[0.0] * n_dst for _ in range(n_src)])
-            for a in range(n_src):
-                for b in range(n_dst):
-                    acc[a][b] += matrix_fn(a, b)
+                own = node_costs[gi]
+                for k, c in enumerate(np.diagonal(matrix).tolist()):
+                    own[k] += c
+            elif (gj, gi) in acc_by_pair:
+                acc_by_pair[gj, gi] += matrix.T
+            elif (gi, gj) in acc_by_pair:
+                acc_by_pair[gi, gj] += matrix
+            else:
+                acc_by_pair[gi, gj] = matrix.copy()
 
         forbidden_move = ctx.constraints.move_checker(ctx.mesh)
 
@@ -102,7 +107,7 @@ class SolveShardingPass(Pass):
                         and len(meta[arg.name]) > 1:
                     continue  # getitem of a multi-output op: same layout by construction
                 src_meta = meta[arg.name][0]
-                add_edge(arg.name, node.name, lambda a, b, arg=arg, node=node, j=j, m=src_meta: reshard_time(
+                add_edge(arg.name, node.name, j, lambda a, b, arg=arg, node=node, j=j, m=src_meta: reshard_time(
                     m, strategies[arg.name][a].out_specs[0], strategies[node.name][b].in_specs[j]))
 
         # the loss must end replicated on every rank
@@ -116,10 +121,10 @@ class SolveShardingPass(Pass):
                 return meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
 
             hideable = kappa > 0 and index[root(grad)] != index[root(param)]
-            add_edge(grad, param, lambda a, b: reshard_time(*layouts(a, b))
+            add_edge(grad, param, ("sync", hideable), lambda a, b: reshard_time(*layouts(a, b))
                      - (cost.async_time(*layouts(a, b)) if hideable else 0.0))
             if hideable:
-                add_edge(grad, param, lambda a, b: cost.async_time(*layouts(a, b)), overlap_acc)
+                add_edge(grad, param, "hidden sync", lambda a, b: cost.async_time(*layouts(a, b)), overlap_acc)
 
         allowed = ctx.constraints.allowed(program, strategies, ctx.mesh)
         _check_clustering_saw(allowed, program.table("allowed"), cluster_of)
@@ -128,9 +133,9 @@ class SolveShardingPass(Pass):
                 if not ok:
                     node_costs[index[root(name)]][k] = math.inf
 
-        edges = [(i, j, m) for (i, j), m in edge_acc.items()]
+        edges = [(i, j, m.tolist()) for (i, j), m in edge_acc.items()]
         hint = [_replicated_index(strategies[g]) for g in groups]
-        overlap = Overlap([(i, j, m) for (i, j), m in overlap_acc.items()], cover) if overlap_acc else None
+        overlap = Overlap([(i, j, m.tolist()) for (i, j), m in overlap_acc.items()], cover) if overlap_acc else None
 
         def choice_of(result) -> dict:
             return {name: strategies[name][result.choice[index[root(name)]]] for name in strategies}
@@ -144,6 +149,10 @@ class SolveShardingPass(Pass):
             begin = time.perf_counter()
             if limit is None and bounded:
                 limit = MemoryLimit(held, budget)
+            if limit is not None and None not in start and limit.used(start) > limit.limit:
+                # a start over the limit (data parallel, for a model that one axis cannot shard
+                # small enough) leaves every one-axis step infeasible: start from the leanest layout
+                start = list(lean.result.choice)
 
             def solve_for(restricted_costs, warm):
                 return solve(restricted_costs, edges, backend=ctx.options.get("solver", "mip"),

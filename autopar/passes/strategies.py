@@ -3,6 +3,10 @@
 Followers (ops with one tensor input whose rule allows it: views, unary
 pointwise, getitem) get one strategy per strategy of their producer and share
 its solver variable (Alpa's followers), which keeps the solve small.
+
+An op's strategies depend only on the op, its arguments and their shapes, so
+they are worked out once per distinct call: the layers of a deep model repeat
+the same few hundred calls.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ class StrategiesPass(Pass):
         tied: dict[str, str] = {}
         fallback: dict[str, str] = {}
         flops: dict[str, float] = {}  # global FLOPs of each op
+        seen_calls: dict = {}  # call signature -> (rule, its strategies, FLOPs)
+        followed: dict = {}
         for node in program.nodes():
             if node.op == "output":
                 continue
@@ -54,16 +60,12 @@ class StrategiesPass(Pass):
                 strategies[node.name] = [Strategy((s.out_specs[i],), (s.out_specs[i],)) for s in strategies[src.name]]
                 tied[node.name] = src.name
                 continue
-            rule = rule_for(node.target) or FALLBACK
-            call = make_call(node, meta)
-            try:
-                own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
-            except RuleDoesNotApply:
-                rule = FALLBACK
-                own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
+            signature = call_signature(node, meta)
+            if signature not in seen_calls:
+                seen_calls[signature] = _strategies_of(node, meta, ctx)
+            rule, own, flops[node.name] = seen_calls[signature]
             if rule is FALLBACK:
                 fallback[node.name] = op_name(node.target)
-            flops[node.name] = 0.0 if rule.free else rule.flops(call, call.in_shapes, call.out_shapes)
             inputs = tensor_inputs(node)
             # the loss must end replicated: as a follower it would force its producer to be replicated
             # too, where its own strategies let a partial sum be all-reduced on the way in
@@ -71,13 +73,47 @@ class StrategiesPass(Pass):
                     and node.name != program.loss:
                 src = inputs[0]
                 src_meta = meta[src.name][0]
-                strategies[node.name] = [follow(own, s.out_specs[0], src_meta, ctx.cost) for s in strategies[src.name]]
+                key = (signature, tuple(s.out_specs[0] for s in strategies[src.name]))
+                if key not in followed:
+                    followed[key] = [follow(own, s.out_specs[0], src_meta, ctx.cost) for s in strategies[src.name]]
+                strategies[node.name] = list(followed[key])
                 tied[node.name] = src.name
             else:
-                strategies[node.name] = own
+                strategies[node.name] = list(own)
         program.tables.update(strategies=strategies, tied_to=tied, fallback=fallback, flops=flops)
         free = sum(1 for n in strategies if n not in tied)
         return f"{len(strategies)} nodes, {free} free, {sum(len(strategies[n]) for n in strategies if n not in tied)} strategies, {len(fallback)} fallbacks"
+
+
+def _strategies_of(node: fx.Node, meta: dict, ctx: PassContext) -> tuple[Rule, list[Strategy], float]:
+    """(the rule that applied, the op's own strategies, its global FLOPs)."""
+    rule = rule_for(node.target) or FALLBACK
+    call = make_call(node, meta)
+    try:
+        own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
+    except RuleDoesNotApply:
+        rule = FALLBACK
+        own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
+    return rule, own, 0.0 if rule.free else rule.flops(call, call.in_shapes, call.out_shapes)
+
+
+def call_signature(node: fx.Node, meta: dict) -> tuple:
+    """What an op's strategies depend on: the op, its arguments with tensors as their metas."""
+    def ref(arg):
+        if isinstance(arg, fx.Node):
+            return ("tensor", tuple(meta[arg.name]))
+        if isinstance(arg, (list, tuple)):
+            return tuple(ref(a) for a in arg)
+        if isinstance(arg, dict):
+            return tuple(sorted((k, ref(v)) for k, v in arg.items()))
+        return type(arg).__name__, arg  # 1, 1.0 and True are equal keys, not equal arguments
+
+    signature = node.target, ref(node.args), ref(node.kwargs), tuple(meta[node.name])
+    try:
+        hash(signature)
+    except TypeError:  # an argument that cannot be a key: this call is not reused
+        return None, node.name
+    return signature
 
 
 def placeholder_strategies(meta: Optional[TensorMeta], mesh: Mesh) -> list[Strategy]:

@@ -345,6 +345,11 @@ def aten_silu(x):
     return jax.nn.silu(x)
 
 
+def aten_silu_backward(grad, x):
+    sig = jax.nn.sigmoid(x)
+    return grad * sig * (1 + x * (1 - sig))
+
+
 def aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
         raise NotImplementedError("transposed convolution is not translated to JAX yet")
@@ -447,6 +452,7 @@ TABLE = {
     "aten.rsqrt.default": aten_rsqrt,
     "aten.sigmoid.default": aten_sigmoid,
     "aten.silu.default": aten_silu,
+    "aten.silu_backward.default": aten_silu_backward,
     "aten.convolution.default": aten_convolution,
     "aten.convolution_backward.default": aten_convolution_backward,
 }
