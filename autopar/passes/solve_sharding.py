@@ -149,20 +149,27 @@ class SolveShardingPass(Pass):
             begin = time.perf_counter()
             if limit is None and bounded:
                 limit = MemoryLimit(held, budget)
-            if limit is not None and None not in start and limit.used(start) > limit.limit:
-                # a start over the limit (data parallel, for a model that one axis cannot shard
-                # small enough) leaves every one-axis step infeasible: start from the leanest layout
-                start = list(lean.result.choice)
 
             def solve_for(restricted_costs, warm):
                 return solve(restricted_costs, edges, backend=ctx.options.get("solver", "mip"),
                              time_limit_s=time_limit, hint=warm if None not in warm else None,
                              progress=ctx.progress, overlap=overlap, memory=limit)
 
-            if ctx.mesh.ndim > 1 and None not in start:  # one axis at a time first: a good start
-                warm = descend_axes(solve_for, costs, options, ctx.mesh.ndim, start, ctx.report)
-                start = list(warm.choice) if warm is not None else start
-            result = solve_for(costs, start)
+            def solve_from(first):
+                if ctx.mesh.ndim > 1 and None not in first:  # one axis at a time first: a good start
+                    warm = descend_axes(solve_for, costs, options, ctx.mesh.ndim, first, ctx.report)
+                    first = list(warm.choice) if warm is not None else first
+                return solve_for(costs, first)
+
+            try:
+                result = solve_from(start)
+            except SolverError:
+                # from a start over the limit (data parallel, for a model one mesh axis cannot shard
+                # small enough) every one-axis step can be infeasible, and the full solve may find
+                # nothing in time: start again from the leanest layout, which meets any limit that can be
+                if limit is None or None in start or limit.used(start) <= limit.limit:
+                    raise
+                result = solve_from(list(lean.result.choice))
             return dataclasses.replace(result, seconds=time.perf_counter() - begin)
 
         graph = to_ir(program)
