@@ -74,6 +74,10 @@ class RecomputeChoice:
     status: str  # "optimal" | "feasible"
 
 
+def _first(problem: RecomputeProblem, v: int) -> float:
+    return problem.first_use[v] if problem.first_use[v] is not None else INF
+
+
 def memory_of(problem: RecomputeProblem, recomputed: set) -> list[float]:
     """The model's bytes at each point when ``recomputed`` is recomputed and the rest is kept where
     needed: the function the solver keeps under the limit, evaluated directly."""
@@ -117,16 +121,24 @@ def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[i
     return best
 
 
-def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limit_s: float = 30.0) -> RecomputeChoice:
+def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limit_s: float = 30.0,
+          horizon: Optional[int] = None, relative_gap: float = 0.0) -> RecomputeChoice:
     """Least added time with the model's memory ≤ ``limit`` at every point; ``limit=None`` asks
-    for the least memory instead (and the least time among plans with that memory)."""
+    for the least memory instead (and the least time among plans with that memory).
+
+    ``horizon``: a value is recomputed at most this many points before its own first use (or,
+    for a value backward never reads, its readers'). None allows any chain, back to the forward
+    pass's first value; a few points keep chains within a few layers (as checkpointing every
+    few layers does) and cut the program several times on deep models. ``relative_gap``: stop at a
+    solution proven within this fraction of the optimum (status "feasible" unless it is 0)."""
     if limit is None:
-        least = _solve(problem, None, time_limit_s)
-        return _solve(problem, least.memory * (1 + 1e-9) + 1.0, time_limit_s)
-    return _solve(problem, limit, time_limit_s)
+        least = _solve(problem, None, time_limit_s, horizon, relative_gap)
+        return _solve(problem, least.memory * (1 + 1e-9) + 1.0, time_limit_s, horizon, relative_gap)
+    return _solve(problem, limit, time_limit_s, horizon, relative_gap)
 
 
-def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: float) -> RecomputeChoice:
+def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: float,
+           horizon: Optional[int], relative_gap: float) -> RecomputeChoice:
     from ortools.linear_solver import pywraplp
 
     solver = pywraplp.Solver.CreateSolver("SCIP")
@@ -157,14 +169,28 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
     earliest = [INF] * n
     for v in range(n - 1, -1, -1):
         if recomputable[v]:
-            first = problem.first_use[v] if problem.first_use[v] is not None else INF
-            earliest[v] = min([first] + [earliest[c] for c in consumers[v]])
+            earliest[v] = min([_first(problem, v)] + [earliest[c] for c in consumers[v]])
+    if horizon is not None:
+        anchor = [INF] * n  # the first use a recomputation of v serves
+        for v in range(n - 1, -1, -1):
+            anchor[v] = _first(problem, v) if problem.first_use[v] is not None else \
+                min([INF] + [anchor[c] for c in consumers[v]])
+        earliest = [max(e, a - horizon) for e, a in zip(earliest, anchor)]
+    # ... and none after the last point it is read at: by a memory row (while its storage is
+    # used) or by an input's chain row (before the input's own first use, while that input's
+    # variable is read in turn). Without this cut every value had a variable at every later
+    # point, most of an 80-layer model's rows.
+    last = problem.storage_last_use()
+    needed = [-1] * n
+    for v in range(n):  # inputs come before the values computed from them
+        needed[v] = max([last[problem.storage[v]]] + [min(_first(problem, w) - 1, needed[w])
+                                                      for w in problem.inputs[v] if recomputable[w]])
     started: dict[int, dict[int, object]] = {}
     for v in range(n):
-        if recomputable[v] and earliest[v] < INF:
-            started[v] = {t: solver.NumVar(0, 1, "") for t in points if t >= earliest[v]}
+        if recomputable[v] and earliest[v] <= needed[v]:
+            started[v] = {t: solver.NumVar(0, 1, "") for t in points if earliest[v] <= t <= needed[v]}
     for v, by_point in started.items():
-        first = problem.first_use[v] if problem.first_use[v] is not None else INF
+        first = _first(problem, v)
         for t, var in by_point.items():
             if t >= first:
                 row(0, inf, [(var, 1), (r[v], -1)])
@@ -174,7 +200,12 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
                 for c in consumers[v]:
                     if c in started and t in started[c]:
                         row(-1, inf, [(var, 1), (started[c][t], -1), (r[v], -1)])
-    last = problem.storage_last_use()
+    if horizon is not None:  # a reader started before v may be: v is kept for it (the last such
+        for v in range(n):   # point suffices, started being monotone)
+            for c in consumers[v] if recomputable[v] else ():
+                t = min(earliest[v] - 1, _first(problem, v) - 1, needed[v])
+                if c in started and t in started[c]:
+                    row(-inf, 1, [(started[c][t], 1), (r[v], 1)])
     by_storage: dict[int, list[int]] = {}
     for v in range(n):
         by_storage.setdefault(problem.storage[v], []).append(v)
@@ -205,11 +236,13 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
                 objective.SetCoefficient(r[v], problem.seconds[v] * 1e9)
     objective.SetMinimization()
     solver.SetTimeLimit(int(time_limit_s * 1000))
-    status = solver.Solve()
+    parameters = pywraplp.MPSolverParameters()
+    parameters.SetDoubleParam(parameters.RELATIVE_MIP_GAP, relative_gap)
+    status = solver.Solve(parameters)
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         raise SolverError("no recomputation meets the memory limit" if status == pywraplp.Solver.INFEASIBLE
                           else f"the recomputation solver found no solution within {time_limit_s:.0f} s")
     chosen = tuple(v for v in range(n) if r[v] is not None and r[v].solution_value() > 0.5)
     memory = max(memory_of(problem, set(chosen)), default=0.0)
     return RecomputeChoice(chosen, sum(problem.seconds[v] for v in chosen), memory,
-                           "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible")
+                           "optimal" if status == pywraplp.Solver.OPTIMAL and not relative_gap else "feasible")

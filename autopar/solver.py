@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 
 from autopar.errors import SolverError
 from autopar.problem_reduction import reduce_problem
+from autopar.units import human_bytes
 
 Matrix = Sequence[Sequence[float]]
 SCALE = 1e9  # objective in nanoseconds (integers for CP-SAT)
@@ -96,6 +97,8 @@ def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0
     start = time.perf_counter()
     if backend not in ("mip", "cp-sat"):
         raise ValueError(f"unknown solver backend {backend!r}; use 'mip' or 'cp-sat'")
+    if memory is not None:
+        _check_memory_floor(node_costs, memory)
     reduced = reduce_problem(node_costs, edges, overlap, memory)
     small_hint = reduced.reduce_choice(hint) if hint is not None else None
     if backend == "mip":
@@ -119,6 +122,16 @@ def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0
         progress(f"solver {backend}: {status}, objective {value * 1e3:.4f} ms, bound {result.bound * 1e3:.4f} ms "
                  f"(gap {result.gap:.1%}), {n_vars} variables, {result.seconds:.1f} s")
     return result
+
+
+def _check_memory_floor(node_costs, memory: MemoryLimit) -> None:
+    """Fail at once when even each node's leanest allowed strategy is over the limit: the integer
+    program would spend its whole time limit finding nothing (a one-axis step of a big model)."""
+    floor = sum(min((b for c, b in zip(costs, row) if not math.isinf(c)), default=0.0)
+                for costs, row in zip(node_costs, memory.bytes))
+    if floor > memory.limit:
+        raise SolverError(f"no layout fits the memory limit: the leanest allowed strategies hold "
+                          f"{human_bytes(floor)}, over the limit of {human_bytes(memory.limit)}")
 
 
 def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):

@@ -71,6 +71,31 @@ def test_the_recompute_solver_equals_brute_force_on_small_problems():
     assert compared == 160
 
 
+def test_a_recompute_horizon_gives_real_plans_and_changes_nothing_when_long():
+    """A horizon restricts the chains: what it finds still meets the limit by the model's own
+    memory function and never beats the unrestricted optimum; a horizon as long as the problem
+    changes nothing."""
+    rng = random.Random(11)
+    checked = 0
+    for trial in range(25):
+        problem = random_problem(rng, n=rng.randint(5, 10), points=rng.randint(3, 5))
+        everything_kept = max(memory_of(problem, set()))
+        least = solve(problem, None)
+        for share in (0.1, 0.5, 0.9):
+            limit = least.memory + share * (everything_kept - least.memory)
+            optimum = brute_force(problem, limit)[0]
+            assert solve(problem, limit, horizon=len(problem.fixed)).seconds == pytest.approx(optimum, abs=1e-9)
+            for horizon in (0, 1):
+                try:
+                    found = solve(problem, limit, horizon=horizon)
+                except SolverError:
+                    continue
+                assert max(memory_of(problem, set(found.recomputed))) <= limit + 1e-6
+                assert found.seconds >= optimum - 1e-9
+                checked += 1
+    assert checked >= 100
+
+
 def _subsets(problem, k):
     import itertools
 

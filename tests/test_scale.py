@@ -99,3 +99,5 @@ def test_the_axis_by_axis_warm_start_runs_on_2d_meshes_and_the_full_solve_only_i
     warm = [float(m.split("objective ")[1].split(" ms")[0]) for m in messages if m.startswith("warm start:")]
     assert warm and warm == sorted(warm, reverse=True)  # each accepted axis solve lowers the objective
     assert plan.solver.objective_s * 1e3 <= warm[-1] + 1e-4
+    # the budget search keeps the descent's layout; the full program, run once on it, proves it
+    assert plan.solver.status == "optimal" and plan.solver.gap == 0.0

@@ -3,7 +3,8 @@ import random
 
 import pytest
 
-from autopar.solver import Overlap, brute_force, evaluate, solve
+from autopar.errors import SolverError
+from autopar.solver import MemoryLimit, Overlap, brute_force, evaluate, solve
 
 
 def random_problem(rng: random.Random):
@@ -98,3 +99,13 @@ def test_reduction_keeps_the_optimum_and_drops_dominated_strategies():
         warm = reduced.reduce_choice(best_choice)
         assert evaluate(node_costs, edges, reduced.expand(warm)) <= best + 1e-12
     assert removed >= 60
+
+
+def test_a_memory_limit_under_every_nodes_leanest_allowed_strategy_fails_before_solving():
+    costs = [[1.0, 2.0], [math.inf, 1.0], [1.0, 1.0]]
+    memory = [[4.0, 2.0], [1.0, 3.0], [5.0, 6.0]]  # the forbidden strategy's 1 byte does not count
+    edges = [(0, 1, [[0.0, 1.0], [1.0, 0.0]])]
+    with pytest.raises(SolverError, match="leanest allowed strategies hold 10 B"):
+        solve(costs, edges, memory=MemoryLimit(memory, 9.0))
+    result = solve(costs, edges, memory=MemoryLimit(memory, 10.0))  # the floor itself fits
+    assert result.choice == (1, 1, 0) and result.status == "optimal"

@@ -15,7 +15,9 @@ stand-in's limit drops by the excess and the solve repeats. ZeRO/FSDP-style
 layouts (parameters sharded over the data-parallel axis, gathered before use)
 come out of this when memory demands them. A solution that fits only with
 recomputation (autopar.passes.recompute) counts with the time it adds; of the
-solutions tried, the fastest that fits wins.
+solutions tried, the fastest that fits wins. On an N-D mesh the solutions tried
+are the axis-by-axis descent's; the full integer program runs once, from the
+winner, and replaces it only when it is faster and still fits.
 """
 from __future__ import annotations
 
@@ -143,9 +145,13 @@ class SolveShardingPass(Pass):
         time_limit = ctx.options.get("solver_time_limit_s", 60.0)  # per integer program
         options = [strategies[g] for g in groups]
 
-        def run_solver(limit, costs=node_costs, start=hint, bounded=True):
+        def run_solver(limit, costs=node_costs, start=hint, bounded=True, descend=True, polish=True):
             """``limit`` None: only what every rank holds all step must fit (never cuts off a plan
-            that fits, and spares the solver layouts that cannot); ``bounded`` False: not even that."""
+            that fits, and spares the solver layouts that cannot); ``bounded`` False: not even that.
+            ``polish`` False: on an N-D mesh, the axis-by-axis descent's layout without the full
+            integer program after it (which on a deep model's problem finds nothing better in
+            its limit; the budget search runs it only on the layout it picks); ``descend`` False:
+            the full program from ``start`` alone."""
             begin = time.perf_counter()
             if limit is None and bounded:
                 limit = MemoryLimit(held, budget)
@@ -156,10 +162,13 @@ class SolveShardingPass(Pass):
                              progress=ctx.progress, overlap=overlap, memory=limit)
 
             def solve_from(first):
-                if ctx.mesh.ndim > 1 and None not in first:  # one axis at a time first: a good start
-                    warm = descend_axes(solve_for, costs, options, ctx.mesh.ndim, first, ctx.report)
-                    first = list(warm.choice) if warm is not None else first
-                return solve_for(costs, first)
+                if ctx.mesh.ndim == 1 or None in first or not descend:
+                    return solve_for(costs, first)
+                warm = descend_axes(solve_for, costs, options, ctx.mesh.ndim, first, ctx.report)
+                if warm is None and limit is not None and limit.used(first) > limit.limit:
+                    raise SolverError("no one-axis step from the start meets the memory limit")
+                return solve_for(costs, list(warm.choice) if warm is not None else first) \
+                    if polish or warm is None else warm
 
             try:
                 result = solve_from(start)
@@ -183,6 +192,8 @@ class SolveShardingPass(Pass):
         lean = _Lean(run_solver, rows, node_costs)
         best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
                                               ctx.options.get("recompute") == "full")
+        if best is not None:  # on a 1-D mesh every solve was the full program already
+            best = _polished(best, run_solver, fit_of) if ctx.mesh.ndim > 1 else best[:2]
         if best is None:
             # the leanest layout, as it is or with as much recomputation as helps: the loop may have
             # missed it (its recomputation solves can time out on deep models); it fits, or nothing
@@ -222,19 +233,20 @@ class _Lean:
             # bytes would pass SCIP's infinity (1e20) on an 80-layer model
             costs = [[math.inf if math.isinf(c) else b / 1e9 for c, b in zip(cr, br)]
                      for cr, br in zip(self.node_costs, self.rows)]
-            self._result = self.run_solver(None, costs, bounded=False)
+            self._result = self.run_solver(None, costs, bounded=False, polish=False)
         return self._result
 
 
 def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, report, full_recompute: bool):
     """((the solution that fits the budget, with recomputation if it needs it, for the least step
-    time among those tried, and its fit) or None; the smallest (peak, breakdown) of each layout tried)."""
+    time among those tried, its fit, and the stand-in's limit it was solved under) or None; the
+    smallest (peak, breakdown) of each layout tried)."""
     stand_in = MemoryLimit(rows, 0)
     limit, attempts, best, best_time = None, [], None, math.inf
     for _ in range(_BUDGET_ATTEMPTS):
         try:
-            result = run_solver(None) if limit is None else \
-                run_solver(MemoryLimit(rows, limit), start=list(lean.result.choice))
+            result = run_solver(None, polish=False) if limit is None else \
+                run_solver(MemoryLimit(rows, limit), start=list(lean.result.choice), polish=False)
         except SolverError:
             break
         if result.objective >= best_time:
@@ -242,7 +254,8 @@ def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, r
         fitted = fit_of(result)
         attempts.append((fitted.least.peak_bytes, fitted.least.breakdown))
         if fitted.recompute is not None and result.objective + fitted.recompute.seconds < best_time:
-            best, best_time = (result, fitted), result.objective + fitted.recompute.seconds
+            best = (result, fitted, None if limit is None else MemoryLimit(rows, limit))
+            best_time = result.objective + fitted.recompute.seconds
         if fitted.plain.peak_bytes <= budget or (best is not None and full_recompute):
             break
         floor = stand_in.used(lean.result.choice)
@@ -257,6 +270,27 @@ def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, r
                if fitted.recompute is None else f"the plan fits the budget by recomputing "
                f"({human_seconds(fitted.recompute.seconds)}); trying layouts that hold less instead")
     return best, attempts
+
+
+def _polished(best, run_solver, fit_of):
+    """(result, fit) of the budget search's pick after the full integer program from it, under
+    the same limit: kept if it is faster and still fits, and otherwise the pick with the full
+    program's bound (the search's own bound only held for one axis)."""
+    result, fitted, limit = best
+    try:
+        polished = run_solver(limit, start=list(result.choice), descend=False)
+    except SolverError:
+        return result, fitted
+    if polished.choice == result.choice:
+        return polished, fitted
+    if polished.objective < result.objective:
+        refitted = fit_of(polished)
+        if refitted.recompute is not None and polished.objective + refitted.recompute.seconds \
+                <= result.objective + fitted.recompute.seconds:
+            return polished, refitted
+    proven = polished.status == "optimal" and result.objective <= polished.objective * (1 + 1e-9)
+    return dataclasses.replace(result, bound=min(polished.bound, result.objective),
+                               status="optimal" if proven else "feasible"), fitted
 
 
 def _memory_rows(program: Program, strategies: dict, groups, index, root, ctx):

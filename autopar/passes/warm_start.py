@@ -11,6 +11,7 @@ so the objective never rises.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Sequence
 
@@ -54,4 +55,5 @@ def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence
         else:
             stalled += 1
         axis = (axis + 1) % ndim
-    return best
+    # each step's bound held for its axis alone: the full problem's is unknown here
+    return None if best is None else dataclasses.replace(best, status="feasible", bound=0.0)
