@@ -122,19 +122,59 @@ def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[i
 
 
 def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limit_s: float = 30.0,
-          horizon: Optional[int] = None, relative_gap: float = 0.0) -> RecomputeChoice:
+          horizon: Optional[int] = None, relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
     """Least added time with the model's memory ≤ ``limit`` at every point; ``limit=None`` asks
     for the least memory instead (and the least time among plans with that memory).
 
+    Three shortcuts for deep models, each giving plans that meet the limit, possibly slower ones:
     ``horizon``: a value is recomputed at most this many points before its own first use (or,
     for a value backward never reads, its readers'). None allows any chain, back to the forward
     pass's first value; a few points keep chains within a few layers (as checkpointing every
     few layers does) and cut the program several times on deep models. ``relative_gap``: stop at a
-    solution proven within this fraction of the optimum (status "feasible" unless it is 0)."""
+    solution proven within this fraction of the optimum (status "feasible" unless it is 0).
+    ``fold_views``: see ``_fold_free_views``."""
+    target, group_of = _fold_free_views(problem) if fold_views else (problem, list(range(problem.n)))
     if limit is None:
-        least = _solve(problem, None, time_limit_s, horizon, relative_gap)
-        return _solve(problem, least.memory * (1 + 1e-9) + 1.0, time_limit_s, horizon, relative_gap)
-    return _solve(problem, limit, time_limit_s, horizon, relative_gap)
+        limit = _solve(target, None, time_limit_s, horizon, relative_gap).memory * (1 + 1e-9) + 1.0
+    found = _solve(target, limit, time_limit_s, horizon, relative_gap)
+    if not fold_views:
+        return found
+    recomputed = set(found.recomputed)
+    chosen = tuple(v for v in range(problem.n) if group_of[v] in recomputed and not math.isinf(problem.seconds[v]))
+    return RecomputeChoice(chosen, sum(problem.seconds[v] for v in chosen),
+                           max(memory_of(problem, set(chosen)), default=0.0), found.status)
+
+
+def _fold_free_views(problem: RecomputeProblem) -> tuple[RecomputeProblem, list[int]]:
+    """The problem with each free view (no time to recompute, one input, its input's storage)
+    folded into the value it views: (smaller problem, each value's index in it). Half the values
+    of a decoder are such views. The folded model holds a base as long as its longest-held view,
+    and recomputes them together from the earliest point either is needed: so what it finds meets
+    the limit, but it misses plans that hold a view without its base (or the base longer)."""
+    group = list(range(problem.n))
+    for v in range(problem.n):
+        ins = problem.inputs[v]
+        if problem.seconds[v] == 0 and len(ins) == 1 and problem.storage[ins[0]] == problem.storage[v]:
+            group[v] = group[ins[0]]
+    roots = sorted(set(group))
+    index = {b: i for i, b in enumerate(roots)}
+    group_of = [index[group[v]] for v in range(problem.n)]
+    members: dict[int, list[int]] = {}
+    for v in range(problem.n):
+        members.setdefault(group_of[v], []).append(v)
+
+    def merged(field, pick):
+        out = []
+        for i in range(len(roots)):
+            present = [getattr(problem, field)[v] for v in members[i] if getattr(problem, field)[v] is not None]
+            out.append(pick(present) if present else None)
+        return out
+
+    inputs = [sorted({group_of[w] for v in members[i] for w in problem.inputs[v]} - {i}) for i in range(len(roots))]
+    return RecomputeProblem(
+        seconds=[problem.seconds[b] for b in roots], inputs=inputs, storage=[problem.storage[b] for b in roots],
+        storage_bytes=problem.storage_bytes, first_use=merged("first_use", min), last_use=merged("last_use", max),
+        hold_until=merged("hold_until", max), fixed=problem.fixed, at=problem.at), group_of
 
 
 def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: float,

@@ -178,6 +178,8 @@ class SolveShardingPass(Pass):
                 # nothing in time: start again from the leanest layout, which meets any limit that can be
                 if limit is None or None in start or limit.used(start) <= limit.limit:
                     raise
+                ctx.report("no one-axis step from data parallel fits the memory limit; "
+                           "starting from the leanest layout")
                 result = solve_from(list(lean.result.choice))
             return dataclasses.replace(result, seconds=time.perf_counter() - begin)
 
