@@ -130,7 +130,7 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
 
     if mode == "full":
         return least()
-    limit = budget
+    limit, margin = budget, 1.25
     for _ in range(_ATTEMPTS):
         try:
             choice = solve(problem, limit, horizon=_HORIZON, relative_gap=_GAP, fold_views=True)
@@ -140,10 +140,13 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
         if found.memory.peak_bytes <= budget:
             return Fit(plain, found)
         # the model checks memory at a few statements: add the one where the program peaks; if
-        # it was already there, the model misses what recomputing allocates: ask for the excess less
+        # it was already there, the model misses what recomputing allocates: ask for the excess
+        # less, and twice as much more each time in a row that was not enough (a 70B layout sat
+        # 0.7 GB over for six attempts)
         peak_at = _plain_index(statements, found.memory.during)
         if peak_at in problem.at or peak_at < backward_start(plain_statements, graph.loss):
-            limit -= 1.25 * (found.memory.peak_bytes - budget)
+            limit -= margin * (found.memory.peak_bytes - budget)
+            margin *= 2
         else:
             extra_points.append(peak_at)
             problem, names = build_problem(plain_statements, plain.during, strategies, graph.loss, extra_points)
