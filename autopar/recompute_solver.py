@@ -89,8 +89,7 @@ def memory_of(problem: RecomputeProblem, recomputed: set) -> list[float]:
     def started(v: int) -> float:
         if v not in start:
             start[v] = INF  # cycles cannot occur (inputs come earlier), but guard anyway
-            first = problem.first_use[v] if problem.first_use[v] is not None else INF
-            start[v] = min([first] + [started(c) for c in consumers[v] if c in recomputed])
+            start[v] = min([_first(problem, v)] + [started(c) for c in consumers[v] if c in recomputed])
         return start[v]
 
     last = problem.storage_last_use()

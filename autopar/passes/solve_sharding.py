@@ -228,7 +228,7 @@ class _Lean:
     answer when no faster layout fits; solved once, when first needed)."""
 
     def __init__(self, run_solver, rows, node_costs):
-        self.run_solver, self.rows, self.node_costs = run_solver, rows, node_costs
+        self.run_solver = run_solver
         self._result = None
         # bytes as the objective, in GB: the solver scales costs by 1e9 (nanoseconds), and raw
         # bytes would pass SCIP's infinity (1e20) on an 80-layer model
