@@ -26,7 +26,12 @@ from autopar.problem_reduction import reduce_problem
 from autopar.units import human_bytes
 
 Matrix = Sequence[Sequence[float]]
-SCALE = 1e9  # objective in nanoseconds (integers for CP-SAT)
+# objective units per second. SCIP's in microseconds: in nanoseconds, with coefficients up to
+# 1e10, its LP met unresolved numerical troubles on a 70B layer (root bound 0; a one-axis step
+# that solves in 2 s in microseconds ran to its limit far from optimal). CP-SAT's in whole
+# nanoseconds, as it needs integers.
+MIP_SCALE = 1e6
+CPSAT_SCALE = 1e9
 
 
 @dataclass(frozen=True)
@@ -149,28 +154,35 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
             if math.isinf(c):
                 var.SetUb(0.0)
             elif c:
-                objective.SetCoefficient(var, c * SCALE)
+                objective.SetCoefficient(var, c * MIP_SCALE)
         x.append(row)
     n_vars = sum(len(r) for r in x)
+    pairs = {}  # (i, j) -> that edge's y
     for i, j, m in _priced_edges(edges):
         # y may be continuous: once x is integral, the marginal equalities force y integral too
         y = {}
         for a, b, c in _allowed_pairs(m):
             y[a, b] = solver.NumVar(0.0, 1.0, "")
             if c:
-                objective.SetCoefficient(y[a, b], c * SCALE)
+                objective.SetCoefficient(y[a, b], c * MIP_SCALE)
         _mip_marginals(solver, x[i], x[j], y)
+        pairs.setdefault((i, j), y)
         n_vars += len(y)
     if overlap is not None:
-        excess = solver.NumVar(0.0, solver.infinity(), "excess")  # in objective units (ns) already
+        excess = solver.NumVar(0.0, solver.infinity(), "excess")  # in objective units already
         objective.SetCoefficient(excess, 1.0)
         terms = [(excess, -1.0)]  # Σ hidden − Σ cover − excess ≤ 0
         for i, j, m in _priced_edges(overlap.edges):
-            y = {(a, b): solver.NumVar(0.0, 1.0, "") for a, b, _ in _allowed_pairs(m)}
-            _mip_marginals(solver, x[i], x[j], y)
-            terms += [(y[a, b], c * SCALE) for a, b, c in _allowed_pairs(m) if c]
-            n_vars += len(y)
-        terms += [(x[i][k], -c * SCALE) for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
+            # the hidden part of an edge the objective also prices reads that edge's y: fresh
+            # marginals would let the relaxation pick a cheaper joint choice for each (on a 70B
+            # one-axis step, a bound of 2% of the optimum and a solve that never closes)
+            y = _shared_pairs(pairs, i, j)
+            if y is None:
+                y = {(a, b): solver.NumVar(0.0, 1.0, "") for a, b, _ in _allowed_pairs(m)}
+                _mip_marginals(solver, x[i], x[j], y)
+                n_vars += len(y)
+            terms += [(y[a, b], c * MIP_SCALE) for a, b, c in _allowed_pairs(m) if c and (a, b) in y]
+        terms += [(x[i][k], -c * MIP_SCALE) for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
         _linear(solver, terms, -solver.infinity(), 0.0)
     if memory is not None:
         _linear(solver, [(x[i][k], b) for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b],
@@ -184,14 +196,24 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         return None, None, 0.0, n_vars
     choice = tuple(max(range(len(row)), key=lambda k: row[k].solution_value()) for row in x)
-    return choice, "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible", objective.BestBound() / SCALE, n_vars
+    return choice, "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible", objective.BestBound() / MIP_SCALE, n_vars
+
+
+def _shared_pairs(pairs: dict, i: int, j: int):
+    """The y of an edge between nodes i and j, indexed [choice of i, choice of j], or None. A pair
+    it lacks is one the edge forbids."""
+    if (i, j) in pairs:
+        return pairs[i, j]
+    if (j, i) in pairs:
+        return {(a, b): var for (b, a), var in pairs[j, i].items()}
+    return None
 
 
 def _linear(solver, terms, lower: float, upper: float) -> None:
-    """lower <= Σ coefficient * variable <= upper."""
+    """lower <= Σ coefficient * variable <= upper (a variable listed twice counts twice)."""
     constraint = solver.Constraint(lower, upper)
     for var, coefficient in terms:
-        constraint.SetCoefficient(var, coefficient)
+        constraint.SetCoefficient(var, constraint.GetCoefficient(var) + coefficient)
 
 
 def _mip_marginals(solver, xi, xj, y) -> None:
@@ -257,7 +279,7 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memor
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, None, 0.0, n_vars
     choice = tuple(next(k for k, v in enumerate(row) if solver.Value(v)) for row in x)
-    return choice, "optimal" if status == cp_model.OPTIMAL else "feasible", solver.BestObjectiveBound() / SCALE, n_vars
+    return choice, "optimal" if status == cp_model.OPTIMAL else "feasible", solver.BestObjectiveBound() / CPSAT_SCALE, n_vars
 
 
 def _priced_edges(edges):
@@ -277,7 +299,7 @@ def _marginals(add, xi, xj, y, n_a, n_b) -> None:
 
 
 def _ns(seconds: float) -> int:
-    return max(1, round(seconds * SCALE))
+    return max(1, round(seconds * CPSAT_SCALE))
 
 
 def _progress_class():
@@ -289,8 +311,8 @@ def _progress_class():
             self.report = report
 
         def on_solution_callback(self):
-            self.report(f"solver: objective {self.ObjectiveValue() / SCALE * 1e3:.3f} ms, "
-                        f"bound {self.BestObjectiveBound() / SCALE * 1e3:.3f} ms")
+            self.report(f"solver: objective {self.ObjectiveValue() / CPSAT_SCALE * 1e3:.3f} ms, "
+                        f"bound {self.BestObjectiveBound() / CPSAT_SCALE * 1e3:.3f} ms")
 
     return Progress
 

@@ -9,14 +9,16 @@ on 8 and 64 H100s, at two global batch sizes, each row plans:
   without sequence parallelism and FSDP on dp), each a pinned plan through the same passes,
 
 all under the same memory budget (90% of 80 GB, Adam), and prints the predicted step times,
-auto / best-baseline (target <= 1.00), and the solver's proven gap on auto's mesh. Last line:
-`worst auto/best-baseline ratio: X.XX`.
+auto / best-baseline (target <= 1.00), and the solver's proven gap on auto's mesh. A row where
+no layout fits the budget says so and does not count; one where only autopar finds none counts
+as infinitely worse. Last line: `worst auto/best-baseline ratio: X.XX`.
 
     python benchmarks/plan_quality.py [--models gpt3-1.3b,llama-8b] [--devices 8,64] [--layers 4] [--time-limit 10]
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -80,17 +82,30 @@ def main() -> None:
                 program = capture(model, inputs)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)  # gaps are printed
-                    auto = plan_captured(program, model, inputs, mesh=devices, hardware="h100-sxm",
-                                         solver_time_limit_s=args.time_limit)
+                    try:
+                        auto = plan_captured(program, model, inputs, mesh=devices, hardware="h100-sxm",
+                                             solver_time_limit_s=args.time_limit)
+                    except autopar.AutoparError as exc:  # no mesh fits the budget: do the baselines?
+                        auto, auto_error = None, str(exc)
                     plans = autopar.baselines(model, inputs, devices=devices, hardware="h100-sxm", heads=heads,
                                               program=program, solver_time_limit_s=args.time_limit)
-                base_name, base = best(plans)
-                ratio = auto.predicted.step_time_s / base.predicted.step_time_s
-                worst = max(worst, ratio)
-                print(f"{name:<10} {devices:>4} {batch:>5} {str(auto.mesh):<15} "
-                      f"{auto.predicted.step_time_s * 1e3:>8.2f}ms {base_name + ' ' + str(base.mesh.shape):<24} "
-                      f"{base.predicted.step_time_s * 1e3:>8.2f}ms {ratio:>6.3f} {auto.solver.gap:>6.1%} "
-                      f"{time.perf_counter() - start:>5.0f}s", flush=True)
+                row = f"{name:<10} {devices:>4} {batch:>5} "
+                seconds = f"{time.perf_counter() - start:>5.0f}s"
+                if not plans:
+                    # a row no layout can train within the budget says so and does not count
+                    print(row + ("no plan: neither auto nor any baseline fits the memory budget" if auto is None
+                                 else f"{str(auto.mesh):<15} {auto.predicted.step_time_s * 1e3:>8.2f}ms, no baseline "
+                                      "fits the memory budget") + f" {seconds}", flush=True)
+                elif auto is None:  # a baseline fits where autopar found nothing: the worst failure
+                    worst = math.inf
+                    print(row + f"auto: no plan ({auto_error[:80]}); a baseline fits {seconds}", flush=True)
+                else:
+                    base_name, base = best(plans)
+                    ratio = auto.predicted.step_time_s / base.predicted.step_time_s
+                    worst = max(worst, ratio)
+                    print(row + f"{str(auto.mesh):<15} {auto.predicted.step_time_s * 1e3:>8.2f}ms "
+                          f"{base_name + ' ' + str(base.mesh.shape):<24} {base.predicted.step_time_s * 1e3:>8.2f}ms "
+                          f"{ratio:>6.3f} {auto.solver.gap:>6.1%} {seconds}", flush=True)
                 for skipped, why in sorted(plans.skipped.items()):
                     print(f"{'':<10} no {skipped} plan: {why[:110]}")
     print(f"worst auto/best-baseline ratio: {worst:.2f}")

@@ -101,3 +101,39 @@ def test_the_axis_by_axis_warm_start_runs_on_2d_meshes_and_the_full_solve_only_i
     assert plan.solver.objective_s * 1e3 <= warm[-1] + 1e-4
     # the budget search keeps the descent's layout; the full program, run once on it, proves it
     assert plan.solver.status == "optimal" and plan.solver.gap == 0.0
+
+
+def test_the_axis_descent_stops_once_every_axis_is_settled():
+    """Two nodes on a 2-D mesh, a strategy per (axis-0, axis-1) choice; the restricted solve is
+    brute force. After the last change, made by a proven optimum, one look at the other axis
+    ends the descent; a change found at a time limit gets a second look at its own axis."""
+    from autopar.passes.warm_start import descend_axes
+    from autopar.solver import SolverResult, brute_force
+
+    class Strategy:
+        def __init__(self, a0, a1):
+            spec = type("Spec", (), {"placements": (a0, a1)})()
+            self.in_specs, self.out_specs = (), (spec,)
+
+    options = [[Strategy(a, b) for a in "RS" for b in "RS"] for _ in range(2)]
+    costs = [[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.0, 1.5]]
+    edges = [(0, 1, [[0.0 if a == b else 0.5 for b in range(4)] for a in range(4)])]
+
+    def run(status):
+        axes = []
+
+        def restricted(node_costs, hint):
+            free = [options[0][k].out_specs[0].placements for k in range(4) if node_costs[0][k] != float("inf")]
+            axes.append(int(free[0][0] == free[1][0]))  # the axis whose placement varies
+            choice, value = brute_force(node_costs, edges)
+            return SolverResult(choice, value, value, status, 0.0, "test", 8)
+
+        found = descend_axes(restricted, costs, options, 2, [0, 0], lambda _: None)
+        return found, axes
+
+    found, axes = run("optimal")
+    assert found.choice == (3, 3) and found.objective == pytest.approx(2.5)
+    # axis 0 moves both nodes to S?, axis 1 to SS, axis 0 confirms: no fourth solve of axis 1
+    assert axes == [0, 1, 0]
+    found, axes = run("feasible")
+    assert found.choice == (3, 3) and axes == [0, 1, 0, 1]

@@ -17,7 +17,8 @@ come out of this when memory demands them. A solution that fits only with
 recomputation (autopar.passes.recompute) counts with the time it adds; of the
 solutions tried, the fastest that fits wins. On an N-D mesh the solutions tried
 are the axis-by-axis descent's; the full integer program runs once, from the
-winner, and replaces it only when it is faster and still fits.
+winner, when it is small enough to solve in its time limit, and replaces it only when
+it is faster and still fits.
 """
 from __future__ import annotations
 
@@ -194,8 +195,14 @@ class SolveShardingPass(Pass):
         lean = _Lean(run_solver, rows, node_costs)
         best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
                                               ctx.options.get("recompute") == "full")
-        if best is not None:  # on a 1-D mesh every solve was the full program already
-            best = _polished(best, run_solver, fit_of) if ctx.mesh.ndim > 1 else best[:2]
+        booleans = sum(len(c) for c in node_costs) + sum(int(np.isfinite(m).sum()) for m in edge_acc.values())
+        if best is not None and ctx.mesh.ndim > 1 and booleans <= _POLISH_BOOLEANS_PER_SECOND * time_limit:
+            best = _polished(best, run_solver, fit_of)
+        elif best is not None:  # on a 1-D mesh every solve was the full program already
+            if ctx.mesh.ndim > 1:
+                ctx.report(f"the full integer program ({booleans} booleans) is too large to solve in "
+                           f"{time_limit:.0f} s: the axis-by-axis layout stands, with no proven bound")
+            best = best[:2]
         if best is None:
             # the leanest layout, as it is or with as much recomputation as helps: the loop may have
             # missed it (its recomputation solves can time out on deep models); it fits, or nothing
@@ -218,6 +225,11 @@ class SolveShardingPass(Pass):
 
 
 _BUDGET_ATTEMPTS = 8
+# the full program runs when it has at most this many booleans per second of its time limit:
+# past that SCIP does not finish even the LP relaxation (Llama-8B's 4 layers on (dp=8, tp=8),
+# 218k booleans: 60 s for the relaxation alone on a 2-core machine, so a 10 s limit returned its
+# start with bound 0; GPT-3 1.3B's, 41k, solves to optimality in 7 s)
+_POLISH_BOOLEANS_PER_SECOND = 10_000
 
 
 class _Lean:

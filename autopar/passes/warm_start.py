@@ -26,7 +26,8 @@ def axis_signature(strategy, axis: int) -> tuple:
 def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence[list], ndim: int,
                  start: Sequence[int], report: Callable[[str], None], max_rounds: int = 4):
     """The best solution found by solving one axis at a time from ``start``, as a solver result
-    (or None when no restricted problem could be solved): it stops when no axis improves, or
+    (or None when no restricted problem could be solved): it stops when no axis can improve (each
+    was re-solved since the layout last changed, or made that change with a proven optimum), or
     after ``max_rounds`` passes over the axes.
 
     ``options[g]`` are group g's strategies; ``solve_restricted(costs, hint)`` solves the problem
@@ -34,10 +35,10 @@ def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence
     """
     per_axis = [[[axis_signature(s, b) for b in range(ndim)] for s in group] for group in options]
     best, current = None, list(start)
-    stalled = 0
+    settled: set[int] = set()  # axes whose re-solve cannot change the current layout
     axis = 0
     for _ in range(max_rounds * ndim):
-        if stalled >= ndim:
+        if len(settled) == ndim:
             break
 
         def others(g: int, k: int) -> list:  # what strategy k of group g does on the fixed axes
@@ -50,10 +51,12 @@ def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence
         except SolverError:
             result = None
         if result is not None and (best is None or result.objective < best.objective - 1e-12):
-            best, current, stalled = result, list(result.choice), 0
+            best, current = result, list(result.choice)
+            # an axis solved to optimality needs no second look until another axis moves
+            settled = {axis} if result.status == "optimal" else set()
             report(f"warm start: axis {axis} re-solved, objective {result.objective * 1e3:.4f} ms")
         else:
-            stalled += 1
+            settled.add(axis)
         axis = (axis + 1) % ndim
     # each step's bound held for its axis alone: the full problem's is unknown here
     return None if best is None else dataclasses.replace(best, status="feasible", bound=0.0)
