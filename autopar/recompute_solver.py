@@ -121,11 +121,9 @@ def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[i
 
 
 def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limit_s: float = 30.0,
-          horizon: Optional[int] = None, relative_gap: float = 0.0, fold_views: bool = False,
-          budget: Optional[float] = None) -> RecomputeChoice:
+          horizon: Optional[int] = None, relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
     """Least added time with the model's memory ≤ ``limit`` at every point; ``limit=None`` asks
-    for the least memory instead (and the least time among plans with that memory, unless that
-    memory is over ``budget``: no such plan fits, so the first found is as good as any).
+    for the least memory instead (and the least time among plans with that memory).
 
     Three shortcuts for deep models, each giving plans that meet the limit, possibly slower ones:
     ``horizon``: a value is recomputed at most this many points before its own first use (or,
@@ -135,12 +133,9 @@ def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limi
     solution proven within this fraction of the optimum (status "feasible" unless it is 0).
     ``fold_views``: see ``_fold_free_views``."""
     target, group_of = _fold_free_views(problem) if fold_views else (problem, list(range(problem.n)))
-    if limit is not None:
-        found = _solve(target, limit, time_limit_s, horizon, relative_gap)
-    else:
-        found = _solve(target, None, time_limit_s, horizon, relative_gap)  # the least memory
-        if budget is None or found.memory <= budget:
-            found = _solve(target, found.memory * (1 + 1e-9) + 1.0, time_limit_s, horizon, relative_gap)
+    if limit is None:
+        limit = _solve(target, None, time_limit_s, horizon, relative_gap).memory * (1 + 1e-9) + 1.0
+    found = _solve(target, limit, time_limit_s, horizon, relative_gap)
     if not fold_views:
         return found
     recomputed = set(found.recomputed)

@@ -122,11 +122,7 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
 
     def least() -> Fit:
         try:
-            # the model's least memory well over the budget (the model misses a few percent of
-            # the program's: what recomputing allocates, folded views) means no set fits, and
-            # which of the least-memory sets is found does not matter: one solve, not two
-            found = decided(solve(problem, None, horizon=_HORIZON, relative_gap=_GAP, fold_views=True,
-                                  budget=1.05 * budget))[1]
+            found = decided(solve(problem, None, horizon=_HORIZON, relative_gap=_GAP, fold_views=True))[1]
         except SolverError:  # too large to solve in time: this layout gets no recomputation
             ctx.report("the recomputation solver found no solution in time; keeping every value")
             return Fit(plain, None)
