@@ -56,6 +56,17 @@ class Spec:
 
     placements: tuple[Placement, ...]
 
+    # specs key the cost model's caches: hashed once (planning a 70B model hashes them millions
+    # of times), and rebuilt on unpickling since a Partial's hash differs between processes
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.placements))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        return Spec, (self.placements,)
+
     @staticmethod
     def replicated(ndim_mesh: int) -> "Spec":
         return Spec((R,) * ndim_mesh)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from autopar.errors import SolverError
+from autopar.solver import linear_constraint
 
 INF = math.inf
 
@@ -192,10 +193,7 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
     def row(lower: float, upper: float, terms) -> None:
         """lower <= sum(coef * var) <= upper, set coefficient by coefficient: the natural API's
         expression objects cost more than SCIP's solve on deep models."""
-        c = solver.Constraint(lower, upper)
-        for var, coef in terms:
-            if var is not None:
-                c.SetCoefficient(var, c.GetCoefficient(var) + coef)
+        linear_constraint(solver, [(var, coef) for var, coef in terms if var is not None], lower, upper)
 
     for v in range(n):
         if problem.first_use[v] is not None:  # kept or recomputed

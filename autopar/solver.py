@@ -149,7 +149,7 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
     x = []
     for costs in node_costs:
         row = [solver.BoolVar("") for _ in costs]
-        _linear(solver, [(v, 1.0) for v in row], 1.0, 1.0)
+        linear_constraint(solver, [(v, 1.0) for v in row], 1.0, 1.0)
         for var, c in zip(row, costs):
             if math.isinf(c):
                 var.SetUb(0.0)
@@ -183,10 +183,10 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
                 n_vars += len(y)
             terms += [(y[a, b], c * MIP_SCALE) for a, b, c in _allowed_pairs(m) if c and (a, b) in y]
         terms += [(x[i][k], -c * MIP_SCALE) for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
-        _linear(solver, terms, -solver.infinity(), 0.0)
+        linear_constraint(solver, terms, -solver.infinity(), 0.0)
     if memory is not None:
-        _linear(solver, [(x[i][k], b) for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b],
-                -solver.infinity(), memory.limit)
+        linear_constraint(solver, [(x[i][k], b) for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b],
+                          -solver.infinity(), memory.limit)
     objective.SetMinimization()
     solver.SetTimeLimit(int(time_limit_s * 1000))
     if hint is not None:
@@ -196,7 +196,8 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         return None, None, 0.0, n_vars
     choice = tuple(max(range(len(row)), key=lambda k: row[k].solution_value()) for row in x)
-    return choice, "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible", objective.BestBound() / MIP_SCALE, n_vars
+    status = "optimal" if status == pywraplp.Solver.OPTIMAL else "feasible"
+    return choice, status, objective.BestBound() / MIP_SCALE, n_vars
 
 
 def _shared_pairs(pairs: dict, i: int, j: int):
@@ -209,11 +210,15 @@ def _shared_pairs(pairs: dict, i: int, j: int):
     return None
 
 
-def _linear(solver, terms, lower: float, upper: float) -> None:
-    """lower <= Σ coefficient * variable <= upper (a variable listed twice counts twice)."""
+def linear_constraint(solver, terms, lower: float, upper: float) -> None:
+    """lower <= Σ coefficient * variable <= upper (a variable listed twice counts twice:
+    SetCoefficient overwrites)."""
     constraint = solver.Constraint(lower, upper)
+    summed: dict[int, list] = {}
     for var, coefficient in terms:
-        constraint.SetCoefficient(var, constraint.GetCoefficient(var) + coefficient)
+        summed.setdefault(id(var), [var, 0.0])[1] += coefficient
+    for var, coefficient in summed.values():
+        constraint.SetCoefficient(var, coefficient)
 
 
 def _mip_marginals(solver, xi, xj, y) -> None:
@@ -279,7 +284,8 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memor
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, None, 0.0, n_vars
     choice = tuple(next(k for k, v in enumerate(row) if solver.Value(v)) for row in x)
-    return choice, "optimal" if status == cp_model.OPTIMAL else "feasible", solver.BestObjectiveBound() / CPSAT_SCALE, n_vars
+    status = "optimal" if status == cp_model.OPTIMAL else "feasible"
+    return choice, status, solver.BestObjectiveBound() / CPSAT_SCALE, n_vars
 
 
 def _priced_edges(edges):
