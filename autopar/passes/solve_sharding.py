@@ -227,7 +227,8 @@ class SolveShardingPass(Pass):
 
 _BUDGET_ATTEMPTS = 8
 # recomputation adding at most this share of the step is kept without trying layouts that hold
-# less: on the 70B model those were 3.7-5% slower in each of five runs where it added 0.8-2.5%
+# less: on the 70B model, in five runs while tuning the search, those were 3.7-5% slower where
+# recomputation added 0.8-2.5%
 _CHEAP_RECOMPUTE = 0.01
 # the full program runs when it has at most this many booleans per second of its time limit:
 # past that SCIP does not finish even the LP relaxation (Llama-8B's 4 layers on (dp=8, tp=8),
