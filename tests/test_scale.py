@@ -137,3 +137,14 @@ def test_the_axis_descent_stops_once_every_axis_is_settled():
     assert axes == [0, 1, 0]
     found, axes = run("feasible")
     assert found.choice == (3, 3) and axes == [0, 1, 0, 1]
+
+
+def test_a_full_program_too_large_for_its_limit_is_skipped_and_the_plan_says_it_has_no_bound(monkeypatch):
+    from autopar.passes import solve_sharding
+
+    monkeypatch.setattr(solve_sharding, "_POLISH_BOOLEANS_PER_SECOND", 0)
+    model, inputs = mlp.make(batch=16, width=256, hidden=1024)
+    messages = []
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", progress=messages.append, cache=False)
+    assert any("too large to solve" in m for m in messages)
+    assert plan.solver.status == "feasible" and plan.solver.gap == 1.0

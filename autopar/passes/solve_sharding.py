@@ -196,14 +196,9 @@ class SolveShardingPass(Pass):
         lean = _Lean(run_solver, rows, node_costs)
         best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
                                               ctx.options.get("recompute") == "full")
-        booleans = sum(len(c) for c in node_costs) + sum(int(np.isfinite(m).sum()) for m in edge_acc.values())
-        if best is not None and ctx.mesh.ndim > 1 and booleans <= _POLISH_BOOLEANS_PER_SECOND * time_limit:
-            best = _polished(best, run_solver, fit_of)
-        elif best is not None:  # on a 1-D mesh every solve was the full program already
-            if ctx.mesh.ndim > 1:
-                ctx.report(f"the full integer program ({booleans} booleans) is too large to solve in "
-                           f"{time_limit:.0f} s: the axis-by-axis layout stands, with no proven bound")
-            best = best[:2]
+        if best is not None:  # on a 1-D mesh every solve was the full program already
+            polish = ctx.mesh.ndim > 1 and _solvable_in(time_limit, node_costs, edge_acc, ctx.report)
+            best = _polished(best, run_solver, fit_of) if polish else best[:2]
         if best is None:
             # the leanest layout, as it is or with as much recomputation as helps: the loop may have
             # missed it (its recomputation solves can time out on deep models); it fits, or nothing
@@ -298,6 +293,17 @@ def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, r
                if fitted.recompute is None else f"the plan fits the budget by recomputing "
                f"({human_seconds(fitted.recompute.seconds)}); trying layouts that hold less instead")
     return best, attempts
+
+
+def _solvable_in(time_limit: float, node_costs, edge_acc: dict, report) -> bool:
+    """Whether the full program is small enough for SCIP in ``time_limit`` (see
+    _POLISH_BOOLEANS_PER_SECOND); says so when it is not."""
+    booleans = sum(len(c) for c in node_costs) + sum(int(np.isfinite(m).sum()) for m in edge_acc.values())
+    if booleans <= _POLISH_BOOLEANS_PER_SECOND * time_limit:
+        return True
+    report(f"the full integer program ({booleans} booleans) is too large to solve in {time_limit:.0f} s: "
+           "the axis-by-axis layout stands, with no proven bound")
+    return False
 
 
 def _polished(best, run_solver, fit_of):
