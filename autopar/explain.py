@@ -204,7 +204,8 @@ def _reason(rows: list[PricedStrategy], group_size: int, solver) -> str:
     why = [f"gradient syncs run partly hidden under backward, which these prices (full collective time) "
            f"do not show"]
     if solver.status != "optimal":
-        why.append(f"the solver stopped at its time limit {solver.gap:.1%} from proven optimal")
+        why.append("the solver proved no bound on the plan" if solver.gap >= 1.0 else
+                   f"the solver stopped at its time limit {solver.gap:.1%} from proven optimal")
     if chosen.output_bytes < best.output_bytes:
         why.insert(0, f"it holds {human_bytes(best.output_bytes - chosen.output_bytes)} less per device, "
                       f"which the memory budget needs")

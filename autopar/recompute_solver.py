@@ -20,13 +20,14 @@ started_{v,t}; per storage s and point t, held_{s,t}.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from autopar.errors import SolverError
-from autopar.solver import linear_constraint
+from autopar.solver import linear_constraint, run_scip
 
 INF = math.inf
 
@@ -133,11 +134,26 @@ def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limi
     few layers does) and cut the program several times on deep models. ``relative_gap``: stop at a
     solution proven within this fraction of the optimum (status "feasible" unless it is 0).
     ``fold_views``: see ``_fold_free_views``."""
-    target, group_of = _fold_free_views(problem) if fold_views else (problem, list(range(problem.n)))
+    target, group_of = _fold_free_views(problem) if fold_views else (problem, None)
     if limit is None:
         limit = _solve(target, None, time_limit_s, horizon, relative_gap).memory * (1 + 1e-9) + 1.0
-    found = _solve(target, limit, time_limit_s, horizon, relative_gap)
-    if not fold_views:
+    return _unfolded(problem, _solve(target, limit, time_limit_s, horizon, relative_gap), group_of)
+
+
+def least_memory(problem: RecomputeProblem, *, time_limit_s: float = 30.0, horizon: Optional[int] = None,
+                 relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
+    """A set with the least memory (within ``relative_gap``), not the least time among such sets:
+    ``solve(problem, None)`` without its second solve, for a caller that only needs to know how
+    low the memory goes. Shortcuts as in ``solve``; with ``fold_views``, ``memory`` is the folded
+    model's (at least the set's own): a limit that ``solve`` with the same shortcuts can meet."""
+    target, group_of = _fold_free_views(problem) if fold_views else (problem, None)
+    found = _solve(target, None, time_limit_s, horizon, relative_gap)
+    return dataclasses.replace(_unfolded(problem, found, group_of), memory=found.memory)
+
+
+def _unfolded(problem: RecomputeProblem, found: RecomputeChoice, group_of) -> RecomputeChoice:
+    """``found`` on the problem before _fold_free_views (``group_of`` None: it was not folded)."""
+    if group_of is None:
         return found
     recomputed = set(found.recomputed)
     chosen = tuple(v for v in range(problem.n) if group_of[v] in recomputed and not math.isinf(problem.seconds[v]))
@@ -272,14 +288,11 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
             if r[v] is not None and problem.seconds[v]:
                 objective.SetCoefficient(r[v], problem.seconds[v] * 1e9)
     objective.SetMinimization()
-    solver.SetTimeLimit(int(time_limit_s * 1000))
-    parameters = pywraplp.MPSolverParameters()
-    parameters.SetDoubleParam(parameters.RELATIVE_MIP_GAP, relative_gap)
-    status = solver.Solve(parameters)
-    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        raise SolverError("no recomputation meets the memory limit" if status == pywraplp.Solver.INFEASIBLE
+    status, values, _ = run_scip(solver, time_limit_s, relative_gap)
+    if values is None:
+        raise SolverError("no recomputation meets the memory limit" if status == "infeasible"
                           else f"the recomputation solver found no solution within {time_limit_s:.0f} s")
-    chosen = tuple(v for v in range(n) if r[v] is not None and r[v].solution_value() > 0.5)
+    chosen = tuple(v for v in range(n) if r[v] is not None and values[r[v].index()] > 0.5)
     memory = max(memory_of(problem, set(chosen)), default=0.0)
     return RecomputeChoice(chosen, sum(problem.seconds[v] for v in chosen), memory,
-                           "optimal" if status == pywraplp.Solver.OPTIMAL and not relative_gap else "feasible")
+                           "optimal" if status == "optimal" and not relative_gap else "feasible")

@@ -30,7 +30,7 @@ def test_clustering_gives_the_unclustered_optimum_on_four_layers():
 
 def test_a_hit_time_limit_returns_a_valid_plan_with_its_gap(fast_network):
     model, inputs = gpt2.make("tiny")
-    with pytest.warns(UserWarning, match=r"within \d+\.\d% of optimal"):
+    with pytest.warns(UserWarning, match=r"within \d+\.\d% of optimal|has no proven bound"):
         plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network, solver_time_limit_s=1.0,
                             cluster_layers=False)
     assert plan.solver.status == "feasible"
@@ -122,7 +122,7 @@ def test_the_axis_descent_stops_once_every_axis_is_settled():
     def run(status):
         axes = []
 
-        def restricted(node_costs, hint):
+        def restricted(node_costs, hint, _step):
             free = [options[0][k].out_specs[0].placements for k in range(4) if node_costs[0][k] != float("inf")]
             axes.append(int(free[0][0] == free[1][0]))  # the axis whose placement varies
             choice, value = brute_force(node_costs, edges)
@@ -145,6 +145,48 @@ def test_a_full_program_too_large_for_its_limit_is_skipped_and_the_plan_says_it_
     monkeypatch.setattr(solve_sharding, "_POLISH_BOOLEANS_PER_SECOND", 0)
     model, inputs = mlp.make(batch=16, width=256, hidden=1024)
     messages = []
-    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", progress=messages.append, cache=False)
+    with pytest.warns(UserWarning, match="the plan has no proven bound"):
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", progress=messages.append,
+                            cache=False)
     assert any("too large to solve" in m for m in messages)
     assert plan.solver.status == "feasible" and plan.solver.gap == 1.0
+
+
+def test_a_descent_step_is_reused_only_where_its_optimum_still_holds():
+    """A budget attempt reuses a one-axis step solved before when the result was proven optimal,
+    meets the new memory limit, and every layout that meets the new limit met the old one (the
+    same rows with a lower limit, or the budgeted rows after what a rank holds all step: those
+    rows are at least these, row by row)."""
+    from autopar.passes.solve_sharding import _StepMemo
+    from autopar.solver import MemoryLimit, SolverResult
+
+    held, rows = [[1.0, 2.0]], [[3.0, 4.0]]
+    solves = []
+
+    def ask(memo, limit, status="optimal", key="step"):
+        def solve_now():
+            solves.append(limit)
+            return SolverResult((0,), 1.0, 1.0, status, 0.0, "test", 2)
+        return memo.solve(key, limit, solve_now)
+
+    memo = _StepMemo(held, rows)
+    ask(memo, MemoryLimit(rows, 10.0))
+    ask(memo, MemoryLimit(rows, 8.0))  # tighter, and the result (3 bytes) meets it: reused
+    assert len(solves) == 1
+    ask(memo, MemoryLimit(rows, 12.0))  # looser: the optimum may have moved
+    ask(memo, MemoryLimit(rows, 2.0))  # the result no longer fits
+    assert len(solves) == 3
+
+    memo = _StepMemo(held, rows)
+    ask(memo, MemoryLimit(held, 5.0))
+    ask(memo, MemoryLimit(rows, 5.0))  # rows <= 5 implies held <= 5: reused
+    assert len(solves) == 4
+    ask(memo, MemoryLimit(held, 4.0), key="other")
+    ask(memo, MemoryLimit([[0.5, 0.5]], 4.0), key="other")  # other rows: not nested
+    ask(memo, None, key="other")  # no limit at all
+    assert len(solves) == 7
+
+    memo = _StepMemo(held, rows)
+    ask(memo, None, status="feasible")
+    ask(memo, MemoryLimit(rows, 5.0))  # only a time-limited result: solved again
+    assert len(solves) == 9

@@ -29,7 +29,7 @@ from autopar.passes.base import Pass, PassContext
 from autopar.passes.memory import MemoryEstimate, simulate
 from autopar.passes.schedule import Statement, recomputed_name, schedule
 from autopar.program import Program
-from autopar.recompute_solver import RecomputeProblem, solve
+from autopar.recompute_solver import RecomputeProblem, least_memory, solve
 from autopar.units import human_bytes, human_seconds
 
 MODES = ("auto", "full", "none")
@@ -121,8 +121,14 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
         return statements, Recompute(variables, choice.seconds, memory)
 
     def least() -> Fit:
+        """The least memory recomputation reaches, at the least time if that fits the budget (the
+        second solve is skipped when it does not: a layout over the budget only needs its figure)."""
+        shortcuts = dict(horizon=_HORIZON, relative_gap=_GAP, fold_views=True)
         try:
-            found = decided(solve(problem, None, horizon=_HORIZON, relative_gap=_GAP, fold_views=True))[1]
+            lowest = least_memory(problem, **shortcuts)
+            found = decided(lowest)[1]
+            if found.memory.peak_bytes <= budget:
+                found = decided(solve(problem, lowest.memory * (1 + 1e-9) + 1.0, **shortcuts))[1]
         except SolverError:  # too large to solve in time: this layout gets no recomputation
             ctx.report("the recomputation solver found no solution in time; keeping every value")
             return Fit(plain, None)
@@ -131,18 +137,23 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
     if mode == "full":
         return least()
     limit, margin = budget, 1.25
-    for _ in range(_ATTEMPTS):
+    for attempt in range(_ATTEMPTS):
         try:
             choice = solve(problem, limit, horizon=_HORIZON, relative_gap=_GAP, fold_views=True)
         except SolverError:
+            if attempt == 0:
+                # no set meets the budget in the model, which is within tens of MB of the
+                # simulation at its points (70B model): the least memory it reaches would only
+                # be a figure, and costs a solve as long as the whole descent
+                return Fit(plain, None)
             break
         statements, found = decided(choice)
         if found.memory.peak_bytes <= budget:
             return Fit(plain, found)
         # the model checks memory at a few statements: add the one where the program peaks; if
-        # it was already there, the model misses what recomputing allocates: ask for the excess
-        # less, and twice as much more each time in a row that was not enough (a 70B layout sat
-        # 0.7 GB over for six attempts)
+        # it was already there, the model misses what recomputing allocates there (temporaries
+        # of recomputed ops, tens of MB on the 70B model): ask for the excess less, and twice as
+        # much more each time in a row that was not enough
         peak_at = _plain_index(statements, found.memory.during)
         if peak_at in problem.at or peak_at < backward_start(plain_statements, graph.loss):
             limit -= margin * (found.memory.peak_bytes - budget)
@@ -178,7 +189,13 @@ def build_problem(statements: list[Statement], during, strategies: dict, loss: s
     for v, ins in enumerate(inputs):
         for w in ins:
             consumers[w].append(v)
-    held_until = {v: max([last.get(v, -1)] + [first[c] for c in consumers[v] if c in first]) for v in range(len(names))}
+    # the latest statement a recomputation of v can run at: its first backward read, or, for a
+    # value backward does not read, the latest such of the values computed from it (a kept input
+    # is held until then: a view or cast in between must not end its hold at forward's end)
+    latest_recompute = [-1] * len(names)
+    for v in reversed(range(len(names))):  # consumers are defined after what they read
+        latest_recompute[v] = first[v] if v in first else max([-1] + [latest_recompute[c] for c in consumers[v]])
+    held_until = {v: max([last.get(v, -1)] + [latest_recompute[c] for c in consumers[v]]) for v in range(len(names))}
 
     points = sorted(set(_points(boundary, sorted(set(first.values())), during)) | set(extra_points))
     storage, storage_bytes = [], []
@@ -229,12 +246,14 @@ def backward_start(statements: list[Statement], loss: str) -> int:
 
 def _points(boundary: int, recompute_sites: list[int], during) -> list[int]:
     """Statements of backward where the model checks memory: where backward starts, where it peaks
-    without recomputation, and where recomputations would run (evenly thinned to a few dozen)."""
+    without recomputation, and where recomputations would run (evenly thinned to a few dozen, the
+    last kept: a value first read after the last point would have no first use in the model, which
+    would then neither keep nor recompute it, and count its memory as freed for nothing)."""
     peak = max(range(boundary, len(during)), key=lambda i: during[i])
     sites = [i for i in recompute_sites if i not in (boundary, peak)]
     if len(sites) > _MAX_POINTS - 2:
-        step = len(sites) / (_MAX_POINTS - 2)
-        sites = [sites[int(k * step)] for k in range(_MAX_POINTS - 2)]
+        step = (len(sites) - 1) / (_MAX_POINTS - 3)
+        sites = [sites[round(k * step)] for k in range(_MAX_POINTS - 2)]
     return sorted({boundary, peak, *sites})
 
 

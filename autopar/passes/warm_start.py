@@ -30,8 +30,10 @@ def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence
     was re-solved since the layout last changed, or made that change with a proven optimum), or
     after ``max_rounds`` passes over the axes.
 
-    ``options[g]`` are group g's strategies; ``solve_restricted(costs, hint)`` solves the problem
-    with these node costs (infinite where a strategy is ruled out) and returns a SolverResult.
+    ``options[g]`` are group g's strategies; ``solve_restricted(costs, hint, step)`` solves the
+    problem with these node costs (infinite where a strategy is ruled out) and returns a
+    SolverResult; ``step``, (axis, hint), names the restricted problem among those of the same
+    ``node_costs`` (a caller may reuse what it solved before).
     """
     per_axis = [[[axis_signature(s, b) for b in range(ndim)] for s in group] for group in options]
     best, current = None, list(start)
@@ -47,7 +49,7 @@ def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence
         costs = [[c if others(g, k) == others(g, current[g]) else math.inf for k, c in enumerate(node_costs[g])]
                  for g in range(len(node_costs))]
         try:
-            result = solve_restricted(costs, current)
+            result = solve_restricted(costs, current, (axis, tuple(current)))
         except SolverError:
             result = None
         if result is not None and (best is None or result.objective < best.objective - 1e-12):
