@@ -140,7 +140,7 @@ def test_sharded_flops_fraction():
 
 def test_solver_time_limit_returns_a_valid_plan_with_a_warning():
     model, inputs = gpt2.make("tiny")
-    with pytest.warns(UserWarning, match="within .* of optimal"):
+    with pytest.warns(UserWarning, match=r"in its 0\.01 s limit .*(within .* of optimal|has no proven bound)"):
         plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", solver_time_limit_s=0.01)
     assert plan.solver.status == "feasible" and plan.solver.gap > 0
     assert plan.emit("torch")  # still a complete program
