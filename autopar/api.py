@@ -163,8 +163,8 @@ def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, exa
 
 
 def _warn_stopped_early(mesh: Mesh, time_limit_s: float, gap: float, stacklevel: int) -> None:
-    # a gap of 100% is a bound of 0: the full program did not run (too large for its limit) or
-    # found no bound in it, which is not a plan that close to its end
+    # a gap of 100% is a bound of 0 (the full program did not run, being too large for its
+    # limit, or found no bound in it): "within 100% of optimal" would misread it
     distance = "has no proven bound" if gap >= 1.0 else f"is within {gap:.1%} of optimal"
     warnings.warn(f"the sharding solver did not prove its plan optimal on mesh {mesh} in its {time_limit_s:g} s "
                   f"limit per integer program; the plan {distance} (raise solver_time_limit_s to close the gap)",
