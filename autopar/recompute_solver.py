@@ -136,7 +136,7 @@ def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limi
     ``fold_views``: see ``_fold_free_views``."""
     target, group_of = _fold_free_views(problem) if fold_views else (problem, None)
     if limit is None:
-        limit = _solve(target, None, time_limit_s, horizon, relative_gap).memory * (1 + 1e-9) + 1.0
+        limit = limit_at(_solve(target, None, time_limit_s, horizon, relative_gap))
     return _unfolded(problem, _solve(target, limit, time_limit_s, horizon, relative_gap), group_of)
 
 
@@ -149,6 +149,12 @@ def least_memory(problem: RecomputeProblem, *, time_limit_s: float = 30.0, horiz
     target, group_of = _fold_free_views(problem) if fold_views else (problem, None)
     found = _solve(target, None, time_limit_s, horizon, relative_gap)
     return dataclasses.replace(_unfolded(problem, found, group_of), memory=found.memory)
+
+
+def limit_at(lowest: RecomputeChoice) -> float:
+    """The limit under which ``solve`` finds the least time at ``lowest``'s memory (a least-memory
+    choice): a hair above it, so the solver's rounding cannot make it infeasible."""
+    return lowest.memory * (1 + 1e-9) + 1.0
 
 
 def _unfolded(problem: RecomputeProblem, found: RecomputeChoice, group_of) -> RecomputeChoice:

@@ -167,6 +167,26 @@ def test_the_recompute_model_sees_every_backward_read_and_underestimates_the_sim
         assert under <= 0.02 * plain.peak_bytes, (share, under, plain.peak_bytes)
 
 
+def test_a_layout_no_recomputation_fits_gets_no_least_memory_solve(monkeypatch):
+    """recompute="auto" under a budget no set can meet: the model's first solve says so, and
+    the least-memory solve (as long as a whole descent on a 70B model) is skipped; "full" still
+    reports how low recomputation goes."""
+    from autopar.graph_ir import to_ir
+    from autopar.passes import recompute
+
+    model, inputs = TanhStack(2), (torch.randn(512, 64), torch.randn(512, 64))
+    plan = autopar.plan(model, inputs, mesh="dp=2", hardware="h100-sxm", cache=False)
+    program, ctx = plan.planning_state()
+    calls = []
+    least_memory = recompute.least_memory
+    monkeypatch.setattr(recompute, "least_memory", lambda *a, **k: calls.append(1) or least_memory(*a, **k))
+    args = (to_ir(program), program.table("choice"), program.table("redistributions"), ctx, 1.0)
+    fitted = recompute.fit(*args)
+    assert fitted.recompute is None and fitted.lowest is None and not calls
+    fitted = recompute.fit(*args, "full")
+    assert fitted.recompute is None and fitted.lowest.peak_bytes < fitted.plain.peak_bytes and calls == [1]
+
+
 @pytest.fixture(scope="module")
 def recompute_plans():
     """A GPT-2-style decoder on 2 ranks, data parallel (layouts pinned, so only recomputation answers

@@ -29,7 +29,7 @@ from autopar.passes.base import Pass, PassContext
 from autopar.passes.memory import MemoryEstimate, simulate
 from autopar.passes.schedule import Statement, recomputed_name, schedule
 from autopar.program import Program
-from autopar.recompute_solver import RecomputeProblem, least_memory, solve
+from autopar.recompute_solver import RecomputeProblem, least_memory, limit_at, solve
 from autopar.units import human_bytes, human_seconds
 
 MODES = ("auto", "full", "none")
@@ -128,7 +128,7 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
             lowest = least_memory(problem, **shortcuts)
             found = decided(lowest)[1]
             if found.memory.peak_bytes <= budget:
-                found = decided(solve(problem, lowest.memory * (1 + 1e-9) + 1.0, **shortcuts))[1]
+                found = decided(solve(problem, limit_at(lowest), **shortcuts))[1]
         except SolverError:  # too large to solve in time: this layout gets no recomputation
             ctx.report("the recomputation solver found no solution in time; keeping every value")
             return Fit(plain, None)

@@ -329,9 +329,12 @@ def _solve_within_budget(run_solver, fit_of, rows, budget: float, lean: _Lean, r
         # recomputation, where the layout aimed this way fit with 12 ms)
         over = fitted.plain.peak_bytes - budget
         limit = max(floor, stand_in.used(result.choice) - over)
-        report(f"peak memory {human_bytes(fitted.least.peak_bytes)} is over the budget {human_bytes(budget)}, "
-               "and recomputation cannot close the gap" if fitted.recompute is None else f"the plan fits the budget by recomputing "
-               f"({human_seconds(fitted.recompute.seconds)}); trying layouts that hold less instead")
+        if fitted.recompute is None:
+            report(f"peak memory {human_bytes(fitted.least.peak_bytes)} is over the budget {human_bytes(budget)}, "
+                   "and recomputation cannot close the gap")
+        else:
+            report(f"the plan fits the budget by recomputing ({human_seconds(fitted.recompute.seconds)}); "
+                   "trying layouts that hold less instead")
     return best, attempts
 
 
