@@ -1,8 +1,11 @@
 """Measure this machine and fit a hardware spec: ``autopar calibrate --out cpu.json``.
 
-Each "device" is one local gloo process, as in ``autopar.check``. Compute is
-measured on every rank at once (ranks share the cores, as they do when a
-program runs), collectives through the same RankMesh calls emitted programs use.
+Each "device" is one local gloo process, as in ``autopar.check``. Everything is
+measured with every rank busy at once, as when a program runs: the ranks share
+the cores, so a collective among 2 of 4 processes takes far longer than the same
+collective in a world of 2. Compute is timed on every rank together; collectives
+through the RankMesh calls emitted programs use, in groups of each size with all
+groups of the world running together (as the groups of one mesh axis do).
 
 Fits (least squares):
 - matmul time t = (f + f_half) / rate, i.e. the efficiency curve f / (f + f_half);
@@ -20,6 +23,7 @@ import torch
 
 from autopar.cost_models.collectives import as_run
 from autopar.cost_models.hardware import Hardware, Link
+from autopar.errors import AutoparError
 
 MATMUL_SIZES = (64, 128, 256, 512, 768)
 MESSAGE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
@@ -32,6 +36,10 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
 
     report = progress or (lambda msg: None)
     largest = max(world_sizes)
+    uneven = [p for p in world_sizes if p < 2 or largest % p]
+    if uneven:
+        raise AutoparError(f"cannot measure collectives in groups of {', '.join(map(str, uneven))}: every group "
+                           f"size must be at least 2 and divide the largest ({largest}), e.g. 2,4")
     report(f"starting {largest} local processes ...")
     cluster = get_cluster(largest)
     report("matmul throughput, all ranks at once ...")
@@ -43,8 +51,8 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
            f"memory bandwidth {bandwidth / 1e9:.2f} GB/s")
     collectives = []
     for p in sorted(world_sizes):
-        report(f"gloo collectives over {p} processes ...")
-        rows = get_cluster(p).run(_measure_collectives, MESSAGE_BYTES)[0]
+        report(f"gloo collectives in groups of {p}, all {largest} processes at once ...")
+        rows = cluster.run(_measure_collectives, p, MESSAGE_BYTES)[0]
         for kind, nbytes, seconds in rows:
             report(f"  {kind:<15} {nbytes / 1024:>8.0f} KiB: {seconds * 1e6:9.1f} us")
             collectives.append((kind, p, nbytes, seconds))
@@ -108,36 +116,51 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+# Ranks leave a barrier milliseconds apart on shared cores, so a window of one short kernel
+# often runs alone and times the whole machine's speed, not this rank's share (a 768^3 matmul
+# timed singly read 110 GFLOP/s; sustained beside three others, 70). Each timed window holds
+# about this much work at one core's speed, so the ranks' windows overlap nearly fully.
+_WINDOW_S = 0.1
+
+
+def _per_call(fn, calls: int, repeats: int = 5) -> float:
+    """Median seconds per call of ``fn`` over windows of ``calls`` back-to-back calls on every rank."""
+    return _median_time(lambda: [fn() for _ in range(calls)], repeats) / calls
+
+
 def _measure_matmuls(rank, world_size, sizes):
     out = []
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        repeats = max(5, int(1e9 / n ** 3))
-        out.append((2.0 * n ** 3, _median_time(lambda: torch.mm(a, b), repeats)))
+        flops = 2.0 * n ** 3
+        calls = max(1, int(_WINDOW_S * 1e11 / flops))  # ~0.1 s at 100 GFLOP/s
+        out.append((flops, _per_call(lambda: torch.mm(a, b), calls)))
     return out
 
 
 def _measure_memory(rank, world_size):
     """(kernel floor, host time of a view, memory bandwidth), calling ops as emitted programs do."""
-    aten, calls = torch.ops.aten, 200
+    aten = torch.ops.aten
     tiny = torch.ones(1)
-    floor = _median_time(lambda: [aten.add.Tensor(tiny, tiny) for _ in range(calls)], 10) / calls
-    view = _median_time(lambda: [aten.view.default(tiny, [1]) for _ in range(calls)], 10) / calls
+    floor = _per_call(lambda: aten.add.Tensor(tiny, tiny), calls=20000)
+    view = _per_call(lambda: aten.view.default(tiny, [1]), calls=20000)
     big = torch.randn(1 << 22)
     out = torch.empty_like(big)
-    seconds = _median_time(lambda: torch.add(big, 1, out=out), 10)
+    seconds = _per_call(lambda: torch.add(big, 1, out=out), calls=30)
     return floor, view, 2 * big.numel() * big.element_size() / seconds
 
 
-def _measure_collectives(rank, world_size, sizes):
+def _measure_collectives(rank, world_size, group, sizes):
+    """(kind, bytes, seconds) of collectives over axis "x": groups of ``group`` ranks, all at once."""
     from autopar.mesh import Mesh
     from autopar.runtime.rank_mesh import RankMesh
 
-    rm = RankMesh(Mesh(("x",), (world_size,)))
+    rest = world_size // group
+    rm = RankMesh(Mesh(("rest", "x"), (rest, group)) if rest > 1 else Mesh(("x",), (group,)))
     rows = []
     for nbytes in sizes:
         x = torch.randn(nbytes // 4)
-        local = torch.randn(nbytes // 4 // world_size)
+        local = torch.randn(nbytes // 4 // group)
         # every call moves a message of nbytes as the cost model counts it (see collectives.py)
         ops = {
             "all_reduce": lambda: rm.all_reduce(x, "x"),

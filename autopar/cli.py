@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     c.set_defaults(run=cmd_check)
     k = sub.add_parser("calibrate", help="measure this machine (local gloo processes) and write a hardware spec")
     k.add_argument("--out", help="where to write the spec (JSON); default: the file --hardware cpu reads")
-    k.add_argument("--world-sizes", default="2,4", help="process counts to measure collectives over")
+    k.add_argument("--world-sizes", default="2,4", help="group sizes to time collectives in; the largest is "
+                                                                "how many processes run (all at once)")
     k.add_argument("--name", default="local-cpu")
     k.set_defaults(run=cmd_calibrate)
     d = sub.add_parser("diff", help="where two plan files of one model differ, and the cost delta of each")

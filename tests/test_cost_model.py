@@ -183,6 +183,21 @@ def test_calibration_fits_recover_known_parameters():
     assert fit_link(measured, floor) == pytest.approx((alpha, beta))
 
 
+def test_calibration_times_collectives_in_groups_with_every_rank_busy():
+    """Groups of 2 on 4 processes run at once on every rank (two groups side by side), as a mesh
+    axis's groups do in a program; a group size that does not divide the world is refused."""
+    from autopar.calibrate import _measure_collectives, calibrate
+    from autopar.runtime.local_cluster import get_cluster
+
+    per_rank = get_cluster(4).run(_measure_collectives, 2, (4 << 10,))
+    assert len(per_rank) == 4
+    for rows in per_rank:
+        assert sorted(kind for kind, _, _ in rows) == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"]
+        assert all(nbytes == 4 << 10 and seconds > 0 for _, nbytes, seconds in rows)
+    with pytest.raises(AutoparError, match="divide the largest"):
+        calibrate((3, 4))
+
+
 def test_pinned_parameters_keep_their_layout_and_bad_pins_are_refused():
     model, inputs = mlp.make(batch=8, width=64, hidden=256)
     plan = autopar.plan(model, inputs, mesh="tp=4", pin={"fc1.weight": "S(1)"})
