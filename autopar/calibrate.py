@@ -9,8 +9,11 @@ groups of the world running together (as the groups of one mesh axis do).
 
 Fits (least squares):
 - matmul time t = (f + f_half) / rate, i.e. the efficiency curve f / (f + f_half);
-- collective time t − floor = a·α + b·β, with a, b from the ring formulas of
-  ``cost_models.collectives`` for each kind, size and group size.
+- collective time t − floor = c + a·α + b·β, with a, b from the ring formulas of
+  ``cost_models.collectives`` for each kind, size and group size, and c a fixed
+  cost per call (on shared cores every rank of the group must be scheduled before
+  the first ring step: a 4 KiB all-gather among 2 of 4 busy processes takes about
+  1.2 ms, not one ring step's 0.5 ms).
 """
 from __future__ import annotations
 
@@ -58,14 +61,14 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
             collectives.append((kind, p, nbytes, seconds))
     rate, half = fit_compute(matmuls)
     emulated = ("reduce_scatter", "all_to_all")  # gloo lacks them; RankMesh composes them
-    alpha, beta = fit_link(collectives, floor, emulated)
-    report(f"fit: {rate / 1e9:.2f} GFLOP/s (half at {half / 1e6:.1f} MFLOP), "
-           f"alpha {alpha * 1e6:.1f} us, bandwidth {1 / beta / 1e9:.2f} GB/s")
+    launch, alpha, beta = fit_link(collectives, floor, emulated)
+    report(f"fit: {rate / 1e9:.2f} GFLOP/s (half at {half / 1e6:.1f} MFLOP), collective launch "
+           f"{launch * 1e6:.1f} us, alpha {alpha * 1e6:.1f} us, bandwidth {1 / beta / 1e9:.2f} GB/s")
     link = Link(bandwidth=1.0 / beta, latency=alpha)
     return Hardware(name=name, peak_flops=rate, memory_bytes=_memory_bytes() / largest, memory_bandwidth=bandwidth,
                     intra_node=link, inter_node=link, devices_per_node=largest, compute_efficiency=1.0,
                     half_efficiency_flops=half, memory_efficiency=1.0, kernel_floor_s=floor, host_op_s=host_op,
-                    fp32_flops_ratio=1.0, emulated_collectives=emulated,
+                    collective_launch_s=launch, fp32_flops_ratio=1.0, emulated_collectives=emulated,
                     collectives_library="gloo")
 
 
@@ -85,14 +88,17 @@ def ring_terms(kind: str, p: int, nbytes: float, emulated=()) -> tuple[float, fl
     return p - 1, (p - 1) / p * nbytes
 
 
-def fit_link(samples: list[tuple[str, int, float, float]], floor: float, emulated=()) -> tuple[float, float]:
-    """(α, β) minimising the squared relative error over all collectives."""
-    rows, rhs = [], []
-    for kind, p, nbytes, seconds in samples:
-        rows.append(list(ring_terms(kind, p, nbytes, emulated)))
-        rhs.append(max(seconds - floor, 0.0))
-    alpha, beta = _relative_lstsq(rows, rhs, weights=[1.0 / t for *_, t in samples])
-    return max(alpha, 1e-7), max(beta, 1e-12)
+def fit_link(samples: list[tuple[str, int, float, float]], floor: float,
+             emulated=()) -> tuple[float, float, float]:
+    """(per-call launch, α, β) minimising the squared relative error over all collectives; the
+    launch is dropped (0) where the data make it negative."""
+    terms = [ring_terms(kind, p, nbytes, emulated) for kind, p, nbytes, _ in samples]
+    rhs = [max(seconds - floor, 0.0) for *_, seconds in samples]
+    weights = [1.0 / t for *_, t in samples]
+    launch, alpha, beta = _relative_lstsq([[1.0, a, b] for a, b in terms], rhs, weights)
+    if launch < 0:
+        launch, (alpha, beta) = 0.0, _relative_lstsq([list(t) for t in terms], rhs, weights)
+    return launch, max(alpha, 1e-7), max(beta, 1e-12)
 
 
 def _relative_lstsq(rows, rhs, weights=None) -> list[float]:

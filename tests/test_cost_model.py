@@ -174,13 +174,28 @@ def test_calibration_fits_recover_known_parameters():
     fitted_rate, fitted_half = fit_compute(samples)
     assert fitted_rate == pytest.approx(rate) and fitted_half == pytest.approx(half)
     alpha, beta, floor = 30e-6, 1 / 2e9, 5e-6
-    measured = []
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
-        for p in (2, 4):
-            for n in (4e3, 1e6, 4e6):
-                a, b = ring_terms(kind, p, n)
-                measured.append((kind, p, n, floor + a * alpha + b * beta))
-    assert fit_link(measured, floor) == pytest.approx((alpha, beta))
+    for launch in (0.0, 1e-3):  # without and with a fixed cost per call (gloo on shared cores)
+        measured = []
+        for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+            for p in (2, 4):
+                for n in (4e3, 1e6, 4e6):
+                    a, b = ring_terms(kind, p, n)
+                    measured.append((kind, p, n, floor + launch + a * alpha + b * beta))
+        assert fit_link(measured, floor) == pytest.approx((launch, alpha, beta), abs=1e-12, rel=1e-6)
+
+
+def test_every_collective_call_pays_the_library_launch():
+    """A two-step move (all-gather on each axis) pays the launch twice; the presets pay none."""
+    from autopar.placement import Spec
+    from autopar.program import TensorMeta
+
+    assert all(hw.collective_launch_s == 0 for hw in autopar.PRESETS.values())
+    meta = TensorMeta((64, 64), "float32")
+    src, dst = Spec.from_json("S(0),S(1)"), Spec.from_json("R,R")
+    mesh = Mesh.parse("dp=2,tp=2")
+    plain = CostModel(mesh, HW).reshard_time(meta, src, dst)
+    launched = CostModel(mesh, dataclasses.replace(HW, collective_launch_s=1e-3)).reshard_time(meta, src, dst)
+    assert launched - plain == pytest.approx(2e-3)
 
 
 def test_calibration_times_collectives_in_groups_with_every_rank_busy():

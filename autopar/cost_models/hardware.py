@@ -39,6 +39,10 @@ class Hardware:
     # host time of an op that launches no kernel (a view): 0 where the host runs ahead of an
     # asynchronous device (GPUs), but paid in full on a synchronous one (CPU processes)
     host_op_s: float = 0.0
+    # fixed time per collective call on top of its ring steps and the kernel floor: 0 for NCCL
+    # (its launch latency is in α), about a millisecond for gloo processes sharing cores, where
+    # every rank of the group must be scheduled before the first step (autopar calibrate fits it)
+    collective_launch_s: float = 0.0
     fp32_flops_ratio: float = 0.5  # fp32 runs on TF32 tensor cores at about half the bf16 rate
     # collectives the communication library lacks, which autopar's runtime composes (gloo:
     # reduce-scatter = all-reduce + slice, all-to-all = all-gather + slice)

@@ -35,9 +35,9 @@ class CostModel:
                 seconds, moved = 2 * local / p / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
             elif step.kind == "zero_partial":  # a local fill with zeros
                 seconds, moved = local / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
-            else:  # every collective also pays a launch, like any kernel
+            else:  # every collective also pays a launch, like any kernel, and the library's own
                 seconds = collective_time(step.kind, message, axis_placement(self.mesh, step.axis, hw), hw) \
-                    + hw.kernel_floor_s
+                    + hw.kernel_floor_s + hw.collective_launch_s
                 moved = message
             out.append((step, seconds, moved))
             if step.kind in ("all_gather", "all_to_all"):
