@@ -123,7 +123,7 @@ def _from_cache(cached: Plan, program, hw: Hardware, options: dict, progress) ->
     """A cache hit, told like a plan just made; explain rebuilds the strategies from ``program``."""
     if progress is not None:
         progress(cached.history[-1].note)
-    if cached.solver.status != "optimal":  # as when it was solved: the user should still know
+    if cached.solver.status == "feasible":  # as when it was solved: the user should still know
         _warn_stopped_early(cached.mesh, options["solver_time_limit_s"], cached.solver.gap, stacklevel=3)
     return dataclasses.replace(cached, planning_state=functools.cache(
         lambda: state_from_program(cached, program, hw, options["pin"])))
@@ -140,7 +140,7 @@ def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, exa
                       constraints=from_options(options["pin"], options["restrict"]))
     history = PassManager(passes).run(program, ctx)
     result = program.table("solver")
-    if result.status != "optimal":
+    if result.status == "feasible":  # not "least-memory": the budget, not the limit, chose that layout
         _warn_stopped_early(mesh, options["solver_time_limit_s"], result.gap, stacklevel=3)
     fallback = program.table("fallback")
     return Plan(

@@ -125,7 +125,7 @@ def _median_time(fn, repeats: int) -> float:
 # Ranks leave a barrier milliseconds apart on shared cores, so a window of one short kernel
 # often runs alone and times the whole machine's speed, not this rank's share (a 768^3 matmul
 # timed singly read 110 GFLOP/s; sustained beside three others, 70). Each timed window holds
-# about this much work at one core's speed, so the ranks' windows overlap nearly fully.
+# about this many seconds of work at 100 GFLOP/s, so the ranks' windows overlap nearly fully.
 _WINDOW_S = 0.1
 
 

@@ -203,7 +203,9 @@ def _reason(rows: list[PricedStrategy], group_size: int, solver) -> str:
     best = cheaper[0]
     why = [f"gradient syncs run partly hidden under backward, which these prices (full collective time) "
            f"do not show"]
-    if solver.status != "optimal":
+    if solver.status == "least-memory":
+        why.append("no faster layout fitted the memory budget, so the plan is the layout holding the least memory")
+    elif solver.status != "optimal":
         why.append("the solver proved no bound on the plan" if solver.gap >= 1.0 else
                    f"the solver stopped at its time limit {solver.gap:.1%} from proven optimal")
     if chosen.output_bytes < best.output_bytes:

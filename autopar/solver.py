@@ -39,7 +39,9 @@ class SolverResult:
     choice: tuple[int, ...]
     objective: float  # seconds, re-evaluated exactly from the float costs
     bound: float  # seconds: proven lower bound
-    status: str  # "optimal" | "feasible"
+    # "optimal" | "feasible" | "least-memory" (solve_sharding's last answer: the layout that holds
+    # the least memory, optimal for that, with no bound on its time)
+    status: str
     seconds: float
     backend: str
     n_variables: int

@@ -1,7 +1,7 @@
 """The solver's plan vs the hand-written baselines, measured: 4 local CPU processes (gloo).
 
     autopar calibrate --out cpu.json          # once
-    python benchmarks/plan_real_run.py --hardware cpu.json [--size small] [--steps 5] [--rounds 3]
+    python benchmarks/plan_real_run.py --hardware cpu.json [--size small] [--steps 5] [--rounds 5]
 
 Plans the GPT-2-style decoder with `mesh=4` (every mesh of 4 devices) on the calibrated
 spec, and the baselines of `autopar.baselines` (data parallel, ZeRO-3, Megatron TP x DP),
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--hardware", required=True, help="a calibrated spec (autopar calibrate --out FILE)")
     parser.add_argument("--size", default="small", help=f"one of {', '.join(gpt2.SIZES)}")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3, help="times each plan is measured, in turn")
+    parser.add_argument("--rounds", type=int, default=5, help="times each plan is measured, in turn")
     args = parser.parse_args()
     try:
         hw = get_hardware(args.hardware)
@@ -67,7 +67,7 @@ def main() -> None:
         low, high = min(rounds[name]), max(rounds[name])
         print(f"{name:<22} {str(plan.mesh):<14} {plan.predicted.step_time_s * 1e3:>8.1f}ms "
               f"{measured[name] * 1e3:>8.1f}ms  {low * 1e3:.0f}-{high * 1e3:.0f} ms")
-    # the least of ten noisy medians is biased low (it wins partly by luck): more rounds shrink that
+    # the least of eight noisy medians is biased low (it wins partly by luck): more rounds shrink that
     best = min((n for n in measured if n != "auto"), key=measured.get)
     # the ratio each round gave, so a reader sees whether the median's verdict is steady
     per_round = [a / b for a, b in zip(rounds["auto"], rounds[best])]

@@ -1,6 +1,7 @@
 """Per-device memory: the model of the emitted program's peak, the budget the solver keeps,
 and ZeRO/FSDP-style sharding when memory demands it."""
 import re
+import warnings
 
 import pytest
 import torch
@@ -127,7 +128,12 @@ def test_when_the_budget_loop_gives_up_the_leanest_layout_is_taken_if_it_fits(mo
 
     leanest = suggested("100MiB")
     assert parse_bytes("400MiB") < parse_bytes(leanest) < parse_bytes("868MiB")
-    plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=leanest, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the budget chose this layout, not the solver's time limit: no warning
+        plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=leanest, cache=False)
     assert plan.predicted.peak_memory_bytes <= parse_bytes(leanest)
+    # reported as what it is, its objective a step time (it was solved with bytes, in GB, as the objective)
+    assert plan.solver.status == "least-memory" and plan.solver.gap == 1.0
+    assert plan.solver.objective_s == pytest.approx(plan.predicted.step_time_s - plan.predicted.recompute_s, rel=0.05)
     below = f"{parse_bytes(leanest) / 2**20 - 5:.1f}MiB"
     assert suggested(below) == leanest

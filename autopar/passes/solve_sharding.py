@@ -38,7 +38,7 @@ from autopar.passes.recompute import fit, memory_budget
 from autopar.passes.rule_table import rule_for
 from autopar.passes.warm_start import descend_axes
 from autopar.program import Program, forward_nodes, tensor_inputs
-from autopar.solver import MemoryLimit, Overlap, solve
+from autopar.solver import MemoryLimit, Overlap, evaluate, solve
 from autopar.units import bytes_at_least, human_bytes, human_seconds
 
 
@@ -197,7 +197,7 @@ class SolveShardingPass(Pass):
 
         rows, held = _memory_rows(program, strategies, groups, index, root, ctx)
         steps = _StepMemo(held, rows)
-        lean = _Lean(run_solver, rows, node_costs)
+        lean = _Lean(run_solver, rows, node_costs, lambda choice: evaluate(node_costs, edges, choice, overlap))
         best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
                                               ctx.options.get("recompute") == "full")
         if best is not None:  # on a 1-D mesh every solve was the full program already
@@ -241,10 +241,13 @@ class _Lean:
     leanest strategy (the start of budgeted solves: it meets any limit that can be met, and on
     a 70B model the descent from it found a step time half that from the solved layout below);
     ``result``, solved with bytes as the objective (a valid plan, reshards and all: the last
-    answer when no faster layout fits; solved once, when first needed)."""
+    answer when no faster layout fits; solved once, when first needed), reported with its step
+    time as the objective and status "least-memory": it is optimal for memory, and no bound on
+    its time is known."""
 
-    def __init__(self, run_solver, rows, node_costs):
+    def __init__(self, run_solver, rows, node_costs, time_of):
         self.run_solver = run_solver
+        self.time_of = time_of
         self._result = None
         # bytes as the objective, in GB: the solver scales costs by 1e9 (nanoseconds), and raw
         # bytes would pass SCIP's infinity (1e20) on an 80-layer model
@@ -255,7 +258,9 @@ class _Lean:
     @property
     def result(self):
         if self._result is None:
-            self._result = self.run_solver(None, self.costs, start=self.choice, bounded=False, polish=False)
+            leanest = self.run_solver(None, self.costs, start=self.choice, bounded=False, polish=False)
+            self._result = dataclasses.replace(leanest, objective=self.time_of(leanest.choice), bound=0.0,
+                                               status="least-memory")
         return self._result
 
 
