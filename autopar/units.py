@@ -27,16 +27,17 @@ def parse_bytes(value: "str | float | None") -> "float | None":
 
 
 def human_bytes(n: float) -> str:
+    """Decimal units, as device memory is sold and as parse_bytes reads them: 72e9 is "72.0 GB"."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
+        if abs(n) < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        n /= 1000
     return f"{n:.1f} TB"
 
 
 def bytes_at_least(n: float) -> str:
     """``n`` bytes rounded up to a tenth of a binary unit, in text parse_bytes reads back ("4.1MiB"):
-    human_bytes rounds to the nearest and writes binary units as "MB", which parse_bytes reads as 1e6."""
+    a budget that is at least ``n`` (human_bytes rounds to the nearest, which may be under it)."""
     for unit in ("KiB", "MiB", "GiB", "TiB"):
         size = _UNITS[unit.upper()]
         if n < 1024 * size or unit == "TiB":

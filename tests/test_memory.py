@@ -23,6 +23,14 @@ def test_memory_budgets_are_read_from_text_or_bytes():
             parse_bytes(bad)
 
 
+def test_sizes_print_in_the_units_budgets_are_read_in():
+    from autopar.units import human_bytes
+
+    assert human_bytes(0.9 * 80e9) == "72.0 GB"  # the default budget of an 80 GB device
+    for n in (999.0, 12.3e3, 4.56e6, 7.89e9, 2.5e12):
+        assert parse_bytes(human_bytes(n)) == pytest.approx(n, rel=0.01)
+
+
 def test_breakdown_timeline_and_optimizer_state(fast_network):
     model, inputs = gpt2.make("tiny")
     by_optimizer = {opt: autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network, optimizer=opt).predicted

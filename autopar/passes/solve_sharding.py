@@ -201,7 +201,9 @@ class SolveShardingPass(Pass):
         best, attempts = _solve_within_budget(run_solver, fit_of, rows, budget, lean, ctx.report,
                                               ctx.options.get("recompute") == "full")
         if best is not None:  # on a 1-D mesh every solve was the full program already
-            polish = ctx.mesh.ndim > 1 and _solvable_in(time_limit, node_costs, edge_acc, ctx.report)
+            # mesh search sets full_program False while it compares meshes, and runs it on the finalists
+            polish = ctx.mesh.ndim > 1 and ctx.options.get("full_program", True) \
+                and _solvable_in(time_limit, node_costs, edge_acc, ctx.report)
             best = _polished(best, run_solver, fit_of) if polish else best[:2]
         if best is None:
             # the leanest layout, as it is or with as much recomputation as helps: the loop may have
