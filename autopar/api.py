@@ -123,8 +123,8 @@ def _from_cache(cached: Plan, program, hw: Hardware, options: dict, progress) ->
     """A cache hit, told like a plan just made; explain rebuilds the strategies from ``program``."""
     if progress is not None:
         progress(cached.history[-1].note)
-    if cached.solver.status == "feasible":  # as when it was solved: the user should still know
-        _warn_stopped_early(cached.mesh, options["solver_time_limit_s"], cached.solver.gap, stacklevel=3)
+    # as when it was solved: the user should still know
+    _warn_if_unproven(cached.mesh, cached.solver, options["solver_time_limit_s"], stacklevel=3)
     return dataclasses.replace(cached, planning_state=functools.cache(
         lambda: state_from_program(cached, program, hw, options["pin"])))
 
@@ -140,9 +140,8 @@ def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, exa
                       constraints=from_options(options["pin"], options["restrict"]))
     history = PassManager(passes).run(program, ctx)
     result = program.table("solver")
-    # not "least-memory": the budget, not the time limit, chose that layout
-    if warn and result.status == "feasible":
-        _warn_stopped_early(mesh, options["solver_time_limit_s"], result.gap, stacklevel=3)
+    if warn:
+        _warn_if_unproven(mesh, result, options["solver_time_limit_s"], stacklevel=3)
     fallback = program.table("fallback")
     return Plan(
         mesh=mesh,
@@ -163,7 +162,12 @@ def _plan_on(program, mesh: Mesh, hw: Hardware, options: dict, sizes, model, exa
     )
 
 
-def _warn_stopped_early(mesh: Mesh, time_limit_s: float, gap: float, stacklevel: int) -> None:
+def _warn_if_unproven(mesh: Mesh, solver, time_limit_s: float, stacklevel: int) -> None:
+    """Warn when the time limit stopped the solver (``solver``: its result or SolverStats). Not for
+    status "least-memory": the budget, not the time limit, chose that layout."""
+    if solver.status != "feasible":
+        return
+    gap = solver.gap
     # a gap of 100% is a bound of 0 (the full program did not run, being too large for its
     # limit, or found no bound in it): "within 100% of optimal" would misread it
     distance = "has no proven bound" if gap >= 1.0 else f"is within {gap:.1%} of optimal"
@@ -200,8 +204,7 @@ def _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, m
         tried[mesh] = human_seconds(planned[mesh].predicted.step_time_s)
         report(f"mesh search: {mesh}: {tried[mesh]}")
     if not planned:
-        raise AutoparError(f"no mesh of {meshes[0].size} devices gives a plan: "
-                           + "; ".join(f"{m}: {why}" for m, why in tried.items()))
+        raise AutoparError(f"no mesh of {meshes[0].size} devices gives a plan: {_listing(tried)}")
     fastest = min(p.predicted.step_time_s for p in planned.values())
     for mesh, candidate in planned.items():
         if mesh.ndim > 1 and candidate.predicted.step_time_s <= fastest * (1 + _FINALIST_MARGIN):
@@ -210,8 +213,10 @@ def _search_meshes(program, meshes, hw, options, sizes, model, example_inputs, m
                                      warn=False)
             tried[mesh] = human_seconds(planned[mesh].predicted.step_time_s)
     best = min(planned.values(), key=lambda p: p.predicted.step_time_s)
-    if best.solver.status == "feasible":  # only the winner's proof matters to the user
-        _warn_stopped_early(best.mesh, options["solver_time_limit_s"], best.solver.gap, stacklevel=4)
-    tried = [f"{m}: {why}" for m, why in tried.items()]
-    record = PassRecord("mesh_search", time.perf_counter() - start, f"best {best.mesh} of " + "; ".join(tried))
+    _warn_if_unproven(best.mesh, best.solver, options["solver_time_limit_s"], stacklevel=4)  # the winner's only
+    record = PassRecord("mesh_search", time.perf_counter() - start, f"best {best.mesh} of {_listing(tried)}")
     return dataclasses.replace(best, history=(record,) + best.history)
+
+
+def _listing(tried: dict) -> str:
+    return "; ".join(f"{mesh}: {outcome}" for mesh, outcome in tried.items())

@@ -78,6 +78,16 @@ def test_mesh_search_runs_the_full_program_only_on_2d_meshes_near_the_best():
     assert searched.solver.status == "optimal"  # the winner's full program proved it
 
 
+def test_mesh_search_warns_once_and_for_the_winning_mesh_only():
+    model, inputs = gpt2.make(SMALL)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = autopar.plan(model, inputs, mesh=4, hardware="h100-sxm", solver_time_limit_s=0.01, cache=False)
+    stopped = [str(w.message) for w in caught if "did not prove" in str(w.message)]
+    assert plan.solver.status == "feasible"
+    assert len(stopped) == 1 and f"on mesh {plan.mesh} " in stopped[0]
+
+
 def test_mesh_search_explains_a_bad_device_count():
     with pytest.raises(autopar.MeshError, match="process group"):
         candidate_meshes("auto", autopar.PRESETS["h100-sxm"])
