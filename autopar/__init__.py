@@ -1,18 +1,20 @@
 """autopar: automatic parallelization of PyTorch training steps."""
+import autopar.backends  # noqa: F401  registers Plan.emit's backends
+import autopar.inspect  # noqa: F401  registers Plan.summary and Plan.explain
 from autopar.api import plan
 from autopar.baseline_plans import Baselines, baselines
 from autopar.check import CheckReport, check
-from autopar.constraints import Constraints
 from autopar.cost_models.hardware import PRESETS, Hardware, Link
-from autopar.diff import PlanDiff, diff
 from autopar.errors import AutoparError, CaptureError, MeshError, PlanFormatError, PlanMismatchError, SolverError
-from autopar.mesh import Mesh
+from autopar.inspect.diff import PlanDiff, diff
+from autopar.ir.mesh import Mesh
+from autopar.ir.placement import Partial, Replicate, Shard, Spec
+from autopar.ir.plan import Plan
+from autopar.ops.table import register_rule
 from autopar.parallelize import autoparallelize, plan_of
-from autopar.pass_registry import register_pass, registered_passes, unregister_pass
 from autopar.passes.base import Pass, PassContext
-from autopar.passes.rule_table import register_rule
-from autopar.placement import Partial, Replicate, Shard, Spec
-from autopar.plan import Plan
+from autopar.passes.constraints import Constraints
+from autopar.passes.registry import register_pass, registered_passes, unregister_pass
 
 __all__ = [
     "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "plan_of",

@@ -31,13 +31,13 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from autopar.api import plan_captured
-from autopar.capture import capture
+from autopar.capture.export import capture
 from autopar.cost_models.hardware import get_hardware
 from autopar.errors import AutoparError
-from autopar.mesh import Mesh
-from autopar.placement import Shard
-from autopar.program import descendants
+from autopar.ir.mesh import Mesh
+from autopar.ir.placement import Shard
+from autopar.ir.program import descendants
+from autopar.planning.pipeline import plan_captured
 
 # module names of the projections Megatron splits by output (column) and by input (row)
 _COLUMN = re.compile(r"(^|\.)(q|k|v|q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|wq|wk|wv|gate_proj|up_proj|"
@@ -84,7 +84,8 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware="h100-
         if progress is not None:
             progress(f"baseline {name} on {mesh} ...")
         try:
-            out[name] = plan_captured(program, model, example_inputs, mesh=mesh, hardware=hw, pin=pin, restrict=restrict,
+            out[name] = plan_captured(program, model, example_inputs, mesh=mesh, hardware=hw, pin=pin,
+                                      restrict=restrict,
                              progress=progress, **plan_options)
         except AutoparError as exc:  # e.g. replicated parameters do not fit the memory budget
             out.skipped[name] = str(exc)

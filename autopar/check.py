@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from autopar.errors import MeshError
-from autopar.mesh import Mesh
-from autopar.plan import Plan
+from autopar.ir.mesh import Mesh
+from autopar.ir.plan import Plan
+from autopar.parallelize import check_plan_is_for
 from autopar.runtime.local_cluster import get_cluster
-from autopar.runtime.module import check_plan_is_for
 from autopar.runtime.rank_mesh import assemble
 
 SEED = 1234
@@ -175,7 +175,7 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
     plan = Plan.from_json(plan_json)
     rt = rank_mesh_for(plan.mesh)
     rt.bytes_moved.clear()
-    parallel = ParallelModule(model, plan, rt)
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
     peak = _measure_peak_memory(model, lambda: parallel(*inputs)) if measure_memory else None
     rt.bytes_moved.clear()
     losses, grads = train(model, lambda: parallel(*inputs), steps, lr)

@@ -39,7 +39,7 @@ def load_factory(spec: str):
 
 def cmd_plan(args) -> int:
     from autopar.api import plan
-    from autopar.progress import terminal_progress
+    from autopar.inspect.progress import terminal_progress
 
     model, inputs = load_factory(args.factory)
     mesh = int(args.mesh) if args.mesh.isdigit() else args.mesh  # a device count: search the meshes
@@ -63,14 +63,14 @@ def cmd_plan(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from autopar.diff import diff
+    from autopar.inspect.diff import diff
 
     print(diff(_read_plan(args.a), _read_plan(args.b)))
     return 0
 
 
 def _read_plan(path: str):
-    from autopar.plan import Plan
+    from autopar.ir.plan import Plan
 
     try:
         with open(path) as f:
@@ -83,7 +83,7 @@ def _read_plan(path: str):
 def cmd_show(args) -> int:
     from rich.console import Console
 
-    from autopar.show import render_plan
+    from autopar.inspect.show import render_plan
 
     plan = _read_plan(args.plan)
     # piped output is not wrapped to the 80 columns rich assumes without a terminal
@@ -92,7 +92,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from autopar.report_html import render_html
+    from autopar.inspect.report_html import render_html
 
     plan = _read_plan(args.plan)
     try:
@@ -116,10 +116,8 @@ def cmd_check(args) -> int:
 def cmd_calibrate(args) -> int:
     import time
 
-    from autopar.calibrate import calibrate
-    from autopar.cost_models.hardware import save_hardware
-
-    from autopar.cost_models.hardware import calibrated_cpu_path
+    from autopar.cost_models.calibrate import calibrate
+    from autopar.cost_models.hardware import calibrated_cpu_path, save_hardware
 
     out = args.out or calibrated_cpu_path()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -20,10 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.errors import AutoparError, MeshError
-from autopar.mesh import Mesh
-from autopar.pass_registry import pipeline
-from autopar.plan import Plan
+from autopar.capture.export import capture
+from autopar.errors import AutoparError, MeshError, PlanMismatchError
+from autopar.ir.graph import fingerprint_of
+from autopar.ir.mesh import Mesh
+from autopar.ir.plan import Plan
+from autopar.passes.registry import pipeline
 
 
 class _Runner:
@@ -44,7 +46,7 @@ class _Runner:
 
     def _start(self, model: nn.Module, inputs):
         from autopar.api import plan as make_plan
-        from autopar.runtime.module import ParallelModule, check_plan_is_for
+        from autopar.runtime.module import ParallelModule
         from autopar.runtime.rank_mesh import RankMesh
 
         _ensure_process_group()
@@ -69,7 +71,18 @@ class _Runner:
                 dist.broadcast(moved, src=0)
                 tensor.data = moved
         self.plan = plan
-        return ParallelModule(model, plan, RankMesh(self.mesh, device=device))
+        return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"))
+
+
+def check_plan_is_for(plan: Plan, model: nn.Module, inputs) -> None:
+    """Refuse a plan of another computation before it runs: one made for another forward, or
+    for inputs of other shapes, has the same parameters but would compute something else."""
+    fingerprint = fingerprint_of(capture(model, inputs))
+    if fingerprint != plan.fingerprint:
+        raise PlanMismatchError(
+            f"plan {plan.hash} was made for graph {plan.fingerprint}, but this model and these inputs capture as "
+            f"graph {fingerprint} (another forward, or inputs of other shapes or dtypes); plan this model with "
+            f"these inputs with autopar.plan and use that plan")
 
 
 _RUNNERS: "weakref.WeakKeyDictionary[nn.Module, _Runner]" = weakref.WeakKeyDictionary()

@@ -28,6 +28,7 @@ from autopar.errors import AutoparError  # noqa: E402
 from autopar.runtime.local_cluster import get_cluster  # noqa: E402
 from examples import gpt2  # noqa: E402
 
+
 def variants(layers: int, world: int) -> list[tuple[str, dict]]:
     """(mesh, pins): the solver's own plans on each mesh, then layouts forced by pinning."""
     def pin_all(names, spec):
@@ -65,7 +66,7 @@ def measure(rank, world_size, model_bytes, inputs, plan_json, steps):
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
     plan = autopar.Plan.from_json(plan_json)
     rt = rank_mesh_for(plan.mesh)
-    parallel = ParallelModule(model, plan, rt)
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     times = []
     for i in range(steps + 1):  # the first step warms up
@@ -142,7 +143,8 @@ def main() -> None:
         rows.append((plan.predicted.step_time_s, measured, want, counted))
     mape = statistics.fmean(abs(p - m) / m for p, m, _, _ in rows)
     rho = spearman([p for p, *_ in rows], [m for _, m, *_ in rows])
-    bytes_match = sum(1 for _, _, w, c in rows if {k: round(v) for k, v in w.items()} == {k: round(v) for k, v in c.items()})
+    bytes_match = sum(1 for _, _, w, c in rows
+                      if {k: round(v) for k, v in w.items()} == {k: round(v) for k, v in c.items()})
     print(f"{len(rows)} distinct plans; collective bytes agree exactly in {bytes_match} of {len(rows)}")
     print(f"MAPE: {mape:.1%} spearman: {rho:.2f}")
 

@@ -22,8 +22,8 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 import autopar  # noqa: E402
-from autopar.report_html import render_html  # noqa: E402
-from autopar.show import render_plan  # noqa: E402
+from autopar.inspect.report_html import render_html  # noqa: E402
+from autopar.inspect.show import render_plan  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
 

@@ -30,13 +30,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import autopar  # noqa: E402
-from autopar.capture import capture  # noqa: E402
+from autopar.capture.export import capture  # noqa: E402
+from autopar.capture.module_paths import module_paths  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
-from autopar.module_paths import module_paths  # noqa: E402
-from autopar.passes.memory import simulate  # noqa: E402
+from autopar.lowering.memory import simulate  # noqa: E402
+from autopar.lowering.schedule import schedule  # noqa: E402
 from autopar.passes.recompute import build_problem  # noqa: E402
-from autopar.passes.schedule import schedule  # noqa: E402
-from autopar.recompute_solver import memory_of, solve  # noqa: E402
+from autopar.solvers.recompute import memory_of, solve  # noqa: E402
 from autopar.units import human_bytes, human_seconds  # noqa: E402
 from examples import gpt2  # noqa: E402
 from tests.workers import FAST  # noqa: E402
@@ -139,7 +139,8 @@ def cpu_accuracy() -> float:
         error = abs(measured / predicted - 1)
         worst = max(worst, error)
         print(f"  {label:<14} predicted {human_bytes(predicted):>9}  measured {human_bytes(measured):>9}  "
-              f"error {error:6.1%}  recompute {human_seconds(plan.predicted.recompute_s):>9} ({len(plan.recompute)} values)"
+              f"error {error:6.1%}  recompute {human_seconds(plan.predicted.recompute_s):>9} "
+              f"({len(plan.recompute)} values)"
               f"  check {'OK' if report.ok else 'MISMATCH'}")
     return worst
 

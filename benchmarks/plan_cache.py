@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import autopar  # noqa: E402
-from autopar.capture import capture  # noqa: E402
+from autopar.capture.export import capture  # noqa: E402
 from examples import gpt2  # noqa: E402
 
 

@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import autopar  # noqa: E402
-from autopar.api import plan_captured  # noqa: E402
 from autopar.baseline_plans import best  # noqa: E402
-from autopar.capture import capture  # noqa: E402
+from autopar.capture.export import capture  # noqa: E402
+from autopar.planning.pipeline import plan_captured  # noqa: E402
 from examples import gpt2  # noqa: E402
 from examples.hf_zoo import LossOf  # noqa: E402
 

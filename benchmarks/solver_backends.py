@@ -15,9 +15,8 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import autopar  # noqa: E402
-from autopar.api import plan_captured  # noqa: E402
-from autopar.capture import capture  # noqa: E402
+from autopar.capture.export import capture  # noqa: E402
+from autopar.planning.pipeline import plan_captured  # noqa: E402
 from examples import gpt2, hf_zoo  # noqa: E402
 
 

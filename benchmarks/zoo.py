@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import autopar  # noqa: E402
-from autopar.capture import capture  # noqa: E402
+from autopar.capture.export import capture  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
 

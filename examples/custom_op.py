@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import autopar
-from autopar.passes.rules import pointwise
+from autopar.ops.kinds import pointwise
 
 
 @torch.library.custom_op("autopar_examples::scaled_silu", mutates_args=())

@@ -17,7 +17,7 @@ import os
 import sys
 
 import autopar
-from autopar.placement import Shard
+from autopar.ir.placement import Shard
 
 HEADS_DIM = 1  # scaled_dot_product_attention takes (batch, heads, seq, head_dim)
 

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 MEGATRON_DROPOUT = 0.1
 
 

@@ -6,11 +6,11 @@ import json
 import pytest
 
 import autopar
-from autopar import plan_cache
 from autopar.cli import main as cli
+from autopar.ops.kinds import unary
+from autopar.ops.table import RULES
 from autopar.passes.base import Pass
-from autopar.passes.rule_table import RULES
-from autopar.passes.rules import unary
+from autopar.planning import cache as plan_cache
 from examples import mlp
 from tests.workers import FAST
 
@@ -39,7 +39,7 @@ def no_solving(monkeypatch):
     def solve(*args, **kwargs):
         raise Solved
 
-    monkeypatch.setattr(autopar.api, "plan_captured", solve)
+    monkeypatch.setattr(autopar.api, "run", solve)
 
 
 def test_the_same_plan_again_is_loaded_without_solving(first, model_and_inputs, tmp_path, no_solving):

@@ -1,9 +1,9 @@
 import pytest
 
 from autopar import Mesh, MeshError
-from autopar.passes.rules import view_groups
-from autopar.placement import P, R, Shard, Spec
-from autopar.redistribute import plan_steps
+from autopar.ir.placement import P, R, Shard, Spec
+from autopar.ir.redistribute import plan_steps
+from autopar.ops.kinds import view_groups
 
 
 def test_mesh_parse_and_coords():
@@ -63,8 +63,8 @@ def test_adding_a_constant_to_a_partial_sum_is_not_linear():
     """x + 1.0 on partial sums would add the constant once per rank."""
     import torch
 
-    from autopar.passes.rule_table import RULES
-    from autopar.passes.rules import OpCall
+    from autopar.ops.kinds import OpCall
+    from autopar.ops.table import RULES
 
     add = torch.ops.aten.add.Tensor
     tensor_plus_number = OpCall(add, ("x", 1.0), {}, ((4, 4),), ((4, 4),), (True,))

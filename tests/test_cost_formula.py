@@ -5,15 +5,15 @@ import pytest
 import sympy
 
 import autopar
-from autopar.capture import capture
-from autopar.cost_models.model import CostModel
+from autopar.capture.export import capture
 from autopar.errors import AutoparError
 from autopar.passes.base import PassContext
 from autopar.passes.collectives import CollectivesPass
-from autopar.passes.recompute import RecomputePass
 from autopar.passes.predict import PredictPass
+from autopar.passes.recompute import RecomputePass
 from autopar.passes.shapes import ShapesPass
 from autopar.passes.strategies import StrategiesPass
+from autopar.planning.request import resolve
 from examples import gpt2
 
 SIZES = {"batch": 0, "seq": 1}
@@ -30,7 +30,7 @@ def reprice(plan, model, hardware, batch: int, seq: int) -> float:
     """Price the plan's layouts on a capture at other sizes, through the ordinary passes."""
     inputs = gpt2.make(dataclasses.replace(gpt2.SIZES["tiny"], batch=batch, seq=seq))[1]
     program = capture(model, inputs)
-    ctx = PassContext(mesh=plan.mesh, cost=CostModel(plan.mesh, hardware))
+    ctx = PassContext(resolve(plan.mesh, hardware))
     ShapesPass().run(program, ctx)
     StrategiesPass().run(program, ctx)
     options = program.table("strategies")

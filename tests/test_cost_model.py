@@ -11,7 +11,7 @@ from autopar.cost_models.collectives import AxisPlacement, axis_placement, colle
 from autopar.cost_models.hardware import Hardware, Link, get_hardware, save_hardware
 from autopar.cost_models.model import CostModel
 from autopar.errors import AutoparError
-from autopar.mesh import Mesh
+from autopar.ir.mesh import Mesh
 from examples import gpt2, mlp
 
 # 4 devices a node; NVLink-like inside (1 us, 100 GB/s), network across (5 us, 10 GB/s)
@@ -58,8 +58,8 @@ def test_mesh_axes_are_laid_innermost_first_onto_nodes():
 
 
 def test_an_axis_across_nodes_costs_more_than_inside():
-    from autopar.placement import P, R, Spec
-    from autopar.program import TensorMeta
+    from autopar.ir.placement import P, R, Spec
+    from autopar.ir.program import TensorMeta
 
     h100 = autopar.PRESETS["h100-sxm"]
     cost = CostModel(Mesh.parse("a=4,b=4"), h100)  # 16 devices, 8 a node: b inside, a 2 per node
@@ -167,7 +167,7 @@ def test_compute_time_uses_the_efficiency_curve():
 
 
 def test_calibration_fits_recover_known_parameters():
-    from autopar.calibrate import fit_compute, fit_link, ring_terms
+    from autopar.cost_models.calibrate import fit_compute, fit_link, ring_terms
 
     rate, half = 50e9, 2e6
     samples = [(f, (f + half) / rate) for f in (1e6, 1e7, 1e8, 1e9)]
@@ -186,8 +186,8 @@ def test_calibration_fits_recover_known_parameters():
 
 def test_every_collective_call_pays_the_library_launch():
     """A two-step move (all-gather on each axis) pays the launch twice; the presets pay none."""
-    from autopar.placement import Spec
-    from autopar.program import TensorMeta
+    from autopar.ir.placement import Spec
+    from autopar.ir.program import TensorMeta
 
     assert all(hw.collective_launch_s == 0 for hw in autopar.PRESETS.values())
     meta = TensorMeta((64, 64), "float32")
@@ -201,7 +201,7 @@ def test_every_collective_call_pays_the_library_launch():
 def test_calibration_times_collectives_in_groups_with_every_rank_busy():
     """Groups of 2 on 4 processes run at once on every rank (two groups side by side), as a mesh
     axis's groups do in a program; a group size that does not divide the world is refused."""
-    from autopar.calibrate import _measure_collectives, calibrate
+    from autopar.cost_models.calibrate import _measure_collectives, calibrate
     from autopar.runtime.local_cluster import get_cluster
 
     per_rank = get_cluster(4).run(_measure_collectives, 2, (4 << 10,))

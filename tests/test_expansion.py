@@ -1,4 +1,4 @@
-"""Capture of deep models: five layers traced, the rest copied (autopar.layer_expansion).
+"""Capture of deep models: five layers traced, the rest copied (autopar.capture.layer_expansion).
 
 The copy must be the graph a full trace gives, op for op and edge for edge, or
 capture must trace every layer."""
@@ -7,10 +7,10 @@ import torch
 from torch import fx, nn
 
 import autopar
-from autopar.capture import capture
-from autopar.layer_expansion import repeated_layers
-from autopar.module_paths import module_paths
-from autopar.program import output_metas
+from autopar.capture.export import capture
+from autopar.capture.layer_expansion import repeated_layers
+from autopar.capture.module_paths import module_paths
+from autopar.ir.program import output_metas
 from examples import gpt2, hf_zoo
 
 

@@ -6,7 +6,7 @@ import torch
 
 import autopar
 from autopar.errors import AutoparError
-from autopar.placement import Shard
+from autopar.ir.placement import Shard
 from examples import gpt2, mlp
 from examples.custom_pass import HeadsOnTP
 from tests.workers import FAST
@@ -124,7 +124,7 @@ def test_a_pin_on_one_layer_stays_on_that_layer_under_clustering():
 
 
 def test_a_custom_op_falls_back_until_it_has_a_rule_then_shards_and_trains():
-    from autopar.passes.rule_table import RULES
+    from autopar.ops.table import RULES
     from examples import custom_op
 
     model, inputs = custom_op.make()

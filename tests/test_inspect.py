@@ -6,7 +6,7 @@ import pytest
 
 import autopar
 from autopar.errors import AutoparError, PlanMismatchError
-from autopar.progress import terminal_progress
+from autopar.inspect.progress import terminal_progress
 from examples import mlp
 
 

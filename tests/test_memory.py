@@ -4,12 +4,11 @@ import re
 import warnings
 
 import pytest
-import torch
 
 import autopar
 from autopar.errors import AutoparError
-from autopar.passes import solve_sharding
-from autopar.passes.memory import CATEGORIES
+from autopar.lowering.memory import CATEGORIES
+from autopar.passes import budget_search
 from autopar.units import parse_bytes
 from examples import gpt2
 
@@ -103,7 +102,7 @@ def test_lowering_the_budget_never_raises_the_peak_and_an_impossible_one_is_expl
 def test_collective_buffers_follow_the_library(fast_network):
     """gloo gathers every rank's part before concatenating (n*p held while it runs); NCCL's dim-0
     all-gather lands in its result (nothing extra)."""
-    from autopar.passes.schedule import schedule
+    from autopar.lowering.schedule import schedule
 
     model, inputs = gpt2.make("tiny")
     plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network)
@@ -125,7 +124,7 @@ def test_when_the_budget_loop_gives_up_the_leanest_layout_is_taken_if_it_fits(mo
     smallest peak found, the leanest layout's; that budget then gives a plan, the leanest layout
     (its peak depends on which of the layouts equal by the linear stand-in the solver picks,
     470-520 MiB), and anything under it fails naming it again."""
-    monkeypatch.setattr(solve_sharding, "_BUDGET_ATTEMPTS", 1)
+    monkeypatch.setattr(budget_search, "_BUDGET_ATTEMPTS", 1)
     cfg = gpt2.GPT2Config(vocab=8192, seq=512, layers=2, heads=16, width=2048, batch=8)
     model, inputs = gpt2.make(cfg, device="meta")
 

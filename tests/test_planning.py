@@ -4,10 +4,10 @@ import torch
 
 import autopar
 from autopar import CaptureError, Plan, PlanFormatError
-from autopar.placement import Partial, Shard
+from autopar.ir.placement import Partial, Shard
 from autopar.passes.strategies import spec_fits
 from examples import gpt2, mlp
-from tests.models import BranchyModel, UnruledOpModel, TupleLoss
+from tests.models import BranchyModel, TupleLoss, UnruledOpModel
 
 
 def param_specs(plan: Plan) -> dict:

@@ -10,10 +10,10 @@ from torch import nn
 
 import autopar
 from autopar.errors import AutoparError, SolverError
-from autopar.passes.memory import simulate
+from autopar.lowering.memory import simulate
+from autopar.lowering.schedule import schedule
 from autopar.passes.recompute import build_problem
-from autopar.passes.schedule import schedule
-from autopar.recompute_solver import RecomputeProblem, brute_force, memory_of, solve
+from autopar.solvers.recompute import RecomputeProblem, brute_force, memory_of, solve
 from examples import gpt2
 from tests.workers import FAST
 
@@ -171,12 +171,13 @@ def test_a_layout_no_recomputation_fits_gets_no_least_memory_solve(monkeypatch):
     """recompute="auto" under a budget no set can meet: the model's first solve says so, and
     the least-memory solve (as long as a whole descent on a 70B model) is skipped; "full" still
     reports how low recomputation goes."""
-    from autopar.graph_ir import to_ir
+    from autopar.ir.graph import to_ir
     from autopar.passes import recompute
+    from autopar.planning.state import planning_state
 
     model, inputs = TanhStack(2), (torch.randn(512, 64), torch.randn(512, 64))
     plan = autopar.plan(model, inputs, mesh="dp=2", hardware="h100-sxm", cache=False)
-    program, ctx = plan.planning_state()
+    program, ctx = planning_state(plan)
     calls = []
     least_memory = recompute.least_memory
     monkeypatch.setattr(recompute, "least_memory", lambda *a, **k: calls.append(1) or least_memory(*a, **k))

@@ -12,7 +12,7 @@ import pytest
 
 import autopar
 from autopar.cli import main as cli
-from autopar.report_html import render_html
+from autopar.inspect.report_html import render_html
 from autopar.units import human_seconds
 from examples import gpt2
 from tests.workers import FAST

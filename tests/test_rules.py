@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from autopar.passes.rule_table import rule_for
-from autopar.passes.rules import OpCall
-from autopar.placement import Partial, Replicate, Shard
+from autopar.ir.placement import Partial, Replicate, Shard
+from autopar.ops.kinds import OpCall
+from autopar.ops.table import rule_for
 
 aten = torch.ops.aten
 RANKS = 2
@@ -112,7 +112,8 @@ def test_scatter_and_routing_ops():
 def test_sort_of_a_vector_is_replicated_only():
     v = torch.randn(8)
     call = OpCall(aten.sort.default, (v,), {}, ((8,),), ((8,), (8,)), (True,))
-    assert all(all(isinstance(p, Replicate) for p in o.inputs + o.outputs) for o in rule_for(aten.sort.default).options(call))
+    options = rule_for(aten.sort.default).options(call)
+    assert all(all(isinstance(p, Replicate) for p in o.inputs + o.outputs) for o in options)
 
 
 def test_transformers_grouped_mm_splits_features_not_rows():
@@ -130,7 +131,7 @@ def test_transformers_grouped_mm_splits_features_not_rows():
 
 
 def test_the_check_catches_a_wrong_rule():
-    from autopar.passes.rules import unary
+    from autopar.ops.kinds import unary
 
     with pytest.raises(AssertionError):  # cumsum treated as elementwise: sharding its dim is wrong
         check_every_option(aten.cumsum.default, torch.randn(4, 6), 1, rule=unary())

@@ -5,8 +5,8 @@ import warnings
 import pytest
 
 import autopar
-from autopar.mesh import Mesh
-from autopar.mesh_search import candidate_meshes
+from autopar.ir.mesh import Mesh
+from autopar.planning.meshes import candidate_meshes
 from examples import gpt2, mlp
 
 # no dim of this decoder shares the sequence length (48) or batch x sequence (96), which the
@@ -58,7 +58,7 @@ def test_mesh_search_tries_every_factorisation_and_keeps_the_cheapest():
 def test_mesh_search_runs_the_full_program_only_on_2d_meshes_near_the_best():
     """The sweep plans every mesh by the axis-by-axis descent; only 2-D meshes within 5% of the
     fastest get the full integer program (on 64 GPUs it takes 40-95 s per Llama-shaped mesh)."""
-    from autopar.api import _FINALIST_MARGIN
+    from autopar.planning.pipeline import FINALIST_MARGIN as _FINALIST_MARGIN
 
     model, inputs = mlp.make(batch=8, width=1024, hidden=4096)
     messages = []
@@ -140,8 +140,8 @@ def test_the_axis_descent_stops_once_every_axis_is_settled():
     """Two nodes on a 2-D mesh, a strategy per (axis-0, axis-1) choice; the restricted solve is
     brute force. After the last change, made by a proven optimum, one look at the other axis
     ends the descent; a change found at a time limit gets a second look at its own axis."""
-    from autopar.passes.warm_start import descend_axes
-    from autopar.solver import SolverResult, brute_force
+    from autopar.solvers.sharding import SolverResult, brute_force
+    from autopar.solvers.warm_start import descend_axes
 
     class Strategy:
         def __init__(self, a0, a1):
@@ -173,9 +173,9 @@ def test_the_axis_descent_stops_once_every_axis_is_settled():
 
 
 def test_a_full_program_too_large_for_its_limit_is_skipped_and_the_plan_says_it_has_no_bound(monkeypatch):
-    from autopar.passes import solve_sharding
+    from autopar.passes import budget_search
 
-    monkeypatch.setattr(solve_sharding, "_POLISH_BOOLEANS_PER_SECOND", 0)
+    monkeypatch.setattr(budget_search, "_POLISH_BOOLEANS_PER_SECOND", 0)
     model, inputs = mlp.make(batch=16, width=256, hidden=1024)
     messages = []
     with pytest.warns(UserWarning, match="the plan has no proven bound"):
@@ -190,8 +190,8 @@ def test_a_descent_step_is_reused_only_where_its_optimum_still_holds():
     meets the new memory limit, and every layout that meets the new limit met the old one (the
     same rows with a lower limit, or the budgeted rows after what a rank holds all step: those
     rows are at least these, row by row)."""
-    from autopar.passes.solve_sharding import _StepMemo
-    from autopar.solver import MemoryLimit, SolverResult
+    from autopar.passes.budget_search import _StepMemo
+    from autopar.solvers.sharding import MemoryLimit, SolverResult
 
     held, rows = [[1.0, 2.0]], [[3.0, 4.0]]
     solves = []

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from autopar.errors import SolverError
-from autopar.solver import MemoryLimit, Overlap, brute_force, evaluate, solve
+from autopar.solvers.sharding import MemoryLimit, Overlap, brute_force, evaluate, solve
 
 
 def random_problem(rng: random.Random):
@@ -70,7 +70,7 @@ def test_forbidden_choice_is_never_taken():
 def test_reduction_keeps_the_optimum_and_drops_dominated_strategies():
     """Forbidden, dominated and duplicate strategies go before the solve; brute force on the full
     problem still agrees, and a warm start on a dropped strategy maps to one no worse."""
-    from autopar.problem_reduction import reduce_problem
+    from autopar.solvers.reduction import reduce_problem
 
     rng = random.Random(7)
     removed = 0

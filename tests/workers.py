@@ -7,7 +7,6 @@ from torch import nn
 
 import autopar
 
-
 # links so fast that the planner shards: the test then runs real collectives
 FAST = dataclasses.replace(autopar.PRESETS["h100-sxm"], name="fast", intra_node=autopar.Link(450e12, 1e-9),
                            inter_node=autopar.Link(450e12, 1e-9), kernel_floor_s=0.0, half_efficiency_flops=0.0,

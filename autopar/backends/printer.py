@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from autopar.graph_ir import resolve_target
-from autopar.passes.rule_table import rule_for
+from autopar.ir.graph import resolve_target
+from autopar.ops.table import rule_for
 
 
 def header(plan, title: str) -> list[str]:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from autopar.cost_models.hardware import Hardware, Link
-from autopar.mesh import Mesh
+from autopar.ir.mesh import Mesh
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from autopar.cost_models.collectives import axis_placement, collective_time
 from autopar.cost_models.compute import roofline_time
 from autopar.cost_models.hardware import Hardware
-from autopar.mesh import Mesh
-from autopar.placement import Spec
-from autopar.program import TensorMeta
-from autopar.redistribute import ASYNC_KINDS, Step, plan_steps
+from autopar.ir.mesh import Mesh
+from autopar.ir.placement import Spec
+from autopar.ir.program import TensorMeta
+from autopar.ir.redistribute import ASYNC_KINDS, Step, plan_steps
 
 
 @dataclass

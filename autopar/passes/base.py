@@ -3,29 +3,35 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from autopar.constraints import Constraints
 from autopar.cost_models.model import CostModel
 from autopar.errors import AutoparError
-from autopar.mesh import Mesh
-from autopar.program import Program
-
-
-@dataclass(frozen=True)
-class PassRecord:
-    name: str
-    seconds: float
-    note: str
+from autopar.ir.mesh import Mesh
+from autopar.ir.program import Program
+from autopar.ir.records import PassRecord
+from autopar.ir.request import PlanRequest
+from autopar.passes.constraints import Constraints
 
 
 @dataclass
 class PassContext:
-    mesh: Mesh
-    cost: CostModel
-    options: dict[str, Any] = field(default_factory=dict)
+    """What a pass reads besides the program: the request (for one mesh), the cost model built
+    from it, the constraints that passes add for the sharding solve, and a progress sink."""
+
+    request: PlanRequest
     progress: Optional[Callable[[str], None]] = None
-    constraints: Constraints = field(default_factory=Constraints)  # what passes ask of the sharding solve
+    constraints: Constraints = field(default_factory=Constraints)
+    cost: CostModel = field(init=False)
+
+    def __post_init__(self):
+        if len(self.request.meshes) != 1:
+            raise ValueError(f"a pass context plans one mesh, not {len(self.request.meshes)}: use request.on(mesh)")
+        self.cost = CostModel(self.mesh, self.request.hardware)
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.request.meshes[0]
 
     def report(self, message: str) -> None:
         if self.progress is not None:
@@ -36,7 +42,7 @@ class Pass:
     """A pass reads side tables named in ``requires`` and writes those in ``provides``.
 
     ``run`` returns a one-line note for the plan's history. A user's pass may set
-    ``before`` or ``after`` (another pass's name) to say where it runs (autopar.pass_registry).
+    ``before`` or ``after`` (another pass's name) to say where it runs (autopar.passes.registry).
     """
 
     name: str = "pass"

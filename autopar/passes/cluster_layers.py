@@ -8,7 +8,7 @@ last layer of a run stay free, since their neighbours (embedding, head) differ.
 This is the clustering of Meta's AutoParallel and of Alpa's repeated-layer
 handling; with it an 80-layer model solves about as fast as a 3-layer one.
 
-The layers and the block of ops each owns are found by ``autopar.layer_blocks``;
+The layers and the block of ops each owns are found by ``autopar.capture.layer_blocks``;
 nodes map to the template's node at the same offset, and only where their
 strategy lists match entry by entry, so sharing a variable always means the same
 layout; and a layer that constraints (ctx.constraints: pins, forbids) treat
@@ -16,9 +16,9 @@ unlike the template keeps its own variables.
 """
 from __future__ import annotations
 
-from autopar.layer_blocks import LayerRun, layer_blocks, layer_runs
+from autopar.capture.layer_blocks import LayerRun, layer_blocks, layer_runs
+from autopar.ir.program import Program
 from autopar.passes.base import Pass, PassContext
-from autopar.program import Program
 
 
 class ClusterLayersPass(Pass):
@@ -29,7 +29,7 @@ class ClusterLayersPass(Pass):
     def run(self, program: Program, ctx: PassContext) -> str:
         # only layers that the constraints treat alike share variables
         allowed = program.tables["allowed"] = ctx.constraints.allowed(program, program.table("strategies"), ctx.mesh)
-        if not ctx.options.get("cluster_layers", True):
+        if not ctx.request.cluster_layers:
             program.tables["cluster_of"] = {}
             return "off"
         strategies = program.table("strategies")

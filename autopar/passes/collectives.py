@@ -3,55 +3,11 @@ from what a consumer needs, in forward and backward (and for each gradient, into
 its parameter's layout)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from autopar.ir.placement import Spec
+from autopar.ir.program import Program, forward_nodes, is_multi_output, tensor_inputs
+from autopar.ir.records import Redistribution
+from autopar.ir.redistribute import COMMUNICATING
 from autopar.passes.base import Pass, PassContext
-from autopar.placement import Spec
-from autopar.program import Program, forward_nodes, is_multi_output, tensor_inputs
-from autopar.redistribute import ASYNC_KINDS, COMMUNICATING, Step
-
-
-
-@dataclass(frozen=True)
-class Redistribution:
-    id: str
-    value: str  # the node whose output moves
-    src: Spec
-    dst: Spec
-    steps: tuple[Step, ...]
-    step_seconds: tuple[float, ...]
-    step_bytes: tuple[float, ...]
-    phase: str  # forward | backward
-    consumers: tuple[str, ...]  # nodes reading the moved value; "output" for a final gradient
-
-    @property
-    def seconds(self) -> float:
-        return sum(self.step_seconds)
-
-    @property
-    def is_async(self) -> bool:
-        """A final gradient's sync whose first step the emitted program overlaps with backward."""
-        return self.consumers == ("output",) and bool(self.steps) and self.steps[0].kind in ASYNC_KINDS
-
-    @property
-    def async_seconds(self) -> float:
-        return self.step_seconds[0] if self.is_async else 0.0
-
-    @property
-    def communicates(self) -> bool:
-        return any(s.kind in COMMUNICATING for s in self.steps)
-
-    def to_json(self) -> dict:
-        return {"id": self.id, "value": self.value, "src": self.src.to_json(), "dst": self.dst.to_json(),
-                "steps": [[s.kind, s.axis, s.dim, s.src_dim] for s in self.steps],
-                "step_seconds": list(self.step_seconds), "step_bytes": list(self.step_bytes),
-                "phase": self.phase, "consumers": list(self.consumers)}
-
-    @staticmethod
-    def from_json(d: dict) -> "Redistribution":
-        return Redistribution(d["id"], d["value"], Spec.from_json(d["src"]), Spec.from_json(d["dst"]),
-                              tuple(Step(*s) for s in d["steps"]), tuple(d["step_seconds"]),
-                              tuple(d["step_bytes"]), d["phase"], tuple(d["consumers"]))
 
 
 class CollectivesPass(Pass):

@@ -2,7 +2,7 @@
 
 Runs only when the user names symbolic sizes. It prices the chosen strategies
 and redistributions with the same functions the solver used, on shapes whose
-dims are formulas (autopar.symbolic_shapes), so substituting the planning sizes
+dims are formulas (autopar.capture.symbolic_shapes), so substituting the planning sizes
 gives back the predicted step time.
 """
 from __future__ import annotations
@@ -12,15 +12,15 @@ import operator
 import sympy
 from torch import nn
 
-from autopar.cost_formula import CostFormula
+from autopar.capture.symbolic_shapes import SizeSymbols, fit_shapes
+from autopar.ir.cost_formula import CostFormula
+from autopar.ir.program import Program, forward_nodes, is_multi_output, tensor_inputs
+from autopar.lowering.schedule import moved_name
+from autopar.ops.table import rule_for
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.collectives import COMMUNICATING
-from autopar.passes.rule_table import rule_for
-from autopar.passes.strategies import FALLBACK, compute_time, make_call
 from autopar.passes.predict import exposed
-from autopar.passes.schedule import moved_name
-from autopar.program import Program, forward_nodes, is_multi_output, tensor_inputs
-from autopar.symbolic_shapes import SizeSymbols, fit_shapes
+from autopar.passes.strategies import FALLBACK, compute_time, make_call
 
 
 class SymbolicShapesPass(Pass):
@@ -74,4 +74,5 @@ class CostFormulaPass(Pass):
         comm_s = sympy.Add(*comm) + exposed(sympy.Add(*async_comm), backward_s, ctx.cost.hardware.gradient_overlap)
         formula = CostFormula(dict(self.sizes.values), sympy.Add(*compute) + backward_s, comm_s, moved)
         program.tables["cost_formula"] = formula
-        return f"step time formula of {len(compute) + len(backward) + len(comm) + len(async_comm)} terms in {', '.join(self.sizes.dims)}"
+        terms = len(compute) + len(backward) + len(comm) + len(async_comm)
+        return f"step time formula of {terms} terms in {', '.join(self.sizes.dims)}"

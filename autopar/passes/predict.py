@@ -1,30 +1,11 @@
 """predict: step time and per-device memory of the solved plan."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from autopar.cost_models.compute import largest
+from autopar.ir.placement import Shard
+from autopar.ir.program import Program, forward_nodes
+from autopar.ir.records import Predicted
 from autopar.passes.base import Pass, PassContext
-from autopar.placement import Shard
-from autopar.program import Program, forward_nodes
-
-
-@dataclass(frozen=True)
-class Predicted:
-    step_time_s: float
-    compute_s: float
-    communication_s: float  # exposed: not hidden under backward compute
-    memory_bytes: dict  # per device, by category, at the peak (autopar.passes.memory.CATEGORIES)
-    sharded_flops_fraction: float = 0.0  # share of the step's FLOPs split (not repeated) over some mesh axis
-    total_flops: float = 0.0  # FLOPs of one training step of the whole model (forward and backward)
-    hidden_communication_s: float = 0.0  # gradient syncs that run under the backward pass
-    memory_timeline: tuple = ()  # (variable, bytes live after the statement defining it), in program order
-    recompute_s: float = 0.0  # forward ops and collectives run again in backward (counted in compute_s)
-
-    @property
-    def peak_memory_bytes(self) -> float:
-        return sum(self.memory_bytes.values())
-
 
 
 class PredictPass(Pass):

@@ -5,8 +5,8 @@ the memory budget, and then the set that adds the least time while the peak
 fits; ``"full"`` recomputes for the least memory the program can reach (and the
 least time among such sets); ``"none"`` never recomputes.
 
-The exact peak comes from simulating the program (autopar.passes.memory); the
-solver (autopar.recompute_solver) works on a linear model of the memory at a
+The exact peak comes from simulating the program (autopar.lowering.memory); the
+solver (autopar.solvers.recompute) works on a linear model of the memory at a
 few points of backward, built from the program without recomputation. While the
 simulated peak is over the budget, the statement where it peaks becomes a point
 of the model and the solve repeats; where the peak already was a point, the model
@@ -24,18 +24,18 @@ import math
 from dataclasses import dataclass
 
 from autopar.errors import AutoparError, SolverError
-from autopar.graph_ir import to_ir
+from autopar.ir.graph import to_ir
+from autopar.ir.program import Program
+from autopar.lowering.memory import MemoryEstimate, simulate
+from autopar.lowering.schedule import Statement, recomputed_name, schedule
 from autopar.passes.base import Pass, PassContext
-from autopar.passes.memory import MemoryEstimate, simulate
-from autopar.passes.schedule import Statement, recomputed_name, schedule
-from autopar.program import Program
-from autopar.recompute_solver import RecomputeProblem, least_memory, limit_at, solve
+from autopar.solvers.recompute import RecomputeProblem, least_memory, limit_at, solve
 from autopar.units import human_bytes, human_seconds
 
 MODES = ("auto", "full", "none")
 _ATTEMPTS = 6
 _MAX_POINTS = 24  # backward points the model checks; the simulation checks every statement
-# the recompute solver's shortcuts (autopar.recompute_solver.solve). A recomputation runs at
+# the recompute solver's shortcuts (autopar.solvers.recompute.solve). A recomputation runs at
 # most this many model points before the value's first use: chains reach back a few layers, not
 # to the first layer. Within 1% of the least added time: the rest of the step dwarfs the
 # difference. Together with folded views, the 80-layer Llama-70B shape's program is 5x smaller
@@ -84,7 +84,7 @@ class RecomputePass(Pass):
 
 
 def memory_budget(ctx: PassContext) -> float:
-    budget = ctx.options.get("memory_budget") or 0.9 * ctx.cost.hardware.memory_bytes
+    budget = ctx.request.memory_budget_bytes
     cap = ctx.constraints.memory_cap  # a pass's cap_memory
     return budget if cap is None else min(budget, cap)
 
@@ -97,8 +97,8 @@ def check_mode(mode: str) -> str:
 
 def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: float, mode: str | None = None) -> Fit:
     """The memory of this solution, and the recomputation it takes to fit ``budget``."""
-    mode = check_mode(mode or ctx.options.get("recompute", "auto"))
-    optimizer = ctx.options.get("optimizer", "adam")
+    mode = check_mode(mode or ctx.request.recompute)
+    optimizer = ctx.request.optimizer
 
     def program_of(variables=()) -> tuple[list[Statement], MemoryEstimate]:
         statements = schedule(graph, strategies, redistributions, ctx.mesh, variables,
@@ -240,7 +240,7 @@ def _plain_index(statements: list[Statement], during) -> int:
 
 
 def backward_start(statements: list[Statement], loss: str) -> int:
-    """The index of the first statement after the loss: where autopar.passes.schedule starts backward."""
+    """The index of the first statement after the loss: where autopar.lowering.schedule starts backward."""
     return next(i for i, s in enumerate(statements) if s.defines == loss and s.kind == "call") + 1
 
 

@@ -18,13 +18,13 @@ from typing import Optional
 from torch import fx
 
 from autopar.cost_models.model import CostModel
-from autopar.mesh import Mesh
+from autopar.ir.mesh import Mesh
+from autopar.ir.placement import Partial, R, Shard, Spec
+from autopar.ir.program import Program, TensorMeta, is_multi_output, tensor_inputs
+from autopar.ir.strategy import Strategy
+from autopar.ops.kinds import OpCall, ReplicateOnly, Rule, RuleDoesNotApply
+from autopar.ops.table import rule_for
 from autopar.passes.base import Pass, PassContext
-from autopar.passes.rule_table import rule_for
-from autopar.passes.rules import OpCall, ReplicateOnly, Rule, RuleDoesNotApply
-from autopar.placement import Partial, R, Shard, Spec
-from autopar.program import Program, TensorMeta, is_multi_output, tensor_inputs
-from autopar.strategy import Strategy
 
 FALLBACK = ReplicateOnly(reason="no sharding rule for this op")
 
@@ -82,7 +82,8 @@ class StrategiesPass(Pass):
                 strategies[node.name] = list(own)
         program.tables.update(strategies=strategies, tied_to=tied, fallback=fallback, flops=flops)
         free = sum(1 for n in strategies if n not in tied)
-        return f"{len(strategies)} nodes, {free} free, {sum(len(strategies[n]) for n in strategies if n not in tied)} strategies, {len(fallback)} fallbacks"
+        weighed = sum(len(strategies[n]) for n in strategies if n not in tied)
+        return f"{len(strategies)} nodes, {free} free, {weighed} strategies, {len(fallback)} fallbacks"
 
 
 def _strategies_of(node: fx.Node, meta: dict, ctx: PassContext) -> tuple[Rule, list[Strategy], float]:

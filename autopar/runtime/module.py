@@ -1,8 +1,8 @@
 """Run an emitted program as an ordinary module on every rank.
 
-``ParallelModule(model, plan, rank_mesh)`` shards the model's parameters in
+``ParallelModule(model, plan, rank_mesh, source)`` shards the model's parameters in
 place (the same ``nn.Parameter`` objects now hold local blocks, so optimizers
-made earlier still work) and runs the plan's step on each call.
+made earlier still work) and runs the plan's step (``source``: the plan emitted for torch) on each call.
 
 The emitted program is the joint forward+backward graph, so the call computes
 the loss and the local gradients together; ``loss.backward()`` then hands those
@@ -17,10 +17,8 @@ import types
 import torch
 from torch import nn
 
-from autopar.capture import capture
 from autopar.errors import PlanMismatchError
-from autopar.passes.shapes import fingerprint_of
-from autopar.plan import Plan
+from autopar.ir.plan import Plan
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
 
@@ -42,13 +40,13 @@ class _LossWithGradients(torch.autograd.Function):
 
 
 class ParallelModule(nn.Module):
-    def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh):
+    def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str):
         super().__init__()
         check_plan_matches(plan, model)
         self.model = model
         self.plan = plan
         self.rt = rank_mesh
-        self.source = plan.emit("torch")
+        self.source = source
         self._step = load_step(self.source, f"autopar_plan_{plan.hash}")
         graph = plan.graph
         self._placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -82,17 +80,6 @@ class ParallelModule(nn.Module):
         loss, grads = outputs[0], outputs[1:]
         pairs = [(g, p) for g, p in zip(grads, self._grad_params) if p is not None]
         return _LossWithGradients.apply(loss, tuple(g for g, _ in pairs), *(p for _, p in pairs))
-
-
-def check_plan_is_for(plan: Plan, model: nn.Module, inputs) -> None:
-    """Refuse a plan of another computation before it runs: one made for another forward, or
-    for inputs of other shapes, has the same parameters but would compute something else."""
-    fingerprint = fingerprint_of(capture(model, inputs))
-    if fingerprint != plan.fingerprint:
-        raise PlanMismatchError(
-            f"plan {plan.hash} was made for graph {plan.fingerprint}, but this model and these inputs capture as "
-            f"graph {fingerprint} (another forward, or inputs of other shapes or dtypes); plan this model with "
-            f"these inputs with autopar.plan and use that plan")
 
 
 def check_plan_matches(plan: Plan, model: nn.Module) -> None:

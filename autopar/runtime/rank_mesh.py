@@ -12,8 +12,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from autopar.mesh import Mesh
-from autopar.placement import Partial, Shard, Spec
+from autopar.ir.mesh import Mesh
+from autopar.ir.placement import Partial, Shard, Spec
 
 
 class RankMesh:

@@ -1,7 +1,7 @@
 """JAX backend: the plan as a standalone JAX module.
 
 The per-rank program is the torch backend's (the same statements from
-autopar.passes.schedule, one op per line) run inside ``jax.shard_map``: each
+autopar.lowering.schedule, one op per line) run inside ``jax.shard_map``: each
 ATen op becomes a call of its JAX translation (autopar.backends.jax.aten, whose
 source the module carries), each collective an explicit ``lax`` collective on
 the named mesh axis. Parameters and inputs are placed with ``NamedSharding``
@@ -16,8 +16,8 @@ import inspect
 from autopar.backends.jax import aten
 from autopar.backends.printer import call_arguments, header, literal
 from autopar.errors import AutoparError
-from autopar.passes.schedule import Statement, schedule
-from autopar.placement import Shard
+from autopar.ir.placement import Shard
+from autopar.lowering.schedule import Statement, schedule
 
 
 def emit_jax(plan) -> str:
@@ -40,7 +40,8 @@ def emit_jax(plan) -> str:
         f"INPUTS = {list(g.inputs)!r}  # placeholders of the batch, in forward's argument order",
         f"SPECS = {{{', '.join(f'{n!r}: {_partition_spec(plan, n)}' for n in placeholders)}}}",
         f"OUTPUTS = {outputs!r}  # (kind, parameter name) of each value local_step returns",
-        f"OUTPUT_SPECS = (P(), {''.join(_partition_spec(plan, _placeholder_of(g, fqn)) + ', ' for _, fqn in outputs[1:])})",
+        "OUTPUT_SPECS = (P(), "
+        + "".join(_partition_spec(plan, _placeholder_of(g, fqn)) + ", " for _, fqn in outputs[1:]) + ")",
         "",
         "",
         "# ---- ATen ops in JAX (autopar.backends.jax.aten) ----",
@@ -79,7 +80,8 @@ class _Printer:
     def constant(self, s: Statement) -> str:
         node = s.node
         values = literal(node.args[0], str, _special)
-        return f"{s.defines} = jnp.asarray({values}, dtype={_special(node.kwargs['dtype'])}).reshape({list(node.outputs[0].shape)})"
+        dtype, shape = _special(node.kwargs["dtype"]), list(node.outputs[0].shape)
+        return f"{s.defines} = jnp.asarray({values}, dtype={dtype}).reshape({shape})"
 
     def call(self, s: Statement) -> str:
         node = s.node
@@ -178,7 +180,8 @@ def make_mesh(devices=None):
     devices = np.asarray(jax.devices() if devices is None else devices)[: math.prod(SHAPE)]
     if devices.size < math.prod(SHAPE):
         raise RuntimeError(f"this plan needs {math.prod(SHAPE)} devices on a mesh {dict(zip(AXES, SHAPE))}; JAX sees "
-                           f"{devices.size} (on CPU: XLA_FLAGS=--xla_force_host_platform_device_count={math.prod(SHAPE)})")
+                           f"{devices.size} (on CPU: "
+                           f"XLA_FLAGS=--xla_force_host_platform_device_count={math.prod(SHAPE)})")
     return Mesh(devices.reshape(SHAPE), AXES)
 
 

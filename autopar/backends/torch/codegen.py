@@ -6,14 +6,14 @@ collective on its own line through the runtime object ``rt``. A gradient's
 first all-reduce / reduce-scatter starts asynchronously right after the
 gradient is computed and is waited for at the return, so it overlaps the rest
 of backward. Each variable is deleted after its last use, so memory is freed as
-the memory model (autopar.passes.memory) assumes. The order comes from
-autopar.passes.schedule.
+the memory model (autopar.lowering.memory) assumes. The order comes from
+autopar.lowering.schedule.
 """
 from __future__ import annotations
 
 from autopar.backends.printer import call_arguments, header, literal, shape_text
+from autopar.lowering.schedule import Statement, schedule
 from autopar.units import human_bytes, human_seconds
-from autopar.passes.schedule import Statement, schedule
 
 
 def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)

@@ -1,0 +1,115 @@
+"""Plan.summary(): what the plan decided and what it costs, as text."""
+from __future__ import annotations
+
+from collections import Counter
+
+from autopar.backends.printer import shape_text
+from autopar.inspect.plan_layers import TOP_LEVEL, module_rows
+from autopar.units import human_bytes, human_seconds
+
+_MAX_ROWS = 40
+_MAX_FORMULAS = 5  # largest collectives shown with their byte formulas
+_MAX_SITES = 4  # module paths listed per fallback op
+_METADATA_OPS = ("getitem", "aten.view.", "aten._unsafe_view.", "aten.reshape.", "aten.t.", "aten.transpose.",
+                 "aten.permute.", "aten.expand.", "aten.detach.", "aten.unsqueeze.", "aten.squeeze.", "aten.alias.")
+
+
+def summarize(plan) -> str:
+    g, p = plan.graph, plan.predicted
+    n_forward = sum(1 for n in g.nodes if n.op == "call" and n.phase == "forward")
+    n_calls = sum(1 for n in g.nodes if n.op == "call")
+    axes = ", ".join(plan.mesh.axis_names)
+    s = plan.solver
+    out = [
+        f"autopar plan {plan.hash}: mesh {plan.mesh} on {plan.hardware}, graph {plan.fingerprint} "
+        f"({n_calls} ops: {n_forward} forward, {n_calls - n_forward} backward)",
+        f"solver: {s.backend} {s.status} in {s.seconds:.2f} s ({s.n_variables} variables), "
+        f"objective {human_seconds(s.objective_s)}, gap {s.gap:.2%}",
+        *[f"mesh search: {r.note}" for r in plan.history if r.name == "mesh_search"],
+        *[f"plan cache: {r.note}" for r in plan.history if r.name == "cache"],
+        f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
+        f"+ communication {human_seconds(p.communication_s)}"
+        + (f" (and {human_seconds(p.hidden_communication_s)} of gradient sync hidden under backward)"
+           if p.hidden_communication_s else "") + f"; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
+        f"peak memory per device: {human_bytes(p.peak_memory_bytes)} = "
+        + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
+        _recompute_line(plan),
+        "",
+        f"by module (compute per step; parameters with their placement per mesh axis: {axes}):",
+    ]
+    out += _module_lines(plan)
+
+    ops = [n for n in g.nodes if n.op == "call" and n.phase == "forward" and not n.target.startswith(_METADATA_OPS)]
+    ops.sort(key=lambda n: -plan.strategies[n.name].compute_s)
+    out += ["", f"forward compute ops, costliest first ({len(ops)}):"]
+    for n in ops[:_MAX_ROWS]:
+        st = plan.strategies[n.name]
+        shape = shape_text(n.outputs[0].shape) if n.outputs and n.outputs[0] else "-"
+        out.append(f"  {n.name:<28} {n.target:<44} {shape:<16} {', '.join(str(x) for x in st.out_specs):<14} "
+                   f"{human_seconds(st.compute_s)}")
+    if len(ops) > _MAX_ROWS:
+        out.append(f"  ... {len(ops) - _MAX_ROWS} more")
+
+    coll = plan.collectives()
+    phases = Counter(r.phase for r, _ in coll)
+    out += ["", f"collectives ({len(coll)}: {phases.get('forward', 0)} forward, {phases.get('backward', 0)} backward):"]
+    if coll:
+        out.append(f"  {'phase':<9} {'kind':<15} {'axis':<6} {'tensor':<28} {'bytes':>10} {'time':>10}")
+    for r, i in sorted(coll, key=lambda c: -c[0].step_seconds[c[1]])[:_MAX_ROWS]:
+        step = r.steps[i]
+        out.append(f"  {r.phase:<9} {step.kind:<15} {plan.mesh.axis_names[step.axis]:<6} {r.value:<28} "
+                   f"{human_bytes(r.step_bytes[i]):>10} {human_seconds(r.step_seconds[i]):>10}")
+    if len(coll) > _MAX_ROWS:
+        out.append(f"  ... {len(coll) - _MAX_ROWS} more")
+    out += _formula_lines(plan, coll)
+
+    sites = plan.fallback_sites
+    out += ["", "fallback ops (no sharding rule; replicated): " + ("" if sites else "none")]
+    for op, modules in sites.items():
+        distinct = sorted(set(modules))
+        more = f" and {len(distinct) - _MAX_SITES} more" if len(distinct) > _MAX_SITES else ""
+        where = ", ".join(distinct[:_MAX_SITES]) + more
+        out.append(f"  {op} x{len(modules)} in {where}")
+    return "\n".join(out)
+
+
+def _module_lines(plan) -> list[str]:
+    rows = [r for r in module_rows(plan) if r.params or r.forward_s or r.backward_s]
+    width = max((len(f) for r in rows for f, _, _ in r.params), default=10)
+    out = []
+    for row in rows:
+        moved = sum(r.step_bytes[i] for r, i in row.collectives)
+        seconds = sum(r.step_seconds[i] for r, i in row.collectives)
+        collectives = f", {len(row.collectives)} collectives ({human_bytes(moved)}, {human_seconds(seconds)})" \
+            if row.collectives else ""
+        out.append(f"  {row.path or TOP_LEVEL}: forward {human_seconds(row.forward_s)}, backward "
+                   f"{human_seconds(row.backward_s)}{collectives}")
+        out += [f"    {fqn:<{width}}  {shape_text(shape):<16} {spec}" for fqn, shape, spec in row.params]
+    return out
+
+
+def _recompute_line(plan) -> str:
+    if not plan.recompute:
+        return "recomputation: none (every forward value backward reads is kept)"
+    shown = ", ".join(plan.recompute[:_MAX_SITES]) + (" ..." if len(plan.recompute) > _MAX_SITES else "")
+    return (f"recomputation: {len(plan.recompute)} forward values computed again in backward "
+            f"(+{human_seconds(plan.predicted.recompute_s)} per step): {shown}")
+
+
+def _formula_lines(plan, coll) -> list[str]:
+    f = plan.formula
+    if f is None:
+        return []
+    sizes = ", ".join(f"{k}={v}" for k, v in f.sizes.items())
+    out = ["", f"as formulas of {', '.join(f.sizes)} (planned at {sizes}; plan.evaluate(...) re-prices):",
+           f"  step time (s): {_short(f.step_time_s)}"]
+    largest = sorted(coll, key=lambda c: -c[0].step_bytes[c[1]])[:_MAX_FORMULAS]
+    for r, i in largest:
+        out.append(f"  {r.steps[i].kind}[{plan.mesh.axis_names[r.steps[i].axis]}] of {r.value}: "
+                   f"{f.collective_bytes[f'{r.id}.{i}']} bytes")
+    return out
+
+
+def _short(expr, limit: int = 160) -> str:
+    text = str(expr.evalf(4))
+    return text if len(text) <= limit else text[:limit] + " ... (plan.cost_formula() has it all)"

@@ -1,0 +1,157 @@
+"""A plain-data copy of the joint graph, so a Plan is self-contained JSON.
+
+Backends emit programs from this IR; nothing downstream of planning needs the
+fx graph or torch's tracing machinery.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import fx
+
+from autopar.ir.program import Program, TensorMeta, forward_nodes, shape_table
+
+
+@dataclass(frozen=True)
+class IRNode:
+    name: str
+    op: str  # placeholder | constant | call | output
+    target: str  # "aten.addmm.default", "getitem", or "" for placeholders and the output
+    args: Any  # JSON-able; a tensor argument is {"ref": node name}
+    kwargs: dict
+    outputs: tuple[Optional[TensorMeta], ...]
+    phase: str  # forward | backward
+
+    def refs(self) -> list[str]:
+        found: list[str] = []
+        _collect_refs((self.args, self.kwargs), found)
+        return found
+
+
+@dataclass(frozen=True)
+class GraphIR:
+    nodes: tuple[IRNode, ...]
+    params: dict  # placeholder -> parameter FQN
+    buffers: dict  # placeholder -> buffer FQN
+    inputs: tuple[str, ...]  # placeholders of user inputs, in call order
+    loss: str
+    grads: dict  # gradient node -> parameter FQN
+    outputs: tuple[Optional[str], ...]
+
+    def node(self, name: str) -> IRNode:
+        return self._by_name()[name]
+
+    def _by_name(self) -> dict:
+        cache = self.__dict__.get("_cache")
+        if cache is None:
+            cache = {n.name: n for n in self.nodes}
+            object.__setattr__(self, "_cache", cache)
+        return cache
+
+    def fingerprint(self) -> str:
+        """Identifies the computation: same model structure, shapes and dtypes -> same hash."""
+        body = [[n.op, n.target, n.args, n.kwargs, [_meta_json(m) for m in n.outputs]] for n in self.nodes]
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict:
+        return {
+            "nodes": [
+                {"name": n.name, "op": n.op, "target": n.target, "args": n.args, "kwargs": n.kwargs,
+                 "outputs": [_meta_json(m) for m in n.outputs], "phase": n.phase}
+                for n in self.nodes
+            ],
+            "params": self.params, "buffers": self.buffers, "inputs": list(self.inputs), "loss": self.loss,
+            "grads": self.grads, "outputs": list(self.outputs),
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> "GraphIR":
+        nodes = tuple(
+            IRNode(n["name"], n["op"], n["target"], n["args"], n["kwargs"],
+                   tuple(None if m is None else TensorMeta(tuple(m["shape"]), m["dtype"]) for m in n["outputs"]),
+                   n["phase"])
+            for n in d["nodes"]
+        )
+        return GraphIR(nodes, dict(d["params"]), dict(d["buffers"]), tuple(d["inputs"]), d["loss"],
+                       dict(d["grads"]), tuple(d["outputs"]))
+
+
+def _meta_json(m: Optional[TensorMeta]):
+    return None if m is None else {"shape": list(m.shape), "dtype": m.dtype}
+
+
+def _collect_refs(value, found: list) -> None:
+    if isinstance(value, dict):
+        if set(value) == {"ref"}:
+            found.append(value["ref"])
+        else:
+            for v in value.values():
+                _collect_refs(v, found)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect_refs(v, found)
+
+
+def encode_arg(a: Any) -> Any:
+    if isinstance(a, fx.Node):
+        return {"ref": a.name}
+    if isinstance(a, (list, tuple)):
+        return [encode_arg(x) for x in a]
+    if isinstance(a, dict):
+        return {k: encode_arg(v) for k, v in a.items()}
+    if isinstance(a, torch.dtype):
+        return {"dtype": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.device):
+        return {"device": a.type}
+    if isinstance(a, torch.layout):
+        return {"layout": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": str(a).removeprefix("torch.")}
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    raise TypeError(f"cannot record argument {a!r} of type {type(a).__name__} in a plan")
+
+
+def fingerprint_of(program: Program) -> str:
+    """The graph fingerprint every plan of ``program`` carries, without planning it."""
+    return to_ir(program, shape_table(program)).fingerprint()
+
+
+def to_ir(program: Program, meta: dict | None = None) -> GraphIR:
+    """``program`` as plain data; ``meta`` defaults to its shapes table (the shapes pass's)."""
+    meta = program.table("meta") if meta is None else meta
+    forward = forward_nodes(program)
+    nodes = []
+    for n in program.nodes():
+        args, kwargs = encode_arg(n.args), encode_arg(dict(n.kwargs))
+        if n.op in ("placeholder", "output"):
+            target = ""
+        elif n.op == "get_attr":
+            value = program.constants[n.name]
+            target, args, kwargs = "", [value.tolist()], {"dtype": encode_arg(value.dtype)}
+        elif n.target is operator.getitem:
+            target = "getitem"
+        else:
+            target = str(n.target).replace("aten::", "aten.")
+        nodes.append(IRNode(
+            name=n.name,
+            op={"placeholder": "placeholder", "output": "output", "get_attr": "constant"}.get(n.op, "call"),
+            target=target,
+            args=args,
+            kwargs=kwargs,
+            outputs=meta.get(n.name, ()),
+            phase="forward" if n.name in forward or n.op == "placeholder" else "backward",
+        ))
+    return GraphIR(tuple(nodes), dict(program.params), dict(program.buffers), tuple(program.user_inputs),
+                   program.loss, dict(program.grads), tuple(program.outputs))
+
+
+def resolve_target(target: str):
+    """'aten.addmm.default' -> torch.ops.aten.addmm.default."""
+    ns, name, overload = target.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), name), overload)

@@ -1,0 +1,54 @@
+"""PlanRequest: every planning option, resolved once at the API edge.
+
+``autopar.planning.request.resolve`` builds one from what a user passes (a mesh spec, a
+preset name, "60GiB"); passes read its typed fields, and the plan cache keys on it. The
+defaults below are the only place each default is written.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from autopar.ir.hardware import Hardware
+from autopar.ir.mesh import Mesh
+
+DEFAULT_HARDWARE = "h100-sxm"
+DEFAULT_SOLVER = "mip"  # SCIP; "cp-sat" on request
+DEFAULT_TIME_LIMIT_S = 60.0  # per integer program
+DEFAULT_OPTIMIZER = "adam"
+DEFAULT_RECOMPUTE = "auto"
+DEFAULT_BUDGET_SHARE = 0.9  # of the device's memory, when no memory budget is given
+SOLVERS = ("mip", "cp-sat")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    meshes: tuple[Mesh, ...]  # the candidates: one, or every mesh of a device count
+    hardware: Hardware
+    memory_budget_bytes: float  # per device
+    optimizer: str = DEFAULT_OPTIMIZER
+    recompute: str = DEFAULT_RECOMPUTE  # "auto" | "full" | "none"
+    cluster_layers: bool = True
+    pin: tuple[tuple[str, str], ...] = ()  # (parameter, module or glob; placements text such as "S(0),R")
+    symbolic_dims: Optional[tuple[tuple[str, int], ...]] = None  # (size name, dim index in the inputs)
+    solver: str = DEFAULT_SOLVER
+    solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    # on a 2-D mesh, run the full integer program after the axis-by-axis descent (mesh search
+    # runs it only on its finalists)
+    full_program: bool = True
+
+    @property
+    def pins(self) -> dict[str, str]:
+        return dict(self.pin)
+
+    def on(self, mesh: Mesh, *, full_program: Optional[bool] = None) -> "PlanRequest":
+        """This request for one of its meshes."""
+        full = self.full_program if full_program is None else full_program
+        return dataclasses.replace(self, meshes=(mesh,), full_program=full)
+
+    def key(self) -> dict:
+        """Plain data for the plan cache's key: every field, the hardware spec in full."""
+        body = dataclasses.asdict(self)
+        body["meshes"] = [m.to_json() for m in self.meshes]
+        return body

@@ -1,0 +1,193 @@
+"""The per-rank program as an ordered list of statements, before it is printed.
+
+The torch backend prints these statements and the memory model simulates them,
+so the memory that is predicted is the memory of the program that runs: the
+same order, the same collectives, and a variable dropped (``del``) right after
+its last use.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from autopar.ir.graph import GraphIR, IRNode, resolve_target
+from autopar.ir.mesh import Mesh
+from autopar.ops.table import rule_for
+
+# per collective kind, the local size of its result, and per library the extra bytes it holds
+# while it runs, as autopar.runtime.rank_mesh calls it: on gloo, all_gather keeps the gathered
+# parts until it concatenates them, reduce_scatter reduces a full copy before it slices,
+# all_to_all gathers then slices; on NCCL a dim-0 all_gather lands in its result and a dim-0
+# reduce_scatter reads its input in place, other dims go through contiguous parts
+_RESULT = {"all_gather": lambda n, p: n * p, "reduce_scatter": lambda n, p: n / p, "shard": lambda n, p: n / p}
+_SCRATCH = {
+    "gloo": {"all_gather": lambda n, p, dim: n * p, "reduce_scatter": lambda n, p, dim: n,
+             "all_to_all": lambda n, p, dim: 2 * n * p},
+    "nccl": {"all_gather": lambda n, p, dim: 0.0 if dim == 0 else n * p,
+             "reduce_scatter": lambda n, p, dim: 0.0 if dim == 0 else n, "all_to_all": lambda n, p, dim: 2 * n},
+}
+
+
+@dataclass
+class Statement:
+    kind: str  # placeholder | constant | call | getitem | move | start | wait | output
+    defines: Optional[str]  # the variable it binds
+    uses: tuple[str, ...] = ()  # variables it reads, in order
+    node: Optional[IRNode] = None
+    redistribution: object = None  # for move / start / wait
+    step: int = 0  # which step of the redistribution
+    nbytes: float = 0.0  # new storage it allocates (0 for a view of an input)
+    scratch: float = 0.0  # bytes held only while it runs
+    alias_of: Optional[str] = None  # a view: the variable whose storage it shares
+    frees: list[str] = field(default_factory=list)  # variables dead after it: the program deletes them
+    recomputed: bool = False  # a forward statement run again in backward (autopar.passes.recompute)
+
+
+def schedule(graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, recompute=(),
+             library: str = "nccl") -> list[Statement]:
+    """The program of a plan (or of a solution being planned) in the order it runs. The forward
+    variables in ``recompute`` are dropped after their last forward use and computed again (as
+    ``<name>__rc``) right before backward first reads them, with whatever they read in turn.
+    ``library`` (Hardware.collectives_library) sizes the buffers collectives hold."""
+    return _Scheduler(graph, strategies, redistributions, mesh, recompute, _SCRATCH[library]).run()
+
+
+def recomputed_name(var: str) -> str:
+    return f"{var}__rc"
+
+
+def moved_name(value: str, redistribution_id: str) -> str:
+    """The variable holding ``value`` after a redistribution."""
+    return f"{value}__{redistribution_id}"
+
+
+class _Scheduler:
+    def __init__(self, graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, recompute, scratch: dict):
+        self.graph, self.strategies, self.mesh, self.scratch = graph, strategies, mesh, scratch
+        self.recompute = set(recompute)
+        self.backward = False  # set once the loss is computed: from there on the program is backward
+        self.defining: dict[str, list[Statement]] = {}  # forward variable -> the statements that compute it
+        self.copies: dict[str, str] = {}  # recomputed variable -> its backward copy
+        self.by_target = {(r.value, r.dst): r for r in redistributions}  # one per (value, layout)
+        placeholder = {fqn: ph for ph, fqn in graph.params.items()}
+        self.grad_dst = {g: strategies[placeholder[fqn]].out_specs[0] for g, fqn in graph.grads.items()}
+        self.async_syncs = {r.value: r for r in redistributions  # gradient node -> its async sync
+                            if r.is_async and r.value in self.grad_dst and r.dst == self.grad_dst[r.value]}
+        self.done: dict[str, str] = {}  # redistribution id -> variable holding the moved value
+        self.started: dict[str, str] = {}  # redistribution id -> variable of its pending first step
+        self.out: list[Statement] = []
+
+    def run(self) -> list[Statement]:
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                self.out.append(Statement("placeholder", node.name, node=node))
+            elif node.op == "constant":
+                self.emit(Statement("constant", node.name, node=node, nbytes=self.local_bytes(node.name)))
+            elif node.op == "call":
+                self.call(node)
+                self.backward = self.backward or node.name == self.graph.loss
+                if node.name in self.async_syncs:
+                    self.start(node.name)
+            else:
+                self.finish()
+        _mark_frees(self.out)
+        return self.out
+
+    def emit(self, statement: Statement) -> None:
+        self.out.append(statement)
+        if not self.backward and statement.defines is not None:
+            self.defining.setdefault(statement.defines, []).append(statement)
+
+    def available(self, var: str) -> str:
+        """The variable backward reads for ``var``: its recomputed copy when it is recomputed.
+        (Forward is everything up to the loss, with the few backward ops the graph places there.)"""
+        if not self.backward or var not in self.recompute:
+            return var
+        if var not in self.copies:
+            copy = recomputed_name(var)
+            for s in self.defining[var]:  # a multi-step move recomputes every step
+                uses = tuple(copy if u == var else self.available(u) for u in s.uses)
+                self.out.append(replace(s, defines=copy, uses=uses, frees=[], recomputed=True,
+                                        alias_of=uses[0] if s.alias_of is not None else None))
+            self.copies[var] = copy
+        return self.copies[var]
+
+    def local_bytes(self, name: str, index: Optional[int] = None) -> float:
+        node = self.graph.node(name)
+        specs = self.strategies[name].out_specs
+        total = 0.0
+        for i, meta in enumerate(node.outputs):
+            if meta is not None and index in (None, i):
+                total += math.prod(specs[i].local_shape(meta.shape, self.mesh)) * meta.itemsize
+        return total
+
+    def moved(self, value: str, dst) -> str:
+        """The variable holding ``value`` in layout ``dst``, scheduling the steps on first use."""
+        r = self.by_target.get((value, dst))
+        if r is None:
+            return self.available(value)
+        if r.id not in self.done:
+            var = moved_name(value, r.id)
+            current, first, nbytes = self.available(value), 0, self.local_bytes(value, 0)
+            if r.id in self.started:
+                nbytes = _result_bytes(r.steps[0], nbytes, self.mesh)
+                self.out.append(Statement("wait", var, (self.started[r.id],), redistribution=r,
+                                          alias_of=self.started[r.id]))
+                current, first = var, 1
+            for i in range(first, len(r.steps)):
+                step = r.steps[i]
+                scratch = self.scratch_bytes(step, nbytes)
+                nbytes = _result_bytes(step, nbytes, self.mesh)
+                self.emit(Statement("move", var, (current,), redistribution=r, step=i, nbytes=nbytes,
+                                    scratch=scratch))
+                current = var
+            self.done[r.id] = var
+        return self.available(self.done[r.id])
+
+    def start(self, grad: str) -> None:
+        r = self.async_syncs[grad]
+        nbytes = self.local_bytes(grad, 0)
+        self.out.append(Statement("start", f"{grad}__{r.id}_pending", (grad,), redistribution=r,
+                                  nbytes=_result_bytes(r.steps[0], nbytes, self.mesh),
+                                  scratch=self.scratch_bytes(r.steps[0], nbytes)))
+        self.started[r.id] = f"{grad}__{r.id}_pending"
+
+    def scratch_bytes(self, step, nbytes: float) -> float:
+        return self.scratch.get(step.kind, lambda n, p, dim: 0.0)(nbytes, self.mesh.shape[step.axis], step.dim)
+
+    def call(self, node: IRNode) -> None:
+        if node.target == "getitem":
+            src, _ = node.args
+            source = self.available(src["ref"])
+            self.emit(Statement("getitem", node.name, (source,), node=node, alias_of=source))
+            return
+        in_specs = iter(self.strategies[node.name].in_specs)  # refs come in tensor-input order
+        uses = tuple(self.moved(name, next(in_specs)) for name in node.refs())
+        rule = rule_for(resolve_target(node.target))
+        view = rule is not None and rule.free and uses
+        self.emit(Statement("call", node.name, uses, node=node, nbytes=0.0 if view else self.local_bytes(node.name),
+                            alias_of=uses[0] if view else None))
+
+    def finish(self) -> None:
+        outs = tuple(self.moved(name, self.grad_dst[name]) if name in self.grad_dst else name
+                     for name in self.graph.outputs if name is not None)
+        self.out.append(Statement("output", None, outs))
+
+
+def _result_bytes(step, nbytes: float, mesh) -> float:
+    return _RESULT.get(step.kind, lambda n, p: n)(nbytes, mesh.shape[step.axis])
+
+
+def _mark_frees(statements: list[Statement]) -> None:
+    """After each statement, the variables it was the last to read (or that nothing reads)."""
+    last: dict[str, int] = {}
+    for i, s in enumerate(statements):
+        if s.defines is not None:
+            last.setdefault(s.defines, i)
+        for v in s.uses:
+            last[v] = i
+    placeholders = {s.defines for s in statements if s.kind == "placeholder"}  # the caller holds these
+    for v, i in last.items():
+        if v not in placeholders and statements[i].kind != "output":
+            statements[i].frees.append(v)

@@ -1,0 +1,179 @@
+"""The sharding problem of one program on one mesh as plain arrays, for autopar.solvers.sharding.
+
+Nodes tied together (followers, and the layers cluster_layers matched to a template layer)
+share one variable group; an edge inside a group folds into the group's own cost. Each
+group's strategies carry compute and the reshards into them; each pair of groups carries a
+matrix of reshard times. Then the constraints that make the program a training step, one
+function per family: the loss ends replicated, each gradient ends in its parameter's layout
+(its first collective partly hidden under backward, ``Hardware.gradient_overlap``), and
+what the user's constraints rule out costs infinity.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from autopar.ir.program import Program, forward_nodes, tensor_inputs
+from autopar.passes.base import PassContext
+from autopar.solvers.sharding import Overlap
+
+
+@dataclass(frozen=True)
+class ShardingProblem:
+    strategies: dict  # node -> the strategies it can take
+    groups: list  # the node deciding each variable group
+    group_of: dict  # node -> index of the group that decides its strategy
+    node_costs: list  # per group and strategy: seconds (inf: ruled out)
+    edge_costs: dict  # (group, group) -> matrix of seconds between their strategies
+    edges: list  # the same as the solver takes them: (group, group, rows of seconds)
+    overlap: Optional[Overlap]  # gradient syncs that can hide under backward, None where none can
+    hint: list  # per group, its replicated strategy (the data-parallel start), None where it has none
+
+    @property
+    def options(self) -> list:
+        return [self.strategies[g] for g in self.groups]
+
+    @property
+    def booleans(self) -> int:
+        """The full integer program's booleans: one per strategy and per finite edge entry."""
+        return sum(len(c) for c in self.node_costs) + sum(int(np.isfinite(m).sum()) for m in self.edge_costs.values())
+
+    def choice_of(self, choice) -> dict:
+        """node -> chosen Strategy, for a solver's ``choice`` (one index per group)."""
+        return {name: self.strategies[name][choice[self.group_of[name]]] for name in self.strategies}
+
+
+def build_problem(program: Program, ctx: PassContext, allowed: dict) -> ShardingProblem:
+    """``allowed``: node -> keep flag per strategy, from the constraints."""
+    builder = _Builder(program, ctx)
+    forward = forward_nodes(program)
+    for node in program.nodes():
+        if node.op == "call_function":
+            builder.price_compute(node, backward=node.name not in forward)
+            builder.price_input_reshards(node)
+    _require_replicated_loss(builder, program)
+    _require_gradients_in_parameter_layouts(builder, program)
+    _forbid_what_constraints_rule_out(builder, allowed)
+    return builder.finish()
+
+
+def variable_groups(strategies: dict, tied: dict, cluster_of: dict) -> tuple[list, dict]:
+    """(the node deciding each group, node -> its group's index): a node follows its cluster
+    template and its tie until one that follows nothing."""
+    groups = [n for n in strategies if n not in tied and n not in cluster_of]
+    index = {g: i for i, g in enumerate(groups)}
+    group_of = {}
+    for name in strategies:
+        root = name
+        while root in cluster_of or root in tied:
+            root = cluster_of[root] if root in cluster_of else tied[root]
+        group_of[name] = index[root]
+    return groups, group_of
+
+
+class _Builder:
+    def __init__(self, program: Program, ctx: PassContext):
+        self.meta, self.strategies = program.table("meta"), program.table("strategies")
+        self.tied, self.cluster_of = program.table("tied_to"), program.table("cluster_of")
+        self.cost = ctx.cost
+        self.kappa = ctx.cost.hardware.gradient_overlap
+        self.forbidden_move = ctx.constraints.move_checker(ctx.mesh)
+        self.groups, self.group_of = variable_groups(self.strategies, self.tied, self.cluster_of)
+        self.node_costs = [[0.0] * len(self.strategies[g]) for g in self.groups]
+        self.cover = [[0.0] * len(self.strategies[g]) for g in self.groups]  # backward that syncs hide under
+        self.edge_costs: dict[tuple[int, int], np.ndarray] = {}
+        self.hidden: dict[tuple[int, int], np.ndarray] = {}
+        self._matrices: dict[tuple, np.ndarray] = {}
+
+    def price_compute(self, node, backward: bool) -> None:
+        g = self.group_of[node.name]
+        for k, s in enumerate(self.strategies[node.name]):
+            self.node_costs[g][k] += s.compute_s
+            if backward:
+                self.cover[g][k] += self.kappa * s.compute_s
+
+    def price_input_reshards(self, node) -> None:
+        strategies = self.strategies
+        for j, arg in enumerate(tensor_inputs(node)):
+            if self.tied.get(node.name) == arg.name and arg.op == "call_function" and len(self.meta[arg.name]) > 1:
+                continue  # getitem of a multi-output op: same layout by construction
+            m = self.meta[arg.name][0]
+            self.add_edge(arg.name, node.name, j, lambda a, b, arg=arg, node=node, j=j, m=m: self.reshard_time(
+                m, strategies[arg.name][a].out_specs[0], strategies[node.name][b].in_specs[j]))
+
+    def reshard_time(self, meta, src, dst) -> float:
+        if self.forbidden_move is not None and self.forbidden_move(src, dst):
+            return math.inf
+        return self.cost.reshard_time(meta, src, dst)
+
+    def add_edge(self, src: str, dst: str, kind, price, into: Optional[dict] = None) -> None:
+        """Add price(src strategy, dst strategy) to the edge between their groups (``into``: the
+        hidden syncs instead of the edge costs). Edges of clustered layers repeat the template's
+        (same strategies, same shapes): priced once."""
+        into = self.edge_costs if into is None else into
+        key = (self.cluster_of.get(src, src), self.cluster_of.get(dst, dst), kind)
+        matrix = self._matrices.get(key)
+        if matrix is None:
+            matrix = self._matrices[key] = np.array(
+                [[price(a, b) for b in range(len(self.strategies[dst]))] for a in range(len(self.strategies[src]))],
+                dtype=float)
+        gi, gj = self.group_of[src], self.group_of[dst]
+        if gi == gj:
+            own = self.node_costs[gi]
+            for k, c in enumerate(np.diagonal(matrix).tolist()):
+                own[k] += c
+        elif (gj, gi) in into:
+            into[gj, gi] += matrix.T
+        elif (gi, gj) in into:
+            into[gi, gj] += matrix
+        else:
+            into[gi, gj] = matrix.copy()
+
+    def finish(self) -> ShardingProblem:
+        overlap = Overlap([(i, j, m.tolist()) for (i, j), m in self.hidden.items()], self.cover) \
+            if self.hidden else None
+        edges = [(i, j, m.tolist()) for (i, j), m in self.edge_costs.items()]
+        return ShardingProblem(self.strategies, self.groups, self.group_of, self.node_costs, self.edge_costs, edges,
+                               overlap, [_replicated_index(self.strategies[g]) for g in self.groups])
+
+
+def _require_replicated_loss(builder: _Builder, program: Program) -> None:
+    """The loss ends replicated on every rank."""
+    group = builder.group_of[program.loss]
+    for k, s in enumerate(builder.strategies[program.loss]):
+        if not s.out_specs[0].is_replicated():
+            builder.node_costs[group][k] = math.inf
+
+
+def _require_gradients_in_parameter_layouts(builder: _Builder, program: Program) -> None:
+    """Each gradient ends in its parameter's layout, so the optimizer updates matching shards; the
+    first step of a gradient's sync can run under backward (priced on the hidden-sync edges)."""
+    meta, strategies, cost = builder.meta, builder.strategies, builder.cost
+    for grad, param in program.gradient_targets():
+        def layouts(a, b, g=grad, p=param):
+            return meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
+
+        hideable = builder.kappa > 0 and builder.group_of[grad] != builder.group_of[param]
+        builder.add_edge(grad, param, ("sync", hideable), lambda a, b, layouts=layouts, hideable=hideable:
+                         builder.reshard_time(*layouts(a, b)) - (cost.async_time(*layouts(a, b)) if hideable else 0.0))
+        if hideable:
+            builder.add_edge(grad, param, "hidden sync", lambda a, b, layouts=layouts: cost.async_time(*layouts(a, b)),
+                             into=builder.hidden)
+
+
+def _forbid_what_constraints_rule_out(builder: _Builder, allowed: dict) -> None:
+    """A strategy a constraint rules out (node -> keep flag per strategy) costs infinity."""
+    for name, keep in allowed.items():
+        for k, ok in enumerate(keep):
+            if not ok:
+                builder.node_costs[builder.group_of[name]][k] = math.inf
+
+
+def _replicated_index(options) -> int | None:
+    for k, s in enumerate(options):
+        if all(spec.is_replicated() for spec in s.in_specs + s.out_specs):
+            return k
+    return None

@@ -1,0 +1,169 @@
+"""Run the passes over a captured program for a PlanRequest: on its one mesh, or on each
+candidate mesh with the fastest plan winning, and package the result as a Plan."""
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from torch import nn
+
+from autopar.capture.export import program_inputs
+from autopar.capture.module_paths import module_paths
+from autopar.capture.symbolic_shapes import SizeSymbols, size_symbols
+from autopar.errors import AutoparError
+from autopar.ir.graph import to_ir
+from autopar.ir.mesh import Mesh
+from autopar.ir.plan import Plan
+from autopar.ir.records import PassRecord, SolverStats
+from autopar.ir.request import DEFAULT_HARDWARE, PlanRequest
+from autopar.passes.base import Pass, PassContext, PassManager
+from autopar.passes.constraints import from_options
+from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
+from autopar.passes.registry import pipeline
+from autopar.planning.request import resolve
+from autopar.planning.state import planning_state, remember
+from autopar.units import human_seconds
+
+# A 2-D mesh's full integer program (after the axis-by-axis descent) is run only on the meshes
+# whose descent plan is within this share of the best: the full program of a Llama-shaped model
+# on 64 GPUs is large enough to take minutes per mesh, and it has improved the descent's plan by
+# less than this (README, "Solving at scale").
+FINALIST_MARGIN = 0.05
+
+
+def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware=DEFAULT_HARDWARE,
+                  restrict: Optional[Callable] = None, passes: Sequence[Pass] = (),
+                  progress: Optional[Callable[[str], None]] = None, **options) -> Plan:
+    """autopar.plan for a step already captured (autopar.capture.capture), so that several plans
+    of one model (baselines, meshes) share the capture; ``options`` as autopar.plan takes them.
+    The program is not modified."""
+    request = resolve(mesh, hardware, **options)
+    return run(program, request, model, example_inputs, restrict=restrict, passes=passes, progress=progress)
+
+
+def run(program, request: PlanRequest, model: nn.Module, example_inputs, *, restrict=None, passes=(),
+        progress=None) -> Plan:
+    """Plan ``program`` for ``request``: on its mesh, or by searching its candidate meshes."""
+    pipeline(passes)  # a misplaced pass fails here, before any work
+    if progress is not None:
+        progress("naming each node's module ...")
+    planner = _MeshPlanner(program, model, example_inputs, module_paths(program), tuple(passes), restrict,
+                           progress, _sizes(request, example_inputs))
+    if len(request.meshes) == 1:
+        plan = planner.plan(request)
+        warn_if_unproven(plan.mesh, plan.solver, request.solver_time_limit_s)
+        return plan
+    return _search_meshes(planner, request)
+
+
+def _sizes(request: PlanRequest, example_inputs) -> Optional[SizeSymbols]:
+    if request.symbolic_dims is None:
+        return None
+    return size_symbols(program_inputs(example_inputs), dict(request.symbolic_dims))
+
+
+@dataclass(frozen=True)
+class _MeshPlanner:
+    """What stays the same on every mesh of one planning call."""
+
+    program: object  # the captured Program; each mesh plans a copy with empty side tables
+    model: nn.Module
+    example_inputs: object
+    modules: dict  # call node -> module path (the same on every mesh)
+    passes: tuple  # the user's passes for this plan
+    restrict: Optional[Callable]
+    progress: Optional[Callable[[str], None]]
+    sizes: Optional[SizeSymbols]
+
+    def plan(self, request: PlanRequest) -> Plan:
+        """Run the passes for ``request``'s one mesh."""
+        program = dataclasses.replace(self.program, tables={})
+        passes = pipeline(self.passes)
+        if self.sizes is not None:
+            passes += [SymbolicShapesPass(self.model, program_inputs(self.example_inputs), self.sizes),
+                       CostFormulaPass(self.sizes)]
+        ctx = PassContext(request, progress=self.progress,
+                          constraints=from_options(request.pins, self.restrict))
+        history = PassManager(passes).run(program, ctx)
+        plan = self._package(program, ctx.mesh, request, tuple(history))
+        remember(plan, lambda: (program, ctx))
+        return plan
+
+    def _package(self, program, mesh: Mesh, request: PlanRequest, history: tuple) -> Plan:
+        result = program.table("solver")
+        fallback = program.table("fallback")
+        return Plan(
+            mesh=mesh,
+            hardware=request.hardware.name,
+            graph=to_ir(program),
+            strategies=dict(program.table("choice")),
+            redistributions=tuple(program.table("redistributions")),
+            predicted=program.table("predicted"),
+            recompute=program.table("recompute").variables,
+            fallback_nodes=dict(fallback),
+            fallback_modules={n: p for n, p in self.modules.items() if n in fallback},
+            modules=self.modules,
+            solver=SolverStats(result.backend, result.status, result.objective, result.bound, result.gap,
+                               result.seconds, result.n_variables),
+            history=history,
+            formula=program.tables.get("cost_formula"),
+        )
+
+
+def warn_if_unproven(mesh: Mesh, solver, time_limit_s: float) -> None:
+    """Warn when the time limit stopped the solver (``solver``: its result or SolverStats). Not for
+    status "least-memory": the budget, not the time limit, chose that layout."""
+    if solver.status != "feasible":
+        return
+    # a gap of 100% is a bound of 0 (the full program did not run, being too large for its
+    # limit, or found no bound in it): "within 100% of optimal" would misread it
+    distance = "has no proven bound" if solver.gap >= 1.0 else f"is within {solver.gap:.1%} of optimal"
+    warnings.warn(f"the sharding solver did not prove its plan optimal on mesh {mesh} in its {time_limit_s:g} s "
+                  f"limit per integer program; the plan {distance} (raise solver_time_limit_s to close the gap)",
+                  stacklevel=2)
+
+
+def _search_meshes(planner: _MeshPlanner, request: PlanRequest) -> Plan:
+    """Plan every candidate mesh (2-D ones by the axis-by-axis descent only), then the 2-D
+    finalists again with the full integer program; the least predicted step time wins. The
+    winner's history starts with a ``mesh_search`` record listing each mesh's step time (or why
+    it failed)."""
+    report = planner.progress or (lambda msg: None)
+    start = time.perf_counter()
+    planned, tried = _sweep(planner, request, report)
+    fastest = min(p.predicted.step_time_s for p in planned.values())
+    for mesh, candidate in planned.items():
+        if mesh.ndim > 1 and candidate.predicted.step_time_s <= fastest * (1 + FINALIST_MARGIN):
+            report(f"mesh search: the full integer program on {mesh} ...")
+            planned[mesh] = planner.plan(request.on(mesh, full_program=True))
+            tried[mesh] = human_seconds(planned[mesh].predicted.step_time_s)
+    best = min(planned.values(), key=lambda p: p.predicted.step_time_s)
+    warn_if_unproven(best.mesh, best.solver, request.solver_time_limit_s)  # the winner's only
+    record = PassRecord("mesh_search", time.perf_counter() - start, f"best {best.mesh} of {_listing(tried)}")
+    searched = dataclasses.replace(best, history=(record,) + best.history)
+    remember(searched, lambda: planning_state(best))
+    return searched
+
+
+def _sweep(planner: _MeshPlanner, request: PlanRequest, report) -> tuple[dict, dict]:
+    """Every candidate mesh planned by the descent alone: (mesh -> plan, mesh -> outcome text)."""
+    planned, tried = {}, {}
+    for mesh in request.meshes:
+        report(f"mesh search: planning {mesh} ...")
+        try:
+            planned[mesh] = planner.plan(request.on(mesh, full_program=False))
+        except AutoparError as exc:  # e.g. no layout on this mesh fits the memory budget
+            tried[mesh] = str(exc).split(':')[0]
+            continue
+        tried[mesh] = human_seconds(planned[mesh].predicted.step_time_s)
+        report(f"mesh search: {mesh}: {tried[mesh]}")
+    if not planned:
+        raise AutoparError(f"no mesh of {request.meshes[0].size} devices gives a plan: {_listing(tried)}")
+    return planned, tried
+
+
+def _listing(tried: dict) -> str:
+    return "; ".join(f"{mesh}: {outcome}" for mesh, outcome in tried.items())

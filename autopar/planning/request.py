@@ -1,0 +1,48 @@
+"""The API edge: what a user passes (a mesh spec, a hardware name, "60GiB") resolved once into
+a PlanRequest, so that a bad option fails before any work and no pass re-reads raw options."""
+from __future__ import annotations
+
+from typing import Optional
+
+from autopar.cost_models.hardware import get_hardware
+from autopar.errors import AutoparError
+from autopar.ir.hardware import Hardware
+from autopar.ir.request import (
+    DEFAULT_BUDGET_SHARE,
+    DEFAULT_HARDWARE,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_RECOMPUTE,
+    DEFAULT_SOLVER,
+    DEFAULT_TIME_LIMIT_S,
+    SOLVERS,
+    PlanRequest,
+)
+from autopar.lowering.memory import optimizer_bytes_per_element
+from autopar.passes.recompute import check_mode
+from autopar.planning.meshes import candidate_meshes
+from autopar.units import parse_bytes
+
+
+def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str = DEFAULT_SOLVER,
+            solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S, pin: Optional[dict] = None,
+            memory_budget: "str | float | None" = None, optimizer: str = DEFAULT_OPTIMIZER,
+            recompute: str = DEFAULT_RECOMPUTE, symbolic_dims: Optional[dict[str, int]] = None,
+            cluster_layers: bool = True) -> PlanRequest:
+    """The request autopar.plan's options stand for (see its docstring for each)."""
+    hw = get_hardware(hardware)
+    if solver not in SOLVERS:
+        raise AutoparError(f"unknown solver {solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
+    optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here
+    budget = parse_bytes(memory_budget)
+    return PlanRequest(
+        meshes=tuple(candidate_meshes(mesh, hw)),
+        hardware=hw,
+        memory_budget_bytes=DEFAULT_BUDGET_SHARE * hw.memory_bytes if budget is None else float(budget),
+        optimizer=optimizer,
+        recompute=check_mode(recompute),
+        cluster_layers=cluster_layers,
+        pin=tuple((pin or {}).items()),
+        symbolic_dims=None if symbolic_dims is None else tuple(symbolic_dims.items()),
+        solver=solver,
+        solver_time_limit_s=float(solver_time_limit_s),
+    )

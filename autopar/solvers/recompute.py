@@ -1,0 +1,304 @@
+"""The recomputation solver over plain arrays, so it is testable against brute force.
+
+The forward values that backward reads are either kept (held from forward into
+backward) or recomputed just before their first backward use, from inputs that
+are kept or recomputed in turn (so a chain is recomputed back to kept values).
+Choose the recomputed set that adds the least time while the memory held at a
+few points of backward stays under a limit.
+
+Memory at a point ``t`` of backward: what the program holds there anyway
+(``fixed[t]``: parameters, gradients, temporaries), plus each forward storage
+held at ``t`` by a kept value (until its last use, or until a recomputation
+that reads it), or by a recomputed copy (from the moment it is recomputed to
+its last use). A value is recomputed at its first backward use or earlier, when
+a recomputation that reads it runs earlier: that is the ``started`` variable,
+which follows chains. This is the boolean-program view of Checkmate (Jain et
+al., MLSys 2020) reduced to one recomputation per value.
+
+Variables per value v: r_v (recomputed), k_v (kept), and per point t
+started_{v,t}; per storage s and point t, held_{s,t}.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from autopar.errors import SolverError
+from autopar.solvers.sharding import linear_constraint, run_scip
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class RecomputeProblem:
+    seconds: Sequence[float]  # per value: the time to recompute it; inf where it cannot be
+    inputs: Sequence[Sequence[int]]  # per value: the values its computation reads (never-freed inputs left out)
+    storage: Sequence[int]  # per value: the storage it lives in (views share their base's)
+    storage_bytes: Sequence[float]  # per storage
+    first_use: Sequence[Optional[int]]  # per value: the first backward point index it is read at (None: never)
+    last_use: Sequence[Optional[int]]  # per value: the last backward point index it is read at
+    hold_until: Sequence[Optional[int]]  # per value: the last point a kept copy is held (its last use, or a
+    # recomputation that reads it)
+    fixed: Sequence[float]  # per point: bytes held regardless of the choice
+    at: Sequence[int] = ()  # per point, for the caller: the program statement it stands for
+
+    @property
+    def n(self) -> int:
+        return len(self.seconds)
+
+    @property
+    def points(self) -> range:
+        return range(len(self.fixed))
+
+    def consumers(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for v, ins in enumerate(self.inputs):
+            for w in ins:
+                out[w].append(v)
+        return out
+
+    def storage_last_use(self) -> list[int]:
+        last = [-1] * len(self.storage_bytes)
+        for v in range(self.n):
+            if self.last_use[v] is not None:
+                last[self.storage[v]] = max(last[self.storage[v]], self.last_use[v])
+        return last
+
+
+@dataclass(frozen=True)
+class RecomputeChoice:
+    recomputed: tuple[int, ...]
+    seconds: float  # added time
+    memory: float  # the model's peak over the points
+    status: str  # "optimal" | "feasible"
+
+
+def _first(problem: RecomputeProblem, v: int) -> float:
+    return problem.first_use[v] if problem.first_use[v] is not None else INF
+
+
+def memory_of(problem: RecomputeProblem, recomputed: set) -> list[float]:
+    """The model's bytes at each point when ``recomputed`` is recomputed and the rest is kept where
+    needed: the function the solver keeps under the limit, evaluated directly."""
+    consumers = problem.consumers()
+    kept = [v not in recomputed and (problem.first_use[v] is not None or any(c in recomputed for c in consumers[v]))
+            for v in range(problem.n)]
+    start: dict[int, float] = {}  # recomputed value -> the point it is recomputed at
+
+    def started(v: int) -> float:
+        if v not in start:
+            start[v] = INF  # cycles cannot occur (inputs come earlier), but guard anyway
+            start[v] = min([_first(problem, v)] + [started(c) for c in consumers[v] if c in recomputed])
+        return start[v]
+
+    last = problem.storage_last_use()
+    out = []
+    for t in problem.points:
+        held = set()
+        for v in range(problem.n):
+            s = problem.storage[v]
+            if kept[v] and problem.hold_until[v] is not None and problem.hold_until[v] >= t:
+                held.add(s)
+            elif v in recomputed and started(v) <= t <= last[s]:
+                held.add(s)
+        out.append(problem.fixed[t] + sum(problem.storage_bytes[s] for s in held))
+    return out
+
+
+def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[int, ...]]:
+    """(least added seconds, recomputed set) over every subset of the recomputable values."""
+    candidates = [v for v in range(problem.n) if not math.isinf(problem.seconds[v])]
+    best = (INF, ())
+    for k in range(len(candidates) + 1):
+        for subset in itertools.combinations(candidates, k):
+            seconds = sum(problem.seconds[v] for v in subset)
+            if seconds < best[0] and max(memory_of(problem, set(subset)), default=0.0) <= limit:
+                best = (seconds, subset)
+    if math.isinf(best[0]):
+        raise SolverError("no recomputation meets the limit")
+    return best
+
+
+def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limit_s: float = 30.0,
+          horizon: Optional[int] = None, relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
+    """Least added time with the model's memory ≤ ``limit`` at every point; ``limit=None`` asks
+    for the least memory instead (and the least time among plans with that memory).
+
+    Three shortcuts for deep models, each giving plans that meet the limit, possibly slower ones:
+    ``horizon``: a value is recomputed at most this many points before its own first use (or,
+    for a value backward never reads, its readers'). None allows any chain, back to the forward
+    pass's first value; a few points keep chains within a few layers (as checkpointing every
+    few layers does) and cut the program several times on deep models. ``relative_gap``: stop at a
+    solution proven within this fraction of the optimum (status "feasible" unless it is 0).
+    ``fold_views``: see ``_fold_free_views``."""
+    target, group_of = _fold_free_views(problem) if fold_views else (problem, None)
+    if limit is None:
+        limit = limit_at(_solve(target, None, time_limit_s, horizon, relative_gap))
+    return _unfolded(problem, _solve(target, limit, time_limit_s, horizon, relative_gap), group_of)
+
+
+def least_memory(problem: RecomputeProblem, *, time_limit_s: float = 30.0, horizon: Optional[int] = None,
+                 relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
+    """A set with the least memory (within ``relative_gap``), not the least time among such sets:
+    ``solve(problem, None)`` without its second solve, for a caller that only needs to know how
+    low the memory goes. Shortcuts as in ``solve``; with ``fold_views``, ``memory`` is the folded
+    model's (at least the set's own): a limit that ``solve`` with the same shortcuts can meet."""
+    target, group_of = _fold_free_views(problem) if fold_views else (problem, None)
+    found = _solve(target, None, time_limit_s, horizon, relative_gap)
+    return dataclasses.replace(_unfolded(problem, found, group_of), memory=found.memory)
+
+
+def limit_at(lowest: RecomputeChoice) -> float:
+    """The limit under which ``solve`` finds the least time at ``lowest``'s memory (a least-memory
+    choice): a hair above it, so the solver's rounding cannot make it infeasible."""
+    return lowest.memory * (1 + 1e-9) + 1.0
+
+
+def _unfolded(problem: RecomputeProblem, found: RecomputeChoice, group_of) -> RecomputeChoice:
+    """``found`` on the problem before _fold_free_views (``group_of`` None: it was not folded)."""
+    if group_of is None:
+        return found
+    recomputed = set(found.recomputed)
+    chosen = tuple(v for v in range(problem.n) if group_of[v] in recomputed and not math.isinf(problem.seconds[v]))
+    return RecomputeChoice(chosen, sum(problem.seconds[v] for v in chosen),
+                           max(memory_of(problem, set(chosen)), default=0.0), found.status)
+
+
+def _fold_free_views(problem: RecomputeProblem) -> tuple[RecomputeProblem, list[int]]:
+    """The problem with each free view (no time to recompute, one input, its input's storage)
+    folded into the value it views: (smaller problem, each value's index in it). Half the values
+    of a decoder are such views. The folded model holds a base as long as its longest-held view,
+    and recomputes them together from the earliest point either is needed: so what it finds meets
+    the limit, but it misses plans that hold a view without its base (or the base longer)."""
+    group = list(range(problem.n))
+    for v in range(problem.n):
+        ins = problem.inputs[v]
+        if problem.seconds[v] == 0 and len(ins) == 1 and problem.storage[ins[0]] == problem.storage[v]:
+            group[v] = group[ins[0]]
+    roots = sorted(set(group))
+    index = {b: i for i, b in enumerate(roots)}
+    group_of = [index[group[v]] for v in range(problem.n)]
+    members: dict[int, list[int]] = {}
+    for v in range(problem.n):
+        members.setdefault(group_of[v], []).append(v)
+
+    def merged(field, pick):
+        out = []
+        for i in range(len(roots)):
+            present = [getattr(problem, field)[v] for v in members[i] if getattr(problem, field)[v] is not None]
+            out.append(pick(present) if present else None)
+        return out
+
+    inputs = [sorted({group_of[w] for v in members[i] for w in problem.inputs[v]} - {i}) for i in range(len(roots))]
+    return RecomputeProblem(
+        seconds=[problem.seconds[b] for b in roots], inputs=inputs, storage=[problem.storage[b] for b in roots],
+        storage_bytes=problem.storage_bytes, first_use=merged("first_use", min), last_use=merged("last_use", max),
+        hold_until=merged("hold_until", max), fixed=problem.fixed, at=problem.at), group_of
+
+
+def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: float,
+           horizon: Optional[int], relative_gap: float) -> RecomputeChoice:
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    n, points = problem.n, list(problem.points)
+    consumers = problem.consumers()
+    recomputable = [not math.isinf(s) for s in problem.seconds]
+    r = [solver.BoolVar(f"r{v}") if recomputable[v] else None for v in range(n)]
+    k = [solver.BoolVar(f"k{v}") for v in range(n)]
+
+    inf = solver.infinity()
+
+    def row(lower: float, upper: float, terms) -> None:
+        """lower <= sum(coef * var) <= upper, set coefficient by coefficient: the natural API's
+        expression objects cost more than SCIP's solve on deep models."""
+        linear_constraint(solver, [(var, coef) for var, coef in terms if var is not None], lower, upper)
+
+    for v in range(n):
+        if problem.first_use[v] is not None:  # kept or recomputed
+            row(1, inf, [(k[v], 1), (r[v], 1)])
+        for w in problem.inputs[v]:
+            if r[v] is not None:  # recomputing v needs its inputs, kept or recomputed
+                row(0, inf, [(k[w], 1), (r[w], 1), (r[v], -1)])
+    # started[v][t]: v's recomputed copy exists by point t (monotone in t); none before the first
+    # point any recomputation that reads v (directly or down a chain) could run
+    earliest = [INF] * n
+    for v in range(n - 1, -1, -1):
+        if recomputable[v]:
+            earliest[v] = min([_first(problem, v)] + [earliest[c] for c in consumers[v]])
+    if horizon is not None:
+        anchor = [INF] * n  # the first use a recomputation of v serves
+        for v in range(n - 1, -1, -1):
+            anchor[v] = _first(problem, v) if problem.first_use[v] is not None else \
+                min([INF] + [anchor[c] for c in consumers[v]])
+        earliest = [max(e, a - horizon) for e, a in zip(earliest, anchor)]
+    # ... and none after the last point it is read at: by a memory row (while its storage is
+    # used) or by an input's chain row (before the input's own first use, while that input's
+    # variable is read in turn). Without this cut every value had a variable at every later
+    # point, most of an 80-layer model's rows.
+    last = problem.storage_last_use()
+    needed = [-1] * n
+    for v in range(n):  # inputs come before the values computed from them
+        needed[v] = max([last[problem.storage[v]]] + [min(_first(problem, w) - 1, needed[w])
+                                                      for w in problem.inputs[v] if recomputable[w]])
+    started: dict[int, dict[int, object]] = {}
+    for v in range(n):
+        if recomputable[v] and earliest[v] <= needed[v]:
+            started[v] = {t: solver.NumVar(0, 1, "") for t in points if earliest[v] <= t <= needed[v]}
+    for v, by_point in started.items():
+        first = _first(problem, v)
+        for t, var in by_point.items():
+            if t >= first:
+                row(0, inf, [(var, 1), (r[v], -1)])
+            elif t > earliest[v]:
+                row(0, inf, [(var, 1), (by_point[t - 1], -1)])
+            if t < first:  # before v's own use only a recomputation reading it starts it
+                for c in consumers[v]:
+                    if c in started and t in started[c]:
+                        row(-1, inf, [(var, 1), (started[c][t], -1), (r[v], -1)])
+    if horizon is not None:  # a reader started before v may be: v is kept for it (the last such
+        for v in range(n):   # point suffices, started being monotone)
+            for c in consumers[v] if recomputable[v] else ():
+                t = min(earliest[v] - 1, _first(problem, v) - 1, needed[v])
+                if c in started and t in started[c]:
+                    row(-inf, 1, [(started[c][t], 1), (r[v], 1)])
+    by_storage: dict[int, list[int]] = {}
+    for v in range(n):
+        by_storage.setdefault(problem.storage[v], []).append(v)
+    peak = solver.NumVar(0, inf, "peak")
+    for t in points:
+        terms = []
+        for s, values in by_storage.items():
+            holders = [k[v] for v in values if problem.hold_until[v] is not None and problem.hold_until[v] >= t]
+            holders += [started[v][t] for v in values if v in started and t in started[v] and t <= last[s]]
+            if not holders or not problem.storage_bytes[s]:
+                continue
+            held = holders[0]
+            if len(holders) > 1:
+                held = solver.NumVar(0, 1, "")
+                for h in holders:
+                    row(0, inf, [(held, 1), (h, -1)])
+            terms.append((held, problem.storage_bytes[s]))
+        if limit is not None:  # fixed + sum(bytes * held) <= limit
+            row(-inf, limit - problem.fixed[t], terms)
+        else:  # peak >= fixed + sum(bytes * held)
+            row(problem.fixed[t], inf, [(peak, 1)] + [(h, -b) for h, b in terms])
+    objective = solver.Objective()
+    if limit is None:
+        objective.SetCoefficient(peak, 1.0)
+    else:
+        for v in range(n):
+            if r[v] is not None and problem.seconds[v]:
+                objective.SetCoefficient(r[v], problem.seconds[v] * 1e9)
+    objective.SetMinimization()
+    status, values, _ = run_scip(solver, time_limit_s, relative_gap)
+    if values is None:
+        raise SolverError("no recomputation meets the memory limit" if status == "infeasible"
+                          else f"the recomputation solver found no solution within {time_limit_s:.0f} s")
+    chosen = tuple(v for v in range(n) if r[v] is not None and values[r[v].index()] > 0.5)
+    memory = max(memory_of(problem, set(chosen)), default=0.0)
+    return RecomputeChoice(chosen, sum(problem.seconds[v] for v in chosen), memory,
+                           "optimal" if status == "optimal" and not relative_gap else "feasible")

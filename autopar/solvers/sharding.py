@@ -1,0 +1,353 @@
+"""The sharding solver over plain arrays, so it is testable and swappable.
+
+Problem: pick one strategy per node minimising Σ node cost + Σ edge cost, where
+an edge (i, j, M) costs M[a][b] when node i takes a and node j takes b;
+``math.inf`` forbids a choice or a pair.
+
+An optional ``Overlap`` adds costs that run concurrently with other work (gradient
+all-reduces under the backward pass): only max(0, Σ hidden − Σ cover) counts,
+linear with one continuous variable E ≥ 0, E ≥ Σ hidden − Σ cover.
+
+Formulation (DESIGN.md): one boolean per (node, strategy) with exactly one per
+node, and per edge "marginal" booleans y[a, b] whose row sums equal x_i[a] and
+column sums equal x_j[b]. Its LP relaxation is the local polytope, much tighter
+than y >= x_i + x_j - 1 linking.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from autopar.errors import SolverError
+from autopar.solvers.reduction import reduce_problem
+from autopar.units import human_bytes
+
+Matrix = Sequence[Sequence[float]]
+# objective units per second. SCIP's in microseconds: in nanoseconds, with coefficients up to
+# 1e10, its LP met unresolved numerical troubles on a 70B layer (root bound 0; a one-axis step
+# that solves in 2 s in microseconds ran to its limit far from optimal). CP-SAT's in whole
+# nanoseconds, as it needs integers.
+MIP_SCALE = 1e6
+CPSAT_SCALE = 1e9
+
+
+@dataclass(frozen=True)
+class SolverResult:
+    choice: tuple[int, ...]
+    objective: float  # seconds, re-evaluated exactly from the float costs
+    bound: float  # seconds: proven lower bound
+    # "optimal" | "feasible" | "least-memory" (solve_sharding's last answer: the layout that holds
+    # the least memory, optimal for that, with no bound on its time)
+    status: str
+    seconds: float
+    backend: str
+    n_variables: int
+    n_removed: int = 0  # strategies dropped before the solve (forbidden or dominated)
+
+    @property
+    def gap(self) -> float:
+        if self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """``edges`` (priced like the problem's edges) run concurrently with the work in ``cover``
+    (per node and strategy, like node costs); only the excess of the first over the second counts."""
+
+    edges: list
+    cover: list
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """Σ bytes[i][choice_i] ≤ limit: a linear stand-in for the per-device memory budget."""
+
+    bytes: list
+    limit: float
+
+    def used(self, choice: Sequence[int]) -> float:
+        return sum(self.bytes[i][k] for i, k in enumerate(choice))
+
+
+def evaluate(node_costs: Sequence[Sequence[float]], edges, choice: Sequence[int],
+             overlap: Optional[Overlap] = None) -> float:
+    total = sum(node_costs[i][k] for i, k in enumerate(choice))
+    total += sum(m[choice[i]][choice[j]] for i, j, m in edges)
+    if overlap is not None:
+        hidden = sum(m[choice[i]][choice[j]] for i, j, m in overlap.edges)
+        total += max(0.0, hidden - sum(overlap.cover[i][k] for i, k in enumerate(choice)))
+    return total
+
+
+def brute_force(node_costs, edges, overlap: Optional[Overlap] = None) -> tuple[tuple[int, ...], float]:
+    best, best_choice = math.inf, None
+    for choice in itertools.product(*(range(len(c)) for c in node_costs)):
+        value = evaluate(node_costs, edges, choice, overlap)
+        if value < best:
+            best, best_choice = value, choice
+    if best_choice is None:
+        raise SolverError("no feasible assignment")
+    return best_choice, best
+
+
+def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0,
+          hint: Optional[Sequence[int]] = None, progress: Optional[Callable[[str], None]] = None,
+          overlap: Optional[Overlap] = None, memory: Optional[MemoryLimit] = None) -> SolverResult:
+    """``backend``: "mip" (SCIP through pywraplp; the default, since it proves optimality on our
+    graphs where CP-SAT stalls: GPT-2-style 2-layer model on a 2-D mesh, SCIP 5 s optimal vs
+    CP-SAT 60 s with a 33% gap) or "cp-sat"."""
+    start = time.perf_counter()
+    if backend not in ("mip", "cp-sat"):
+        raise ValueError(f"unknown solver backend {backend!r}; use 'mip' or 'cp-sat'")
+    if memory is not None:
+        _check_memory_floor(node_costs, memory)
+    reduced = reduce_problem(node_costs, edges, overlap, memory)
+    small_hint = reduced.reduce_choice(hint) if hint is not None else None
+    if backend == "mip":
+        choice, status, bound, n_vars = _solve_mip(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
+                                                   reduced.overlap, reduced.memory)
+    else:
+        choice, status, bound, n_vars = _solve_cpsat(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
+                                                     progress, reduced.overlap, reduced.memory)
+    if choice is None:
+        if hint is None or math.isinf(evaluate(node_costs, edges, hint, overlap)) or \
+                (memory is not None and memory.used(hint) > memory.limit):
+            raise SolverError(f"the sharding solver ({backend}) found no feasible plan within {time_limit_s:.0f} s; "
+                              f"raise solver_time_limit_s")
+        choice, status, bound = tuple(hint), "feasible", 0.0  # the warm start is always a valid plan
+    else:
+        choice, bound = reduced.expand(choice), bound + reduced.constant
+    value = evaluate(node_costs, edges, choice, overlap)
+    result = SolverResult(tuple(choice), value, value if status == "optimal" else min(bound, value), status,
+                          time.perf_counter() - start, backend, n_vars, reduced.n_removed)
+    if progress is not None:
+        progress(f"solver {backend}: {status}, objective {value * 1e3:.4f} ms, bound {result.bound * 1e3:.4f} ms "
+                 f"(gap {result.gap:.1%}), {n_vars} variables, {result.seconds:.1f} s")
+    return result
+
+
+def _check_memory_floor(node_costs, memory: MemoryLimit) -> None:
+    """Fail at once when even each node's leanest allowed strategy is over the limit: the integer
+    program would spend its whole time limit finding nothing (a one-axis step of a big model)."""
+    floor = sum(min((b for c, b in zip(costs, row) if not math.isinf(c)), default=0.0)
+                for costs, row in zip(node_costs, memory.bytes))
+    if floor > memory.limit:
+        raise SolverError(f"no layout fits the memory limit: the leanest allowed strategies hold "
+                          f"{human_bytes(floor)}, over the limit of {human_bytes(memory.limit)}")
+
+
+def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
+    # rows are built with Constraint.SetCoefficient: the natural API (sum(...) == x) spends longer
+    # building a 200k-variable model than SCIP spends solving it
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    objective = solver.Objective()
+    x = []
+    for costs in node_costs:
+        row = [solver.BoolVar("") for _ in costs]
+        linear_constraint(solver, [(v, 1.0) for v in row], 1.0, 1.0)
+        for var, c in zip(row, costs):
+            if math.isinf(c):
+                var.SetUb(0.0)
+            elif c:
+                objective.SetCoefficient(var, c * MIP_SCALE)
+        x.append(row)
+    n_vars = sum(len(r) for r in x)
+    pairs = {}  # (i, j) -> that edge's y
+    for i, j, m in _priced_edges(edges):
+        # y may be continuous: once x is integral, the marginal equalities force y integral too
+        y = {}
+        for a, b, c in _allowed_pairs(m):
+            y[a, b] = solver.NumVar(0.0, 1.0, "")
+            if c:
+                objective.SetCoefficient(y[a, b], c * MIP_SCALE)
+        _mip_marginals(solver, x[i], x[j], y)
+        pairs.setdefault((i, j), y)
+        n_vars += len(y)
+    if overlap is not None:
+        excess = solver.NumVar(0.0, solver.infinity(), "excess")  # in objective units already
+        objective.SetCoefficient(excess, 1.0)
+        terms = [(excess, -1.0)]  # Σ hidden − Σ cover − excess ≤ 0
+        for i, j, m in _priced_edges(overlap.edges):
+            # the hidden part of an edge the objective also prices reads that edge's y: fresh
+            # marginals would let the relaxation pick another joint choice for it, and cost
+            # variables (on the 70B one-axis steps: 180 fewer, and 14 s instead of 22 s over the
+            # three slowest, though not faster on each)
+            y = _shared_pairs(pairs, i, j)
+            if y is None:
+                y = {(a, b): solver.NumVar(0.0, 1.0, "") for a, b, _ in _allowed_pairs(m)}
+                _mip_marginals(solver, x[i], x[j], y)
+                n_vars += len(y)
+            terms += [(y[a, b], c * MIP_SCALE) for a, b, c in _allowed_pairs(m) if c and (a, b) in y]
+        terms += [(x[i][k], -c * MIP_SCALE) for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
+        linear_constraint(solver, terms, -solver.infinity(), 0.0)
+    if memory is not None:
+        linear_constraint(solver, [(x[i][k], b) for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b],
+                          -solver.infinity(), memory.limit)
+    objective.SetMinimization()
+    if hint is not None:
+        flat = [(var, float(k == hint[i])) for i, row in enumerate(x) for k, var in enumerate(row)]
+        solver.SetHint([v for v, _ in flat], [h for _, h in flat])
+    status, values, bound = run_scip(solver, time_limit_s)
+    if values is None:
+        return None, None, 0.0, n_vars
+    choice = tuple(max(range(len(row)), key=lambda k: values[row[k].index()]) for row in x)
+    return choice, status, bound / MIP_SCALE, n_vars
+
+
+def run_scip(solver, time_limit_s: float, relative_gap: float = 1e-4):
+    """Solve a pywraplp model with SCIP from its exported proto: (status "optimal" | "feasible" |
+    "infeasible" | None when nothing was found in time, each variable's value by its index, the
+    best bound). ``solver.Solve()`` hands SCIP each row's terms in the order of a hash table keyed
+    by variable address, which changes from run to run, and so did the tied optimum SCIP
+    returns: one 70B descent step gave two layouts in alternate runs, and the plans ended 1363
+    and 1469 ms. The proto lists the terms in index order: the same model, the same plan.
+    ``relative_gap``: stop at a solution proven within it (the default is ``solver.Solve()``'s; the
+    proto's own is 0, which made a 70B descent step slower: 2.1-2.7 s against 1.5-2.3 s)."""
+    from ortools.linear_solver import linear_solver_pb2, pywraplp
+
+    request = linear_solver_pb2.MPModelRequest()
+    solver.ExportModelToProto(request.model)
+    request.solver_type = linear_solver_pb2.MPModelRequest.SCIP_MIXED_INTEGER_PROGRAMMING
+    request.solver_time_limit_seconds = time_limit_s
+    request.solver_specific_parameters = f"limits/gap = {relative_gap!r}"
+    response = linear_solver_pb2.MPSolutionResponse()
+    pywraplp.Solver.SolveWithProto(request, response)
+    status = {linear_solver_pb2.MPSOLVER_OPTIMAL: "optimal", linear_solver_pb2.MPSOLVER_FEASIBLE: "feasible",
+              linear_solver_pb2.MPSOLVER_INFEASIBLE: "infeasible"}.get(response.status)
+    if status in (None, "infeasible"):
+        return status, None, None
+    return status, response.variable_value, response.best_objective_bound
+
+
+def _shared_pairs(pairs: dict, i: int, j: int):
+    """The y of an edge between nodes i and j, indexed [choice of i, choice of j], or None. A pair
+    it lacks is one the edge forbids."""
+    if (i, j) in pairs:
+        return pairs[i, j]
+    if (j, i) in pairs:
+        return {(a, b): var for (b, a), var in pairs[j, i].items()}
+    return None
+
+
+def linear_constraint(solver, terms, lower: float, upper: float) -> None:
+    """lower <= Σ coefficient * variable <= upper (a variable listed twice counts twice:
+    SetCoefficient overwrites)."""
+    constraint = solver.Constraint(lower, upper)
+    summed: dict[int, list] = {}
+    for var, coefficient in terms:
+        summed.setdefault(id(var), [var, 0.0])[1] += coefficient
+    for var, coefficient in summed.values():
+        constraint.SetCoefficient(var, coefficient)
+
+
+def _mip_marginals(solver, xi, xj, y) -> None:
+    """Σ_b y[a, b] = x_i[a] and Σ_a y[a, b] = x_j[b]."""
+    rows = [solver.Constraint(0.0, 0.0) for _ in xi]
+    cols = [solver.Constraint(0.0, 0.0) for _ in xj]
+    for a, var in enumerate(xi):
+        rows[a].SetCoefficient(var, -1.0)
+    for b, var in enumerate(xj):
+        cols[b].SetCoefficient(var, -1.0)
+    for (a, b), var in y.items():
+        rows[a].SetCoefficient(var, 1.0)
+        cols[b].SetCoefficient(var, 1.0)
+
+
+def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memory):
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    x, terms = [], []
+    for costs in node_costs:
+        row = [model.NewBoolVar("") for _ in costs]
+        model.AddExactlyOne(row)
+        for var, c in zip(row, costs):
+            if math.isinf(c):
+                model.Add(var == 0)
+            elif c:
+                terms.append(_ns(c) * var)
+        x.append(row)
+    n_vars = sum(len(r) for r in x)
+    for i, j, m in _priced_edges(edges):
+        y = {}
+        for a, b, c in _allowed_pairs(m):
+            y[a, b] = model.NewBoolVar("")
+            if c:
+                terms.append(_ns(c) * y[a, b])
+        _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
+        n_vars += len(y)
+    if overlap is not None:
+        hidden = []
+        for i, j, m in _priced_edges(overlap.edges):
+            y = {(a, b): model.NewBoolVar("") for a, b, _ in _allowed_pairs(m)}
+            _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
+            hidden += [_ns(c) * y[a, b] for a, b, c in _allowed_pairs(m) if c]
+            n_vars += len(y)
+        cover = [_ns(c) * x[i][k] for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
+        excess = model.NewIntVar(0, sum(_ns(c) for _, _, m in overlap.edges for r in m for c in r
+                                        if not math.isinf(c)), "excess")
+        model.Add(excess >= sum(hidden) - sum(cover))
+        terms.append(excess)
+    if memory is not None:  # whole bytes: CP-SAT is integer
+        model.Add(sum(math.ceil(b) * x[i][k] for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b)
+                  <= math.floor(memory.limit))
+    model.Minimize(sum(terms))
+    if hint is not None:
+        for i, k in enumerate(hint):
+            for kk, var in enumerate(x[i]):
+                model.AddHint(var, kk == k)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1  # deterministic plans
+    status = solver.Solve(model, _Progress(progress)) if progress else solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, None, 0.0, n_vars
+    choice = tuple(next(k for k, v in enumerate(row) if solver.Value(v)) for row in x)
+    status = "optimal" if status == cp_model.OPTIMAL else "feasible"
+    return choice, status, solver.BestObjectiveBound() / CPSAT_SCALE, n_vars
+
+
+def _priced_edges(edges):
+    """Edges that can change the objective or forbid a pair (an all-zero matrix constrains nothing)."""
+    return [(i, j, m) for i, j, m in edges if any(v != 0.0 for r in m for v in r)]
+
+
+def _allowed_pairs(m):
+    return [(a, b, c) for a, r in enumerate(m) for b, c in enumerate(r) if not math.isinf(c)]
+
+
+def _marginals(add, xi, xj, y, n_a, n_b) -> None:
+    for a in range(n_a):
+        add(sum(y[a, b] for b in range(n_b) if (a, b) in y) == xi[a])
+    for b in range(n_b):
+        add(sum(y[a, b] for a in range(n_a) if (a, b) in y) == xj[b])
+
+
+def _ns(seconds: float) -> int:
+    return max(1, round(seconds * CPSAT_SCALE))
+
+
+def _progress_class():
+    from ortools.sat.python import cp_model
+
+    class Progress(cp_model.CpSolverSolutionCallback):
+        def __init__(self, report):
+            super().__init__()
+            self.report = report
+
+        def on_solution_callback(self):
+            self.report(f"solver: objective {self.ObjectiveValue() / CPSAT_SCALE * 1e3:.3f} ms, "
+                        f"bound {self.BestObjectiveBound() / CPSAT_SCALE * 1e3:.3f} ms")
+
+    return Progress
+
+
+def _Progress(report):
+    return _progress_class()(report)
