@@ -20,6 +20,54 @@ def header(plan, title: str) -> list[str]:
     return lines
 
 
+class Sections:
+    """The comments that open each phase of the step and each module's statements, for a plan's
+    statements printed in order. Forward ends where the loss is computed: values that only
+    backward reads (saved statistics) are computed before it, in forward's order."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.phase: str | None = None
+        self.module: str | None = None
+        self.loss_done = False
+
+    def before(self, statement) -> list[str]:
+        node = statement.node
+        if node is None or node.op == "placeholder":
+            return []
+        lines = []
+        phase = "backward" if self.loss_done or statement.recomputed else "forward"
+        if phase != self.phase:
+            self.phase, self.module = phase, None
+            lines += ["", f"# ---- {phase} ----"]
+        module = self.plan.modules.get(node.name)
+        if module is not None and module != self.module:
+            self.module = module
+            lines.append(f"# {module or '<model>'}")
+        self.loss_done = self.loss_done or node.name == self.plan.graph.loss
+        return lines
+
+
+def wrapped(opening: str, items: list[str], closing: str, width: int = 120) -> list[str]:
+    """``opening`` + the items joined by commas + ``closing`` on one line when it fits in
+    ``width``, else the items in rows under ``opening``, each row indented."""
+    single = opening + ", ".join(items) + closing
+    if len(single) <= width:
+        return [single]
+    rows, row = [], ""
+    for piece in (item + "," for item in items):
+        if row and len(row) + 1 + len(piece) > width - 4:
+            rows.append(row)
+            row = piece
+        else:
+            row = f"{row} {piece}" if row else piece
+    return [opening] + indented(rows + [row]) + [closing.lstrip(", ")]  # the rows end with a comma
+
+
+def indented(lines: list[str], prefix: str = "    ") -> list[str]:
+    return [prefix + line if line else "" for line in lines]
+
+
 def literal(value: Any, ref: Callable[[str], str], special: Callable[[dict], str | None]) -> str:
     """Python source for an IR argument; ``ref`` names tensor references, ``special`` prints dtypes etc."""
     if isinstance(value, dict):

@@ -30,6 +30,7 @@ def canonicalize(program: Program, tied: dict[str, str]) -> None:
     _detach_factories(program)
     _rewrite_mean_nll(program)
     _rewrite_mean(program)
+    _fold_double_transposes(program)
     program.gm.graph.lint()
     program.gm.recompile()
 
@@ -98,6 +99,29 @@ def _detach_factories(program: Program) -> None:
         made.meta["val"] = val
         node.replace_all_uses_with(made)
         graph.erase_node(node)
+
+
+def _fold_double_transposes(program: Program) -> None:
+    """t(t(x)) is x (AOTAutograd writes a linear layer's weight gradient as one): readers of the
+    outer transpose read x, and the gradient or loss it was is now x."""
+    graph = program.gm.graph
+    for node in list(graph.nodes):
+        inner = node.args[0] if node.target is aten.t.default else None
+        if not isinstance(inner, torch.fx.Node) or inner.target is not aten.t.default:
+            continue
+        source = inner.args[0]
+        node.replace_all_uses_with(source)
+        _rename_output(program, node.name, source.name)
+        graph.erase_node(node)
+        if not inner.users:
+            graph.erase_node(inner)
+
+
+def _rename_output(program: Program, old: str, new: str) -> None:
+    """The graph output (loss or gradient) that was node ``old`` is now node ``new``."""
+    if old in program.grads and new not in program.grads:
+        program.grads[new] = program.grads.pop(old)
+    _replace_loss_name(program, old, new)
 
 
 def _replace_loss_name(program: Program, old: str, new: str) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
 import traceback
 from typing import Optional
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx, nn
 from torch._functorch._aot_autograd.descriptors import (
     BufferAOTInput,
@@ -72,7 +74,28 @@ def capture(model: nn.Module, example_inputs: tuple, *, expand_layers: bool = Tr
     if program is None:
         program = _to_program(_trace_joint(fake_model, fake_inputs, fake_mode))
     canonicalize(program, tied)
+    program.input_names = _input_names(model, example_inputs, len(program.user_inputs))
     return program
+
+
+def _input_names(model: nn.Module, example_inputs: tuple, count: int) -> list[str]:
+    """forward's parameter name for each of the ``count`` tensor inputs (``name_i`` for the
+    parts of a nested input, ``input_i`` where the signature does not say)."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    names = []
+    for position, value in enumerate(example_inputs):
+        if position < len(parameters) and parameters[position].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                                        inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            name = parameters[position].name
+        else:
+            name = f"input_{position}"
+        leaves = [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+        names += [name] if len(leaves) == 1 and isinstance(value, torch.Tensor) else \
+            [f"{name}_{i}" for i in range(len(leaves))]
+    return names if len(names) == count else [f"input_{i}" for i in range(count)]
 
 
 def _trace_joint(fake_model: nn.Module, fake_inputs: tuple, fake_mode: FakeTensorMode) -> fx.GraphModule:

@@ -5,6 +5,7 @@ fx graph or torch's tracing machinery.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import operator
@@ -42,6 +43,7 @@ class GraphIR:
     loss: str
     grads: dict  # gradient node -> parameter FQN
     outputs: tuple[Optional[str], ...]
+    input_names: tuple[str, ...] = ()  # forward's argument name of each user input (plans of old files: none)
 
     def node(self, name: str) -> IRNode:
         return self._by_name()[name]
@@ -66,7 +68,7 @@ class GraphIR:
                 for n in self.nodes
             ],
             "params": self.params, "buffers": self.buffers, "inputs": list(self.inputs), "loss": self.loss,
-            "grads": self.grads, "outputs": list(self.outputs),
+            "grads": self.grads, "outputs": list(self.outputs), "input_names": list(self.input_names),
         }
 
     @staticmethod
@@ -78,11 +80,33 @@ class GraphIR:
             for n in d["nodes"]
         )
         return GraphIR(nodes, dict(d["params"]), dict(d["buffers"]), tuple(d["inputs"]), d["loss"],
-                       dict(d["grads"]), tuple(d["outputs"]))
+                       dict(d["grads"]), tuple(d["outputs"]), tuple(d.get("input_names", ())))
+
+    def renamed(self, names: dict) -> "GraphIR":
+        """This graph with node ``n`` called ``names.get(n, n)`` everywhere it appears."""
+        def new(name):
+            return names.get(name, name)
+
+        nodes = tuple(dataclasses.replace(n, name=new(n.name), args=_renamed_refs(n.args, names),
+                                          kwargs=_renamed_refs(n.kwargs, names)) for n in self.nodes)
+        return GraphIR(nodes, {new(k): v for k, v in self.params.items()},
+                       {new(k): v for k, v in self.buffers.items()}, tuple(map(new, self.inputs)), new(self.loss),
+                       {new(k): v for k, v in self.grads.items()},
+                       tuple(None if o is None else new(o) for o in self.outputs), self.input_names)
 
 
 def _meta_json(m: Optional[TensorMeta]):
     return None if m is None else {"shape": list(m.shape), "dtype": m.dtype}
+
+
+def _renamed_refs(value, names: dict):
+    if isinstance(value, dict):
+        if set(value) == {"ref"}:
+            return {"ref": names.get(value["ref"], value["ref"])}
+        return {k: _renamed_refs(v, names) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_renamed_refs(v, names) for v in value)
+    return value
 
 
 def _collect_refs(value, found: list) -> None:
@@ -148,7 +172,7 @@ def to_ir(program: Program, meta: dict | None = None) -> GraphIR:
             phase="forward" if n.name in forward or n.op == "placeholder" else "backward",
         ))
     return GraphIR(tuple(nodes), dict(program.params), dict(program.buffers), tuple(program.user_inputs),
-                   program.loss, dict(program.grads), tuple(program.outputs))
+                   program.loss, dict(program.grads), tuple(program.outputs), tuple(program.input_names))
 
 
 def resolve_target(target: str):

@@ -52,6 +52,7 @@ class Program:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr node -> small real tensor
     tables: dict[str, dict] = field(default_factory=dict)
     expanded_from: Optional[str] = None  # how capture copied repeated layers (layer_expansion)
+    input_names: list[str] = field(default_factory=list)  # forward's argument name of each user input
     _by_name: dict = field(default_factory=dict, repr=False, compare=False)
 
     def nodes(self) -> list[fx.Node]:

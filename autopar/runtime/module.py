@@ -55,8 +55,6 @@ class ParallelModule(nn.Module):
                 tensor = model.get_parameter(fqn) if ph in graph.params else model.get_buffer(fqn)
                 tensor.data = local_shard(tensor.data, plan.out_spec(ph), plan.mesh, rank_mesh.coords).to(
                     rank_mesh.device)
-        self._grad_params = [model.get_parameter(graph.grads[o]) if o in graph.grads else None
-                             for o in graph.outputs[1:]]
 
     def forward(self, *inputs):
         graph, plan = self.plan.graph, self.plan
@@ -76,10 +74,9 @@ class ParallelModule(nn.Module):
                                         self.rt.coords)
                 args.append(value)
         with torch.no_grad():
-            outputs = self._step(self.rt, *args)
-        loss, grads = outputs[0], outputs[1:]
-        pairs = [(g, p) for g, p in zip(grads, self._grad_params) if p is not None]
-        return _LossWithGradients.apply(loss, tuple(g for g, _ in pairs), *(p for _, p in pairs))
+            loss, grads = self._step(self.rt, *args)
+        params = [self.model.get_parameter(fqn) for fqn in grads]
+        return _LossWithGradients.apply(loss, tuple(grads.values()), *params)
 
 
 def check_plan_matches(plan: Plan, model: nn.Module) -> None:

@@ -14,18 +14,20 @@ from __future__ import annotations
 import inspect
 
 from autopar.backends.jax import aten
-from autopar.backends.printer import call_arguments, header, literal
+from autopar.backends.printer import Sections, call_arguments, header, indented, literal, wrapped
 from autopar.errors import AutoparError
 from autopar.ir.placement import Shard
+from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, schedule
 
 
 def emit_jax(plan) -> str:
     """The module's source; an op without a translation is an AutoparError naming it and its node."""
-    statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute)
-    printer = _Printer(plan)
-    body = [line for s in statements for line in printer.lines(s)]
-    g = plan.graph
+    named = readable(plan)  # printed with readable names; the hash is the plan's
+    statements = schedule(named.graph, named.strategies, named.redistributions, named.mesh, named.recompute)
+    printer, sections = _Printer(named), Sections(named)
+    body = [line for s in statements for line in sections.before(s) + printer.lines(s)]
+    g = named.graph
     placeholders = [n.name for n in g.nodes if n.op == "placeholder"]
     outputs = [("loss", None)] + [("grad", g.grads[name]) for name in g.outputs[1:] if name is not None]
     lines = header(plan, "autopar: training step as a sharded JAX program (generated; do not edit)")
@@ -34,23 +36,23 @@ def emit_jax(plan) -> str:
         f"PLAN_HASH = {plan.hash!r}",
         f"AXES = {tuple(plan.mesh.axis_names)!r}",
         f"SHAPE = {tuple(plan.mesh.shape)!r}",
-        f"PLACEHOLDERS = {placeholders!r}",
-        f"PARAMETERS = {dict(g.params)!r}  # placeholder -> parameter name",
-        f"BUFFERS = {dict(g.buffers)!r}  # placeholder -> buffer name",
-        f"INPUTS = {list(g.inputs)!r}  # placeholders of the batch, in forward's argument order",
-        f"SPECS = {{{', '.join(f'{n!r}: {_partition_spec(plan, n)}' for n in placeholders)}}}",
-        f"OUTPUTS = {outputs!r}  # (kind, parameter name) of each value local_step returns",
-        "OUTPUT_SPECS = (P(), "
-        + "".join(_partition_spec(plan, _placeholder_of(g, fqn)) + ", " for _, fqn in outputs[1:]) + ")",
-        "",
-        "",
-        "# ---- ATen ops in JAX (autopar.backends.jax.aten) ----",
     ]
+    lines += wrapped("PLACEHOLDERS = [", [repr(n) for n in placeholders], "]")
+    lines += ["# placeholder -> parameter name"] + wrapped("PARAMETERS = {", _entries(g.params), "}")
+    lines += ["# placeholder -> buffer name"] + wrapped("BUFFERS = {", _entries(g.buffers), "}")
+    lines += ["# placeholders of the batch, in forward's argument order"]
+    lines += wrapped("INPUTS = [", [repr(n) for n in g.inputs], "]")
+    lines += wrapped("SPECS = {", [f"{n!r}: {_partition_spec(named, n)}" for n in placeholders], "}")
+    lines += ["# (kind, parameter name) of each value local_step returns"]
+    lines += wrapped("OUTPUTS = [", [repr(o) for o in outputs], "]")
+    lines += wrapped("OUTPUT_SPECS = (", ["P()"] + [_partition_spec(named, _placeholder_of(g, fqn))
+                                                   for _, fqn in outputs[1:]], ",)")
+    lines += ["", "", "# ---- ATen ops in JAX (autopar.backends.jax.aten) ----"]
     for function in printer.helpers():
         lines += inspect.getsource(function).splitlines() + [""]
-    lines += ["", f"def local_step({', '.join(placeholders)}):",
-              "    \"\"\"One rank's program on its local blocks (run under shard_map).\"\"\""]
-    lines += ["    " + line for line in body]
+    lines += [""] + wrapped("def local_step(", placeholders, "):")
+    lines += ["    \"\"\"One rank's program on its local blocks (run under shard_map).\"\"\""]
+    lines += indented(body)
     lines += _EPILOGUE.splitlines()
     return "\n".join(lines) + "\n"
 
@@ -72,7 +74,9 @@ class _Printer:
         text = getattr(self, s.kind)(s)
         if text is None:
             return []
-        return [text + ("  # recomputed for backward" if s.recomputed else "")]
+        if s.recomputed:
+            text += (" [" if "  # " in text else "  # [") + "recomputed for backward]"
+        return [text]
 
     def placeholder(self, s: Statement):
         return None
@@ -125,6 +129,10 @@ def _collective(step, var: str, mesh) -> str:
         raise AutoparError(f"the JAX backend cannot emit the collective step {step.kind!r}")
     return _COLLECTIVES[step.kind].format(x=var, axis=repr(mesh.axis_names[step.axis]), p=mesh.shape[step.axis],
                                           dim=step.dim, src_dim=step.src_dim)
+
+
+def _entries(mapping: dict) -> list[str]:
+    return [f"{k!r}: {v!r}" for k, v in mapping.items()]
 
 
 def _partition_spec(plan, placeholder: str) -> str:

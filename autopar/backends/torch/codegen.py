@@ -11,31 +11,31 @@ autopar.lowering.schedule.
 """
 from __future__ import annotations
 
-from autopar.backends.printer import call_arguments, header, literal, shape_text
+from autopar.backends.printer import Sections, call_arguments, header, indented, literal, shape_text, wrapped
+from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, schedule
 from autopar.units import human_bytes, human_seconds
 
 
 def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
-    g = plan.graph
-    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    named = readable(plan)  # printed with readable names; the hash and fingerprint are the plan's
+    placeholders = [n.name for n in named.graph.nodes if n.op == "placeholder"]
     lines = header(plan, "autopar: per-rank training step for torch.distributed (generated; do not edit)")
     lines += [
-        "# step(rt, *placeholders) -> (loss, *gradients), all on this rank's local shards.",
+        "# step(rt, parameters..., buffers..., inputs...) -> (loss, {parameter name: gradient}),",
+        "# all on this rank's local shards.",
         "import torch",
         "",
         "aten = torch.ops.aten",
         "",
         f"PLAN_HASH = {plan.hash!r}",
         f"GRAPH_FINGERPRINT = {plan.fingerprint!r}",
-        f"PLACEHOLDERS = {[n.name for n in placeholders]!r}",
-        "",
-        "",
-        f"def step(rt, {', '.join(n.name for n in placeholders)}):",
     ]
-    printer = _Printer(plan)
-    for s in schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute):
-        lines += ["    " + line for line in printer.lines(s)]
+    lines += wrapped("PLACEHOLDERS = [", [repr(n) for n in placeholders], "]")
+    lines += ["", ""] + wrapped("def step(", ["rt"] + placeholders, "):")
+    printer, sections = _Printer(named), Sections(named)
+    for s in schedule(named.graph, named.strategies, named.redistributions, named.mesh, named.recompute):
+        lines += indented(sections.before(s) + printer.lines(s))
     return "\n".join(lines) + "\n"
 
 
@@ -44,7 +44,7 @@ class _Printer:
         self.plan = plan
 
     def lines(self, s: Statement) -> list[str]:
-        out = [getattr(self, s.kind)(s)]
+        out = getattr(self, s.kind)(s).split("\n")
         if s.recomputed:
             out[0] += ("" if "  # " in out[0] else "  #") + " [recomputed for backward, not kept from forward]"
         if s.frees:
@@ -52,16 +52,22 @@ class _Printer:
         return out
 
     def spec_comment(self, name: str, index: int = 0) -> str:
+        text = self.layout(name, index)
+        return f"  # {text}" if text else ""
+
+    def layout(self, name: str, index: int = 0) -> str:
         meta = self.plan.graph.node(name).outputs[index]
         spec = self.plan.strategies[name].out_specs[index]
         if meta is None:
             return ""
         local = spec.local_shape(meta.shape, self.plan.mesh)
-        return f"  # {shape_text(meta.shape)} -> local {shape_text(local)} {spec}"
+        return f"{shape_text(meta.shape)} -> local {shape_text(local)} {spec}"
 
     def placeholder(self, s: Statement) -> str:
-        role = self.plan.graph.params.get(s.defines) or self.plan.graph.buffers.get(s.defines) or "input"
-        return f"# {s.defines}: {role}{self.spec_comment(s.defines)}"
+        g = self.plan.graph
+        role = f"parameter {g.params[s.defines]}" if s.defines in g.params else \
+            f"buffer {g.buffers[s.defines]}" if s.defines in g.buffers else "input"
+        return f"# {s.defines} ({role}): {self.layout(s.defines)}"
 
     def constant(self, s: Statement) -> str:
         node = s.node
@@ -102,9 +108,11 @@ class _Printer:
         return f"{s.defines} = {op}({arguments}){comment}{fallback}"
 
     def output(self, s: Statement) -> str:
-        values = iter(s.uses)
-        outs = ["None" if name is None else next(values) for name in self.plan.graph.outputs]
-        return f"return ({', '.join(outs)},)"
+        """``return loss, {parameter name: gradient}``, one gradient a line."""
+        g = self.plan.graph
+        values = dict(zip([o for o in g.outputs if o is not None], s.uses))
+        grads = [f"    {g.grads[o]!r}: {values[o]}," for o in g.outputs[1:] if o is not None]
+        return "\n".join([f"return {values[g.outputs[0]]}, {{"] + grads + ["}"])
 
 
 def _describe(r, i: int) -> str:

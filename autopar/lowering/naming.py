@@ -1,0 +1,63 @@
+"""Names a person would give: the plan as the emitted programs print it.
+
+Parameters and buffers are named by their path (``blocks.0.attn.q.weight`` ->
+``blocks_0_attn_q_weight``), the model's inputs by forward's argument names, and each
+gradient ``grad_<parameter>`` and the loss ``loss``; every other value keeps its graph name. The plan's own
+node names (what plans, pins and explain use) do not change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import re
+
+# names the emitted programs use for themselves
+_RESERVED = {"rt", "torch", "aten", "step", "jax", "jnp", "lax", "np", "math", "P", "block", "local_step"}
+
+
+def readable(plan):
+    """``plan`` with its nodes renamed for printing (its hash and fingerprint are the original's)."""
+    names = readable_names(plan.graph)
+    new = names.get
+    redistributions = tuple(dataclasses.replace(r, value=new(r.value, r.value),
+                                                consumers=tuple(new(c, c) for c in r.consumers))
+                            for r in plan.redistributions)
+    return dataclasses.replace(
+        plan,
+        graph=plan.graph.renamed(names),
+        strategies={new(k, k): v for k, v in plan.strategies.items()},
+        redistributions=redistributions,
+        recompute=tuple(new(v, v) for v in plan.recompute),
+        fallback_nodes={new(k, k): v for k, v in plan.fallback_nodes.items()},
+        fallback_modules={new(k, k): v for k, v in plan.fallback_modules.items()},
+        modules={new(k, k): v for k, v in plan.modules.items()},
+    )
+
+
+def readable_names(graph) -> dict[str, str]:
+    """graph node name -> the name to print, for the nodes that get one."""
+    wanted = {}
+    for ph, fqn in list(graph.params.items()) + list(graph.buffers.items()):
+        wanted[ph] = identifier(fqn)
+    for ph, name in zip(graph.inputs, graph.input_names):
+        wanted[ph] = identifier(name)
+    wanted.setdefault(graph.loss, "loss")
+    for grad, fqn in graph.grads.items():
+        if grad not in wanted:  # a gradient that is also an input keeps the input's name
+            wanted[grad] = "grad_" + identifier(fqn)
+    taken = {n.name for n in graph.nodes if n.name not in wanted} | _RESERVED
+    names = {}
+    for node, name in wanted.items():
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        names[node] = name
+    return names
+
+
+def identifier(text: str) -> str:
+    """``text`` as a Python identifier: other characters become ``_``."""
+    name = re.sub(r"\W", "_", text)
+    if not name or name[0].isdigit() or keyword.iskeyword(name):
+        name = "_" + name
+    return name

@@ -1,0 +1,206 @@
+# autopar: training step as a sharded JAX program (generated; do not edit)
+# plan 29434decf007 | graph c6193de1faeb6495 | mesh (dp=2, tp=2) | hardware h100-sxm
+# predicted step 0.0439 ms = compute 0.0398 ms + communication 0.0041 ms
+# passes:
+#   shapes: 29 nodes
+#   strategies: 29 nodes, 16 free, 168 strategies, 0 fallbacks
+#   cluster_layers: no repeated layers
+#   solve_sharding: 16 variables groups, 25 edges, 3135 booleans, optimal, objective 0.0480 ms, gap 0.00%
+#   collectives: 2 redistributions, 1 collectives
+#   recompute: peak 67.3 MB per device at sum_2
+#   predict: step 0.0439 ms (compute 0.0398, communication 0.0041 + 0.0000 hidden), 100% of FLOPs sharded
+"""Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz]
+(one step; prints the loss). On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES, JAX_PROCESS_ID) on each and run the same file: it calls jax.distributed.initialize()."""
+import argparse
+import math
+import os
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+PLAN_HASH = '29434decf007'
+AXES = ('dp', 'tp')
+SHAPE = (2, 2)
+PLACEHOLDERS = ['fc1_weight', 'fc1_bias', 'fc2_weight', 'fc2_bias', 'x', 'y']
+# placeholder -> parameter name
+PARAMETERS = {'fc1_weight': 'fc1.weight', 'fc1_bias': 'fc1.bias', 'fc2_weight': 'fc2.weight', 'fc2_bias': 'fc2.bias'}
+# placeholder -> buffer name
+BUFFERS = {}
+# placeholders of the batch, in forward's argument order
+INPUTS = ['x', 'y']
+SPECS = {
+    'fc1_weight': P('dp', None), 'fc1_bias': P('dp'), 'fc2_weight': P(None, 'dp'), 'fc2_bias': P(None),
+    'x': P(None, None), 'y': P(None, None),
+}
+# (kind, parameter name) of each value local_step returns
+OUTPUTS = [('loss', None), ('grad', 'fc1.weight'), ('grad', 'fc1.bias'), ('grad', 'fc2.weight'), ('grad', 'fc2.bias')]
+OUTPUT_SPECS = (P(), P('dp', None), P('dp'), P(None, 'dp'), P(None),)
+
+
+# ---- ATen ops in JAX (autopar.backends.jax.aten) ----
+def aten_t(x):
+    return x.T if x.ndim == 2 else x
+
+def aten_addmm(bias, a, b, beta=1, alpha=1):
+    return beta * bias + alpha * (a @ b)
+
+def aten_gelu(x, approximate="none"):
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+def aten_sub(a, b, alpha=1):
+    return a - alpha * b
+
+def aten_pow_(x, exponent):
+    return x ** exponent
+
+def aten_sum_dims(x, dim=None, keepdim=False, dtype=None):
+    return jnp.sum(x, axis=tuple(dim) if dim else None, keepdims=keepdim, dtype=dtype)
+
+def aten_div(a, b, rounding_mode=None):
+    return a / b
+
+def aten_ones_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones_like(x, dtype=dtype)
+
+def aten_mul(a, b):
+    return a * b
+
+def aten_mm(a, b):
+    return a @ b
+
+def aten_view(x, size):
+    return jnp.reshape(x, size)
+
+def aten_gelu_backward(grad, x, approximate="none"):
+    return jax.vjp(lambda v: aten_gelu(v, approximate), x)[1](grad)[0]
+
+
+def local_step(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
+    """One rank's program on its local blocks (run under shard_map)."""
+
+    # ---- forward ----
+    # fc1
+    t = aten_t(fc1_weight)
+    addmm = aten_addmm(fc1_bias, x, t)
+    # <model>
+    gelu = aten_gelu(addmm)
+    # fc2
+    t_1 = aten_t(fc2_weight)
+    fc2_bias__r0 = jnp.where(lax.axis_index('dp') == 0, fc2_bias, jnp.zeros_like(fc2_bias))  # r0: (R, R) -> (P, R)
+    addmm_1 = aten_addmm(fc2_bias__r0, gelu, t_1)
+    addmm_1__r1 = lax.psum(addmm_1, 'dp')  # r1: (P, R) -> (R, R)
+    # <model>
+    sub = aten_sub(addmm_1__r1, y)
+    pow_1 = aten_pow_(sub, 2)
+    sum_dim_int_list = aten_sum_dims(pow_1, [0, 1], False)
+    loss = aten_div(sum_dim_int_list, 8192)
+
+    # ---- backward ----
+    # <model>
+    ones_like_default = aten_ones_like(loss, pin_memory=False)
+    # fc2
+    sub_1 = aten_sub(addmm_1__r1, y)
+    mul = aten_mul(sub_1, 0.000244140625)
+    mul_1 = aten_mul(mul, ones_like_default)
+    mm = aten_mm(mul_1, fc2_weight)
+    t_3 = aten_t(mul_1)
+    # <model>
+    grad_fc2_weight = aten_mm(t_3, gelu)
+    # fc2
+    sum_1 = aten_sum_dims(mul_1, [0], True)
+    grad_fc2_bias = aten_view(sum_1, [1024])
+    # fc1
+    gelu_backward = aten_gelu_backward(mm, addmm)
+    t_6 = aten_t(gelu_backward)
+    grad_fc1_weight = aten_mm(t_6, x)
+    sum_2 = aten_sum_dims(gelu_backward, [0], True)
+    grad_fc1_bias = aten_view(sum_2, [2048])
+    return (loss, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias,)
+
+
+def block(x, axis, size, dim):
+    """This rank's block of a replicated value along ``dim`` (Replicate -> Shard)."""
+    n = x.shape[dim] // size
+    return lax.dynamic_slice_in_dim(x, lax.axis_index(axis) * n, n, dim)
+
+
+def make_mesh(devices=None):
+    devices = np.asarray(jax.devices() if devices is None else devices)[: math.prod(SHAPE)]
+    if devices.size < math.prod(SHAPE):
+        raise RuntimeError(f"this plan needs {math.prod(SHAPE)} devices on a mesh {dict(zip(AXES, SHAPE))}; JAX sees "
+                           f"{devices.size} (on CPU: "
+                           f"XLA_FLAGS=--xla_force_host_platform_device_count={math.prod(SHAPE)})")
+    return Mesh(devices.reshape(SHAPE), AXES)
+
+
+def place(params, batch, mesh):
+    """The step's arguments, each laid out over the mesh as the plan places it."""
+    values = []
+    for name in PLACEHOLDERS:
+        if name in PARAMETERS:
+            value = params[PARAMETERS[name]]
+        elif name in BUFFERS:
+            value = params[BUFFERS[name]]
+        else:
+            value = batch[INPUTS.index(name)]
+        values.append(jax.device_put(jnp.asarray(value), NamedSharding(mesh, SPECS[name])))
+    return values
+
+
+def train_step_fn(mesh):
+    """jit(shard_map(local_step)): (placed arguments) -> (loss, *gradients)."""
+    sharded = jax.shard_map(local_step, mesh=mesh, in_specs=tuple(SPECS[n] for n in PLACEHOLDERS),
+                            out_specs=OUTPUT_SPECS, check_vma=False)
+    return jax.jit(sharded)
+
+
+def train_step(params, batch, mesh=None):
+    """(loss, {parameter name: gradient}) for ``params`` (name -> array) and ``batch`` (the model's inputs)."""
+    mesh = make_mesh() if mesh is None else mesh
+    out = train_step_fn(mesh)(*place(params, batch, mesh))
+    return out[0], {fqn: g for (_, fqn), g in zip(OUTPUTS[1:], out[1:])}
+
+
+def sgd_update(params, grads, lr=0.1):
+    return {k: v - lr * grads[k] if k in grads else v for k, v in params.items()}
+
+
+def adamw_update(params, grads, state, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+    """One AdamW step (Loshchilov and Hutter 2019); ``state`` starts as {} and is returned updated."""
+    step = state.get("step", 0) + 1
+    new_params, new_state = {}, {"step": step}
+    for k, v in params.items():
+        if k not in grads:
+            new_params[k] = v
+            continue
+        m = betas[0] * state.get(("m", k), 0.0) + (1 - betas[0]) * grads[k]
+        s = betas[1] * state.get(("v", k), 0.0) + (1 - betas[1]) * grads[k] ** 2
+        m_hat, s_hat = m / (1 - betas[0] ** step), s / (1 - betas[1] ** step)
+        new_params[k] = v * (1 - lr * weight_decay) - lr * m_hat / (jnp.sqrt(s_hat) + eps)
+        new_state[("m", k)], new_state[("v", k)] = m, s
+    return new_params, new_state
+
+
+def main():
+    parser = argparse.ArgumentParser(description="one training step of the planned model")
+    parser.add_argument("--params", required=True, help=".npz of parameters (and buffers) by name")
+    parser.add_argument("--batch", required=True, help=".npz of the inputs, arrays named x0, x1, ...")
+    parser.add_argument("--grads", help="write the gradients (and the loss) to this .npz")
+    args = parser.parse_args()
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize()
+    params = dict(np.load(args.params))
+    saved = np.load(args.batch)
+    batch = [saved[f"x{i}"] for i in range(len(saved.files))]
+    loss, grads = train_step(params, batch)
+    print(f"loss {float(loss):.8f}")
+    if args.grads:
+        np.savez(args.grads, __loss__=np.asarray(loss), **{k: np.asarray(v) for k, v in grads.items()})
+
+
+if __name__ == "__main__":
+    main()

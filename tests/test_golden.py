@@ -1,0 +1,70 @@
+"""The emitted programs, pinned as text (tests/golden/): names, section comments, collectives
+and layouts show up in review as a diff.
+
+After an intended change to the emitted text (or to a plan), regenerate them and read the diff:
+
+    AUTOPAR_REGENERATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+import autopar
+from examples import gpt2, mlp
+
+GOLDEN = Path(__file__).parent / "golden"
+REGENERATE = os.environ.get("AUTOPAR_REGENERATE_GOLDEN") == "1"
+MODELS = {"mlp": mlp.make, "gpt2": lambda: gpt2.make("tiny")}
+MESHES = {"tp2": "tp=2", "dp2_tp2": "dp=2,tp=2"}
+SUFFIX = {"torch": "py", "jax": "jax.py"}
+
+
+@pytest.fixture(scope="module")
+def plans():
+    made = {}
+    for model_name, make in MODELS.items():
+        model, inputs = make()
+        for mesh_name, mesh in MESHES.items():
+            made[model_name, mesh_name] = autopar.plan(model, inputs, mesh=mesh, hardware="h100-sxm", cache=False)
+    return made
+
+
+@pytest.mark.parametrize("backend", sorted(SUFFIX))
+@pytest.mark.parametrize("mesh_name", sorted(MESHES))
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_the_emitted_program_is_the_golden_text(plans, model_name, mesh_name, backend):
+    path = GOLDEN / f"{model_name}_{mesh_name}.{SUFFIX[backend]}"
+    text = plans[model_name, mesh_name].emit(backend)
+    if REGENERATE:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    expected = path.read_text()
+    diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "emitted"))
+    assert text == expected, f"the emitted program differs from {path} (regenerate: see this file's docstring):\n" \
+                             f"{diff[:4000]}"
+
+
+def test_programs_name_values_after_what_they_hold_and_mark_modules_and_phases(plans):
+    source = plans["gpt2", "dp2_tp2"].emit("torch")
+    assert "def step(\n    rt, wte_weight, wpe_weight, blocks_0_ln1_weight," in source  # parameters by path
+    assert " idx, targets,\n):" in source  # inputs by forward's argument names
+    assert "blocks_0_attn_q_weight" in source and "grad_blocks_0_attn_q_weight = " in source
+    assert "# blocks.0.attn" in source and "# ---- forward ----" in source and "# ---- backward ----" in source
+    assert "'blocks.0.attn.q.weight': grad_blocks_0_attn_q_weight" in source  # gradients returned by name
+    assert "primals_" not in source
+    for line in source.splitlines():
+        code = line.split("#", 1)[0]
+        assert line.count("  # ") <= 1 and ("#" not in code), line  # one comment a line, after the code
+
+
+def test_a_linear_layers_double_transpose_is_folded_at_capture():
+    from autopar.capture import capture
+
+    model, inputs = mlp.make()
+    program = capture(model, inputs)
+    transposes = [n for n in program.nodes() if str(n.target) == "aten.t.default"]
+    assert transposes and all(str(n.args[0].target) != "aten.t.default" for n in transposes)
