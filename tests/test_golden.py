@@ -68,3 +68,18 @@ def test_a_linear_layers_double_transpose_is_folded_at_capture():
     program = capture(model, inputs)
     transposes = [n for n in program.nodes() if str(n.target) == "aten.t.default"]
     assert transposes and all(str(n.args[0].target) != "aten.t.default" for n in transposes)
+
+
+def test_a_recomputed_moved_value_keeps_its_recomputation_under_its_readable_name(plans):
+    """A recomputed variable can be a moved value (an FSDP re-gather: ``<parameter>__<id>``); the
+    printed plan must still recompute it, under the parameter's new name."""
+    import dataclasses
+
+    from autopar.lowering.naming import readable
+    from autopar.lowering.schedule import moved_name
+
+    plan = plans["mlp", "tp2"]
+    moved = next(r for r in plan.redistributions if r.value in plan.graph.params)
+    named = readable(dataclasses.replace(plan, recompute=(moved_name(moved.value, moved.id),)))
+    fqn = plan.graph.params[moved.value]
+    assert named.recompute == (moved_name(fqn.replace(".", "_"), moved.id),)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from html import escape
+from importlib import resources
 
 from autopar.backends.printer import shape_text
 from autopar.cost_models.hardware import PRESETS
@@ -377,101 +378,12 @@ def _fallbacks(plan) -> str:
             f"{f'<ul>{items}</ul>' if items else '<p>none</p>'}</section>")
 
 
-# ---- inline assets -----------------------------------------------------------------------
+# ---- inlined assets (package data: autopar/inspect/static) --------------------------------
+def _asset(name: str) -> str:
+    return resources.files("autopar.inspect").joinpath("static", name).read_text()
+
+
 # first thing on the page: any script error lands in an attribute that a headless check can read
-_ERROR_HOOK = """window.addEventListener('error', function (e) {
-  var el = document.documentElement, seen = el.getAttribute('data-js-errors');
-  el.setAttribute('data-js-errors', (seen ? seen + ' | ' : '') + e.message);
-});"""
-
-_CSS = """
-body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1400px;padding:16px 24px;
-color:#1d2433;background:#fafbfc}
-h1{font-size:22px;margin:4px 0}h1 code{font-size:20px;color:#3b5998}
-h2{font-size:16px;margin:18px 0 8px}h2 span{font-weight:normal;color:#667;margin-left:8px;font-size:13px}
-.sub{color:#667;margin:0 0 10px}
-.cards{display:grid;grid-template-columns:repeat(6,1fr);gap:10px}
-.card{background:#fff;border:1px solid #e1e4ea;border-radius:8px;padding:8px 12px}
-.card .k{color:#667;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
-.card .v{font-size:20px;font-weight:600}.card .n{color:#667;font-size:12px}
-.charts{display:grid;grid-template-columns:1fr 1.4fr;gap:16px}
-.chart{background:#fff;border:1px solid #e1e4ea;border-radius:8px;padding:4px 14px 10px}
-.chart svg{width:100%;height:auto;display:block}
-.ax{font-size:10px;fill:#556}.grid{stroke:#e7e9ee}.held{stroke:#2e9e5b;stroke-dasharray:2 3}
-.peak{stroke:#d9453b;stroke-dasharray:5 4}.peak-label{fill:#b3261e;font-weight:600}
-.capacity{stroke:#1d2433;stroke-dasharray:8 3}.cursor{stroke:#1d2433;stroke-width:1;visibility:hidden}
-.readout{color:#556;font-size:12px;margin:4px 0 0;font-family:ui-monospace,monospace}
-ul.legend{list-style:none;padding:0;margin:6px 0;display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px}
-ul.legend i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px}
-.tree,section{margin-top:8px}
-.tools{display:flex;gap:8px;margin-bottom:6px}.tools input{flex:0 0 320px;padding:4px 8px}
-.legend-box{display:flex;flex-wrap:wrap;align-items:center;gap:4px 12px;font-size:12px;color:#556;
-background:#fff;border:1px solid #e1e4ea;border-radius:8px;padding:4px 10px;margin-bottom:8px}
-.legend-box ul.legend{margin:0}
-details.mod{margin-left:14px;border-left:2px solid #e1e4ea;padding-left:6px}
-.tree>details.mod{margin-left:0}
-details>summary{cursor:pointer;padding:2px 0}
-summary .path{color:#99a;font-size:12px;margin-right:4px}
-summary .stats{color:#556;font-size:12px;margin-left:10px}
-.cbadge{margin-left:8px;font-size:11px;color:#b3261e;border:1px solid #e8a29c;border-radius:9px;padding:0 6px;
-background:#fdf0ef}
-details.bw{margin:2px 0 4px 14px;color:#445}details.bw>summary{font-size:12px;color:#667}
-table.ops{border-collapse:collapse;margin:2px 0 4px 14px;font-size:12px}
-table.ops td{padding:1px 10px 1px 0;white-space:nowrap}
-td.name{font-family:ui-monospace,monospace}td.target{color:#556}td.t,th{text-align:right}
-tr.param td.name{font-weight:600}
-.spec{display:inline-flex;gap:2px;margin-right:8px;vertical-align:1px}
-.pl{display:inline-block;min-width:26px;text-align:center;border-radius:3px;padding:0 4px;font-size:11px;
-font-family:ui-monospace,monospace}
-.coll{display:inline-block;font-size:11px;border-radius:9px;padding:0 7px;margin-right:4px;color:#fff;
-white-space:nowrap}
-.all_reduce{background:#d9453b}.reduce_scatter{background:#e07b00}.all_gather{background:#7a4fd0}
-.all_to_all{background:#128a8a}
-table.list{border-collapse:collapse;font-size:12px;background:#fff}
-table.list td,table.list th{border-bottom:1px solid #eef0f3;padding:2px 10px;text-align:left}
-table.list td.t{text-align:right}
-.hidden{display:none}
-h3{font-size:13px;margin:12px 0 4px;color:#445}
-table.bars{border-collapse:collapse;font-size:12px;width:100%}
-table.bars td,table.bars th{padding:1px 8px 1px 0;white-space:nowrap}
-table.bars th{font-weight:normal;color:#667;text-align:left}td.barcell{width:45%}
-td.barcell i{display:block;height:10px;border-radius:2px}
-"""
-
-_JS = """
-(function () {
-  var data = JSON.parse(document.getElementById('timeline') ? document.getElementById('timeline').textContent
-                                                            : 'null');
-  var svg = document.getElementById('memory'), cursor = document.getElementById('cursor');
-  var readout = document.getElementById('readout');
-  function human(b) {
-    var units = ['B', 'KB', 'MB', 'GB', 'TB'], k = 0;
-    while (Math.abs(b) >= 1024 && k < units.length - 1) { b /= 1024; k++; }
-    return k ? b.toFixed(1) + ' ' + units[k] : b.toFixed(0) + ' B';
-  }
-  if (data && svg) {
-    svg.addEventListener('mousemove', function (e) {
-      var box = svg.getBoundingClientRect(), scale = svg.viewBox.baseVal.width / box.width;
-      var x = (e.clientX - box.left) * scale, n = data.points.length;
-      var k = Math.round((x - data.left) / data.width * (n - 1));
-      if (k < 0 || k >= n) { cursor.style.visibility = 'hidden'; return; }
-      var cx = data.left + data.width * k / Math.max(n - 1, 1);
-      cursor.setAttribute('x1', cx); cursor.setAttribute('x2', cx); cursor.style.visibility = 'visible';
-      readout.textContent = 'after ' + data.points[k][0] + ': ' + human(data.points[k][1]) + ' live';
-    });
-  }
-  var modules = Array.prototype.slice.call(document.querySelectorAll('details'));
-  document.getElementById('expand').onclick = function () { modules.forEach(function (d) { d.open = true; }); };
-  document.getElementById('collapse').onclick = function () { modules.forEach(function (d) { d.open = false; }); };
-  var rows = Array.prototype.slice.call(document.querySelectorAll('tr.row'));
-  document.getElementById('filter').addEventListener('input', function () {
-    var q = this.value.trim().toLowerCase();
-    rows.forEach(function (tr) {
-      var hit = !q || tr.textContent.toLowerCase().indexOf(q) >= 0 || tr.dataset.name.toLowerCase().indexOf(q) >= 0;
-      tr.classList.toggle('hidden', !hit);
-      for (var d = tr.parentElement; q && hit && d; d = d.parentElement) { if (d.tagName === 'DETAILS') d.open = true; }
-    });
-  });
-  document.documentElement.setAttribute('data-ready', '1');
-})();
-"""
+_ERROR_HOOK = _asset("error_hook.js")
+_CSS = _asset("report.css")
+_JS = _asset("report.js")

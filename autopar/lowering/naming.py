@@ -2,7 +2,7 @@
 
 Parameters and buffers are named by their path (``blocks.0.attn.q.weight`` ->
 ``blocks_0_attn_q_weight``), the model's inputs by forward's argument names, and each
-gradient ``grad_<parameter>`` and the loss ``loss``; every other value keeps its graph name. The plan's own
+gradient ``grad_<parameter>``; every other value keeps its graph name. The plan's own
 node names (what plans, pins and explain use) do not change.
 """
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import keyword
 import re
+
+from autopar.lowering.schedule import moved_name
 
 # names the emitted programs use for themselves
 _RESERVED = {"rt", "torch", "aten", "step", "jax", "jnp", "lax", "np", "math", "P", "block", "local_step"}
@@ -19,6 +21,8 @@ def readable(plan):
     """``plan`` with its nodes renamed for printing (its hash and fingerprint are the original's)."""
     names = readable_names(plan.graph)
     new = names.get
+    # a recomputed variable can be a moved value (``<node>__<redistribution>``)
+    moved = {moved_name(r.value, r.id): moved_name(new(r.value, r.value), r.id) for r in plan.redistributions}
     redistributions = tuple(dataclasses.replace(r, value=new(r.value, r.value),
                                                 consumers=tuple(new(c, c) for c in r.consumers))
                             for r in plan.redistributions)
@@ -27,7 +31,7 @@ def readable(plan):
         graph=plan.graph.renamed(names),
         strategies={new(k, k): v for k, v in plan.strategies.items()},
         redistributions=redistributions,
-        recompute=tuple(new(v, v) for v in plan.recompute),
+        recompute=tuple(names.get(v) or moved.get(v, v) for v in plan.recompute),
         fallback_nodes={new(k, k): v for k, v in plan.fallback_nodes.items()},
         fallback_modules={new(k, k): v for k, v in plan.fallback_modules.items()},
         modules={new(k, k): v for k, v in plan.modules.items()},
@@ -41,7 +45,6 @@ def readable_names(graph) -> dict[str, str]:
         wanted[ph] = identifier(fqn)
     for ph, name in zip(graph.inputs, graph.input_names):
         wanted[ph] = identifier(name)
-    wanted.setdefault(graph.loss, "loss")
     for grad, fqn in graph.grads.items():
         if grad not in wanted:  # a gradient that is also an input keeps the input's name
             wanted[grad] = "grad_" + identifier(fqn)

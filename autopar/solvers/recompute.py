@@ -201,30 +201,33 @@ def _fold_free_views(problem: RecomputeProblem) -> tuple[RecomputeProblem, list[
 
 def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: float,
            horizon: Optional[int], relative_gap: float) -> RecomputeChoice:
-    from ortools.linear_solver import pywraplp
+    model = _Model(problem)
+    model.require_kept_or_recomputed()
+    earliest, needed = _start_window(problem, horizon, model.recomputable)
+    model.add_starts(earliest, needed)
+    if horizon is not None:
+        model.keep_for_early_readers(earliest, needed)
+    peak = model.add_memory_rows(limit)
+    model.set_objective(limit, peak)
+    status, values, _ = run_scip(model.solver, time_limit_s, relative_gap)
+    if values is None:
+        raise SolverError("no recomputation meets the memory limit" if status == "infeasible"
+                          else f"the recomputation solver found no solution within {time_limit_s:.0f} s")
+    r = model.recomputed
+    chosen = tuple(v for v in range(problem.n) if r[v] is not None and values[r[v].index()] > 0.5)
+    memory = max(memory_of(problem, set(chosen)), default=0.0)
+    return RecomputeChoice(chosen, sum(problem.seconds[v] for v in chosen), memory,
+                           "optimal" if status == "optimal" and not relative_gap else "feasible")
 
-    solver = pywraplp.Solver.CreateSolver("SCIP")
-    n, points = problem.n, list(problem.points)
-    consumers = problem.consumers()
-    recomputable = [not math.isinf(s) for s in problem.seconds]
-    r = [solver.BoolVar(f"r{v}") if recomputable[v] else None for v in range(n)]
-    k = [solver.BoolVar(f"k{v}") for v in range(n)]
 
-    inf = solver.infinity()
-
-    def row(lower: float, upper: float, terms) -> None:
-        """lower <= sum(coef * var) <= upper, set coefficient by coefficient: the natural API's
-        expression objects cost more than SCIP's solve on deep models."""
-        linear_constraint(solver, [(var, coef) for var, coef in terms if var is not None], lower, upper)
-
-    for v in range(n):
-        if problem.first_use[v] is not None:  # kept or recomputed
-            row(1, inf, [(k[v], 1), (r[v], 1)])
-        for w in problem.inputs[v]:
-            if r[v] is not None:  # recomputing v needs its inputs, kept or recomputed
-                row(0, inf, [(k[w], 1), (r[w], 1), (r[v], -1)])
-    # started[v][t]: v's recomputed copy exists by point t (monotone in t); none before the first
-    # point any recomputation that reads v (directly or down a chain) could run
+def _start_window(problem: RecomputeProblem, horizon: Optional[int], recomputable: list) -> tuple[list, list]:
+    """Per value, the first and the last point its recomputed copy can be started at. None before
+    the first point any recomputation that reads it (directly or down a chain) could run (with a
+    ``horizon``: at most that many points before the use it serves); none after the last point it
+    is read at, by a memory row (while its storage is used) or by an input's chain row (before
+    the input's own first use, while that input's variable is read in turn). Without the last
+    cut every value had a variable at every later point."""
+    n, consumers = problem.n, problem.consumers()
     earliest = [INF] * n
     for v in range(n - 1, -1, -1):
         if recomputable[v]:
@@ -235,70 +238,111 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
             anchor[v] = _first(problem, v) if problem.first_use[v] is not None else \
                 min([INF] + [anchor[c] for c in consumers[v]])
         earliest = [max(e, a - horizon) for e, a in zip(earliest, anchor)]
-    # ... and none after the last point it is read at: by a memory row (while its storage is
-    # used) or by an input's chain row (before the input's own first use, while that input's
-    # variable is read in turn). Without this cut every value had a variable at every later
-    # point, most of an 80-layer model's rows.
     last = problem.storage_last_use()
     needed = [-1] * n
     for v in range(n):  # inputs come before the values computed from them
         needed[v] = max([last[problem.storage[v]]] + [min(_first(problem, w) - 1, needed[w])
                                                       for w in problem.inputs[v] if recomputable[w]])
-    started: dict[int, dict[int, object]] = {}
-    for v in range(n):
-        if recomputable[v] and earliest[v] <= needed[v]:
-            started[v] = {t: solver.NumVar(0, 1, "") for t in points if earliest[v] <= t <= needed[v]}
-    for v, by_point in started.items():
-        first = _first(problem, v)
-        for t, var in by_point.items():
-            if t >= first:
-                row(0, inf, [(var, 1), (r[v], -1)])
-            elif t > earliest[v]:
-                row(0, inf, [(var, 1), (by_point[t - 1], -1)])
-            if t < first:  # before v's own use only a recomputation reading it starts it
-                for c in consumers[v]:
-                    if c in started and t in started[c]:
-                        row(-1, inf, [(var, 1), (started[c][t], -1), (r[v], -1)])
-    if horizon is not None:  # a reader started before v may be: v is kept for it (the last such
-        for v in range(n):   # point suffices, started being monotone)
-            for c in consumers[v] if recomputable[v] else ():
-                t = min(earliest[v] - 1, _first(problem, v) - 1, needed[v])
-                if c in started and t in started[c]:
-                    row(-inf, 1, [(started[c][t], 1), (r[v], 1)])
-    by_storage: dict[int, list[int]] = {}
-    for v in range(n):
-        by_storage.setdefault(problem.storage[v], []).append(v)
-    peak = solver.NumVar(0, inf, "peak")
-    for t in points:
-        terms = []
-        for s, values in by_storage.items():
-            holders = [k[v] for v in values if problem.hold_until[v] is not None and problem.hold_until[v] >= t]
-            holders += [started[v][t] for v in values if v in started and t in started[v] and t <= last[s]]
-            if not holders or not problem.storage_bytes[s]:
-                continue
-            held = holders[0]
-            if len(holders) > 1:
-                held = solver.NumVar(0, 1, "")
-                for h in holders:
-                    row(0, inf, [(held, 1), (h, -1)])
-            terms.append((held, problem.storage_bytes[s]))
-        if limit is not None:  # fixed + sum(bytes * held) <= limit
-            row(-inf, limit - problem.fixed[t], terms)
-        else:  # peak >= fixed + sum(bytes * held)
-            row(problem.fixed[t], inf, [(peak, 1)] + [(h, -b) for h, b in terms])
-    objective = solver.Objective()
-    if limit is None:
-        objective.SetCoefficient(peak, 1.0)
-    else:
-        for v in range(n):
-            if r[v] is not None and problem.seconds[v]:
-                objective.SetCoefficient(r[v], problem.seconds[v] * 1e9)
-    objective.SetMinimization()
-    status, values, _ = run_scip(solver, time_limit_s, relative_gap)
-    if values is None:
-        raise SolverError("no recomputation meets the memory limit" if status == "infeasible"
-                          else f"the recomputation solver found no solution within {time_limit_s:.0f} s")
-    chosen = tuple(v for v in range(n) if r[v] is not None and values[r[v].index()] > 0.5)
-    memory = max(memory_of(problem, set(chosen)), default=0.0)
-    return RecomputeChoice(chosen, sum(problem.seconds[v] for v in chosen), memory,
-                           "optimal" if status == "optimal" and not relative_gap else "feasible")
+    return earliest, needed
+
+
+class _Model:
+    """The 0-1 program: per value "kept" or "recomputed", and per point whether its recomputed
+    copy has started (Checkmate's formulation, Jain et al. 2020), one method per constraint family."""
+
+    def __init__(self, problem: RecomputeProblem):
+        from ortools.linear_solver import pywraplp
+
+        self.problem = problem
+        self.solver = pywraplp.Solver.CreateSolver("SCIP")
+        self.inf = self.solver.infinity()
+        self.consumers = problem.consumers()
+        self.recomputable = [not math.isinf(s) for s in problem.seconds]
+        self.recomputed = [self.solver.BoolVar(f"r{v}") if self.recomputable[v] else None for v in range(problem.n)]
+        self.kept = [self.solver.BoolVar(f"k{v}") for v in range(problem.n)]
+        self.started: dict[int, dict[int, object]] = {}  # value -> point -> its copy exists by then
+
+    def row(self, lower: float, upper: float, terms) -> None:
+        """lower <= sum(coef * var) <= upper, set coefficient by coefficient: the natural API's
+        expression objects cost more than SCIP's solve on deep models."""
+        linear_constraint(self.solver, [(var, coef) for var, coef in terms if var is not None], lower, upper)
+
+    def require_kept_or_recomputed(self) -> None:
+        """A value backward reads is kept or recomputed; recomputing needs its inputs, kept or recomputed."""
+        k, r, inf = self.kept, self.recomputed, self.inf
+        for v in range(self.problem.n):
+            if self.problem.first_use[v] is not None:
+                self.row(1, inf, [(k[v], 1), (r[v], 1)])
+            for w in self.problem.inputs[v]:
+                if r[v] is not None:
+                    self.row(0, inf, [(k[w], 1), (r[w], 1), (r[v], -1)])
+
+    def add_starts(self, earliest: list, needed: list) -> None:
+        """started[v][t], monotone in t within v's window: on by v's own use when v is recomputed,
+        and before it only when a recomputation reading v has started."""
+        points, r, inf = list(self.problem.points), self.recomputed, self.inf
+        for v in range(self.problem.n):
+            if self.recomputable[v] and earliest[v] <= needed[v]:
+                self.started[v] = {t: self.solver.NumVar(0, 1, "") for t in points if earliest[v] <= t <= needed[v]}
+        for v, by_point in self.started.items():
+            first = _first(self.problem, v)
+            for t, var in by_point.items():
+                if t >= first:
+                    self.row(0, inf, [(var, 1), (r[v], -1)])
+                elif t > earliest[v]:
+                    self.row(0, inf, [(var, 1), (by_point[t - 1], -1)])
+                if t < first:
+                    for c in self.consumers[v]:
+                        if c in self.started and t in self.started[c]:
+                            self.row(-1, inf, [(var, 1), (self.started[c][t], -1), (r[v], -1)])
+
+    def keep_for_early_readers(self, earliest: list, needed: list) -> None:
+        """Under a horizon, a reader started before v's window keeps v (the last such point
+        suffices, started being monotone)."""
+        for v in range(self.problem.n):
+            for c in self.consumers[v] if self.recomputable[v] else ():
+                t = min(earliest[v] - 1, _first(self.problem, v) - 1, needed[v])
+                if c in self.started and t in self.started[c]:
+                    self.row(-self.inf, 1, [(self.started[c][t], 1), (self.recomputed[v], 1)])
+
+    def add_memory_rows(self, limit: Optional[float]):
+        """At every point, the fixed bytes plus each storage some holder keeps alive: under
+        ``limit``, or under the ``peak`` variable returned (to minimise) when there is none."""
+        problem, inf, started = self.problem, self.inf, self.started
+        last = problem.storage_last_use()
+        by_storage: dict[int, list[int]] = {}
+        for v in range(problem.n):
+            by_storage.setdefault(problem.storage[v], []).append(v)
+        peak = self.solver.NumVar(0, inf, "peak")
+        for t in problem.points:
+            terms = []
+            for s, values in by_storage.items():
+                holders = [self.kept[v] for v in values
+                           if problem.hold_until[v] is not None and problem.hold_until[v] >= t]
+                holders += [started[v][t] for v in values if v in started and t in started[v] and t <= last[s]]
+                if holders and problem.storage_bytes[s]:
+                    terms.append((self._any_of(holders), problem.storage_bytes[s]))
+            if limit is not None:  # fixed + sum(bytes * held) <= limit
+                self.row(-inf, limit - problem.fixed[t], terms)
+            else:  # peak >= fixed + sum(bytes * held)
+                self.row(problem.fixed[t], inf, [(peak, 1)] + [(h, -b) for h, b in terms])
+        return peak
+
+    def _any_of(self, holders: list):
+        if len(holders) == 1:
+            return holders[0]
+        held = self.solver.NumVar(0, 1, "")
+        for h in holders:
+            self.row(0, self.inf, [(held, 1), (h, -1)])
+        return held
+
+    def set_objective(self, limit: Optional[float], peak) -> None:
+        """The least peak without a limit; under one, the least added time (in nanoseconds)."""
+        objective = self.solver.Objective()
+        if limit is None:
+            objective.SetCoefficient(peak, 1.0)
+        else:
+            for v, var in enumerate(self.recomputed):
+                if var is not None and self.problem.seconds[v]:
+                    objective.SetCoefficient(var, self.problem.seconds[v] * 1e9)
+        objective.SetMinimization()

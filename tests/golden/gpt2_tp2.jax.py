@@ -381,11 +381,11 @@ def local_step(
     nll_loss_forward_default = aten_nll_loss_forward(_log_softmax, view_34, None, 2, -100)
     getitem_42 = nll_loss_forward_default[0]
     getitem_43 = nll_loss_forward_default[1]
-    loss = aten_div(getitem_42, getitem_43)
+    div_tensor = aten_div(getitem_42, getitem_43)
 
     # ---- backward ----
     # <model>
-    ones_like_default = aten_ones_like(loss, pin_memory=False)
+    ones_like_default = aten_ones_like(div_tensor, pin_memory=False)
     nll_loss_backward = aten_nll_loss_backward(ones_like_default, _log_softmax, view_34, None, 1, -100, getitem_43)
     detach_3 = aten_identity(detach_2)
     _log_softmax_backward_data = aten_log_softmax_backward_data(nll_loss_backward, detach_3, 1, jnp.float32)
@@ -612,7 +612,7 @@ def local_step(
     grad_wpe_weight = aten_embedding_dense_backward(view_82, arange, 32, -1, False)
     # blocks.1.ln2
     grad_wte_weight = aten_embedding_dense_backward(add_12, idx, 256, -1, False)
-    return (loss, grad_wte_weight, grad_wpe_weight, grad_blocks_0_ln1_weight, grad_blocks_0_ln1_bias, grad_blocks_0_attn_q_weight, grad_blocks_0_attn_q_bias, grad_blocks_0_attn_k_weight, grad_blocks_0_attn_k_bias, grad_blocks_0_attn_v_weight, grad_blocks_0_attn_v_bias, grad_blocks_0_attn_proj_weight, grad_blocks_0_attn_proj_bias, grad_blocks_0_ln2_weight, grad_blocks_0_ln2_bias, grad_blocks_0_fc_weight, grad_blocks_0_fc_bias, grad_blocks_0_out_weight, grad_blocks_0_out_bias, grad_blocks_1_ln1_weight, grad_blocks_1_ln1_bias, grad_blocks_1_attn_q_weight, grad_blocks_1_attn_q_bias, grad_blocks_1_attn_k_weight, grad_blocks_1_attn_k_bias, grad_blocks_1_attn_v_weight, grad_blocks_1_attn_v_bias, grad_blocks_1_attn_proj_weight, grad_blocks_1_attn_proj_bias, grad_blocks_1_ln2_weight, grad_blocks_1_ln2_bias, grad_blocks_1_fc_weight, grad_blocks_1_fc_bias, grad_blocks_1_out_weight, grad_blocks_1_out_bias, grad_ln_f_weight, grad_ln_f_bias, grad_head_weight,)
+    return (div_tensor, grad_wte_weight, grad_wpe_weight, grad_blocks_0_ln1_weight, grad_blocks_0_ln1_bias, grad_blocks_0_attn_q_weight, grad_blocks_0_attn_q_bias, grad_blocks_0_attn_k_weight, grad_blocks_0_attn_k_bias, grad_blocks_0_attn_v_weight, grad_blocks_0_attn_v_bias, grad_blocks_0_attn_proj_weight, grad_blocks_0_attn_proj_bias, grad_blocks_0_ln2_weight, grad_blocks_0_ln2_bias, grad_blocks_0_fc_weight, grad_blocks_0_fc_bias, grad_blocks_0_out_weight, grad_blocks_0_out_bias, grad_blocks_1_ln1_weight, grad_blocks_1_ln1_bias, grad_blocks_1_attn_q_weight, grad_blocks_1_attn_q_bias, grad_blocks_1_attn_k_weight, grad_blocks_1_attn_k_bias, grad_blocks_1_attn_v_weight, grad_blocks_1_attn_v_bias, grad_blocks_1_attn_proj_weight, grad_blocks_1_attn_proj_bias, grad_blocks_1_ln2_weight, grad_blocks_1_ln2_bias, grad_blocks_1_fc_weight, grad_blocks_1_fc_bias, grad_blocks_1_out_weight, grad_blocks_1_out_bias, grad_ln_f_weight, grad_ln_f_bias, grad_head_weight,)
 
 
 def block(x, axis, size, dim):

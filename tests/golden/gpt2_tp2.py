@@ -299,12 +299,12 @@ def step(
     getitem_42 = nll_loss_forward_default[0]  # [] -> local [] (R)
     getitem_43 = nll_loss_forward_default[1]  # [] -> local [] (R)
     del nll_loss_forward_default
-    loss = aten.div.Tensor(getitem_42, getitem_43)  # [] -> local [] (R)
+    div_tensor = aten.div.Tensor(getitem_42, getitem_43)  # [] -> local [] (R)
     del getitem_42
 
     # ---- backward ----
     # <model>
-    ones_like_default = aten.ones_like.default(loss, pin_memory=False)  # [] -> local [] (R)
+    ones_like_default = aten.ones_like.default(div_tensor, pin_memory=False)  # [] -> local [] (R)
     nll_loss_backward = aten.nll_loss_backward.default(ones_like_default, _log_softmax, view_34, None, 1, -100, getitem_43)  # [256, 256] -> local [256, 256] (R)
     del view_34, _log_softmax, getitem_43, ones_like_default
     detach_3 = aten.detach.default(detach_2)  # [256, 256] -> local [256, 256] (R)
@@ -640,7 +640,7 @@ def step(
     # blocks.1.ln2
     grad_wte_weight = aten.embedding_dense_backward.default(add_12, idx, 256, -1, False)  # [256, 128] -> local [256, 128] (R)
     del add_12
-    return loss, {
+    return div_tensor, {
         'wte.weight': grad_wte_weight,
         'wpe.weight': grad_wpe_weight,
         'blocks.0.ln1.weight': grad_blocks_0_ln1_weight,

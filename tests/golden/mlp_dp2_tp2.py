@@ -48,12 +48,12 @@ def step(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     del sub
     sum_dim_int_list = aten.sum.dim_IntList(pow_1, [0, 1], False)  # [] -> local [] (R, R)
     del pow_1
-    loss = aten.div.Scalar(sum_dim_int_list, 8192)  # [] -> local [] (R, R)
+    div_scalar = aten.div.Scalar(sum_dim_int_list, 8192)  # [] -> local [] (R, R)
     del sum_dim_int_list
 
     # ---- backward ----
     # <model>
-    ones_like_default = aten.ones_like.default(loss, pin_memory=False)  # [] -> local [] (R, R)
+    ones_like_default = aten.ones_like.default(div_scalar, pin_memory=False)  # [] -> local [] (R, R)
     # fc2
     sub_1 = aten.sub.Tensor(addmm_1__r1, y)  # [8, 1024] -> local [8, 1024] (R, R)
     del addmm_1__r1
@@ -81,7 +81,7 @@ def step(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     del gelu_backward
     grad_fc1_bias = aten.reshape.default(sum_2, [2048])  # [4096] -> local [2048] (S(0), R)
     del sum_2
-    return loss, {
+    return div_scalar, {
         'fc1.weight': grad_fc1_weight,
         'fc1.bias': grad_fc1_bias,
         'fc2.weight': grad_fc2_weight,

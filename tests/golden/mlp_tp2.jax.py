@@ -97,11 +97,11 @@ def local_step(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     sub = aten_sub(addmm_1__r1, y)
     pow_1 = aten_pow_(sub, 2)
     sum_dim_int_list = aten_sum_dims(pow_1, [0, 1], False)
-    loss = aten_div(sum_dim_int_list, 8192)
+    div_scalar = aten_div(sum_dim_int_list, 8192)
 
     # ---- backward ----
     # <model>
-    ones_like_default = aten_ones_like(loss, pin_memory=False)
+    ones_like_default = aten_ones_like(div_scalar, pin_memory=False)
     # fc2
     sub_1 = aten_sub(addmm_1__r1, y)
     mul = aten_mul(sub_1, 0.000244140625)
@@ -119,7 +119,7 @@ def local_step(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     grad_fc1_weight = aten_mm(t_6, x)
     sum_2 = aten_sum_dims(gelu_backward, [0], True)
     grad_fc1_bias = aten_view(sum_2, [2048])
-    return (loss, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias,)
+    return (div_scalar, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias,)
 
 
 def block(x, axis, size, dim):
