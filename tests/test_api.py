@@ -52,6 +52,20 @@ def test_cli_plan_writes_plan_and_program(tmp_path, capsys):
     assert gen.read_text() == plan.emit("torch")
 
 
+def test_python_dash_m_autopar_is_the_autopar_command(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "plan.json"
+    done = subprocess.run([sys.executable, "-m", "autopar", "plan", "examples.mlp:factory", "--mesh", "tp=2",
+                           "--out", str(out), "--quiet", "--no-cache"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert autopar.Plan.from_json(out.read_text()).mesh == autopar.Mesh.parse("tp=2")
+    bad = subprocess.run([sys.executable, "-m", "autopar", "plan", "examples.mlp", "--mesh", "tp=2"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "MODULE:FACTORY" in bad.stderr
+
+
 def test_cli_check_runs_and_reports(capsys):
     assert cli(["check", "examples.mlp:factory", "--mesh", "dp=2"]) == 0
     assert "OK" in capsys.readouterr().out

@@ -143,3 +143,25 @@ def test_a_custom_op_falls_back_until_it_has_a_rule_then_shards_and_trains():
         for op in (torch.ops.autopar_examples.scaled_silu.default,
                    torch.ops.autopar_examples.scaled_silu_backward.default):
             RULES.pop(op, None)
+
+
+class ReadsStrategies(autopar.Pass):
+    """Reads the strategies table, declaring it or not."""
+
+    name = "reads_strategies"
+
+    def __init__(self, declared: bool):
+        self.requires = ("strategies",) if declared else ()
+
+    def run(self, program, ctx) -> str:
+        return f"{len(program.table('strategies'))} nodes weighed"
+
+
+def test_a_pass_reads_only_the_side_tables_it_declares():
+    model, inputs = mlp.make(batch=8, width=64, hidden=128)
+    with pytest.raises(AutoparError, match="read side table 'strategies' without declaring it"):
+        autopar.plan(model, inputs, mesh="tp=2", hardware=FAST, passes=[ReadsStrategies(declared=False)],
+                     cache=False)
+    plan = autopar.plan(model, inputs, mesh="tp=2", hardware=FAST, passes=[ReadsStrategies(declared=True)],
+                        cache=False)
+    assert any(r.name == "reads_strategies" and r.note.endswith("nodes weighed") for r in plan.history)

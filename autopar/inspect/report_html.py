@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from html import escape
 from importlib import resources
 
@@ -134,63 +135,99 @@ def _memory_chart(plan) -> str:
     peak = max(p.peak_memory_bytes, max(b for _, b in points))
     capacity = _capacity(plan)
     show_capacity = capacity is not None and capacity <= 2 * peak  # else it would flatten the curve
-    top = _nice_top(max(peak, capacity if show_capacity else 0) * 1.08)
-    w, h, left, right, bottom, top_pad = 560.0, 230.0, 62.0, 10.0, 26.0, 10.0
-    span_x, span_y = w - left - right, h - bottom - top_pad
-    n = len(points)
-
-    def xy(k, b):
-        return left + span_x * k / max(n - 1, 1), top_pad + span_y * (1 - b / top)
-
-    def rule(y, style):  # a horizontal line across the chart
-        return f'<line x1="{left}" x2="{left + span_x}" y1="{y:.1f}" y2="{y:.1f}" class="{style}"/>'
-
-    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(k, b) for k, (_, b) in enumerate(points)))
-    base_y = top_pad + span_y
-    held = p.memory_bytes.get("parameters", 0) + p.memory_bytes.get("optimizer_state", 0) + \
-        p.memory_bytes.get("inputs", 0)
-    parts = []
-    loss_at = next((k for k, (var, _) in enumerate(points) if var == plan.graph.loss), None)
-    if loss_at is not None:
-        x_loss = xy(loss_at, 0)[0]
-        parts.append(f'<rect x="{x_loss:.1f}" y="{top_pad}" width="{left + span_x - x_loss:.1f}" height="{span_y}" '
-                     f'fill="#f3f0fa"/><text x="{x_loss + 4:.1f}" y="{base_y - 5}" class="ax">backward</text>'
-                     f'<text x="{left + 4}" y="{base_y - 5}" class="ax">forward</text>')
-    for k in range(5):
-        value = top * k / 4
-        y = xy(0, value)[1]
-        parts.append(rule(y, "grid") +
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" class="ax" text-anchor="end">'
-                     f"{escape(human_bytes(value))}</text>")
-    parts.append(f'<polygon points="{left},{base_y} {line} {left + span_x},{base_y}" fill="#3b7dd833"/>'
-                 f'<polyline points="{line}" fill="none" stroke="#3b7dd8" stroke-width="1.5"/>')
+    axes = _Axes(top=_nice_top(max(peak, capacity if show_capacity else 0) * 1.08), n=len(points))
+    held = sum(p.memory_bytes.get(k, 0) for k in ("parameters", "optimizer_state", "inputs"))
+    parts = [_phase_band(axes, points, plan.graph.loss)] + [_grid_line(axes, k) for k in range(5)]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (axes.xy(k, b) for k, (_, b) in enumerate(points)))
+    parts.append(f'<polygon points="{axes.left},{axes.base_y} {line} {axes.right_x},{axes.base_y}" '
+                 f'fill="#3b7dd833"/><polyline points="{line}" fill="none" stroke="#3b7dd8" stroke-width="1.5"/>')
     if held:
-        y = xy(0, held)[1]
-        parts.append(rule(y, "held") +
-                     f'<text x="{left + span_x - 4}" y="{y - 4:.1f}" class="ax" text-anchor="end">held all step '
-                     f'(parameters, optimizer state, inputs) {escape(human_bytes(held))}</text>')
-    highest = max(range(n), key=lambda k: points[k][1])
-    (name, highest_bytes), peak_y = points[highest], xy(0, peak)[1]
-    px, py = xy(highest, highest_bytes)
-    label = f"peak {human_bytes(peak)} after {name}" if peak - highest_bytes < 0.005 * peak else \
-        f"peak {human_bytes(peak)} while a collective runs; {human_bytes(highest_bytes)} after {name}"
-    parts.append(rule(peak_y, "peak") +
-                 f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="#d9453b"/><text x="{left + span_x - 4}" '
-                 f'y="{peak_y - 6:.1f}" class="ax peak-label" text-anchor="end">{escape(label)}</text>')
+        parts.append(axes.labelled_rule(held, "held", "held all step (parameters, optimizer state, inputs) "
+                                        f"{human_bytes(held)}", end=True))
+    parts.append(_peak_marker(axes, points, peak))
     if show_capacity:
-        y = xy(0, capacity)[1]
-        parts.append(rule(y, "capacity") +
-                     f'<text x="{left + 4}" y="{y - 4:.1f}" class="ax">device memory '
-                     f"{escape(human_bytes(capacity))}</text>")
-    data = json.dumps({"points": points, "left": left, "width": span_x, "top": top, "height": span_y,
-                       "pad": top_pad}).replace("<", "\\u003c")
+        parts.append(axes.labelled_rule(capacity, "capacity", f"device memory {human_bytes(capacity)}"))
+    data = json.dumps({"points": points, "left": axes.left, "width": axes.span_x, "top": axes.top,
+                       "height": axes.span_y, "pad": axes.top_pad}).replace("<", "\\u003c")
     note = f"; device memory {human_bytes(capacity)} is off the scale" if capacity and not show_capacity else ""
     return (f'<section class="chart"><h2>Memory per device <span>peak {escape(human_bytes(peak))}</span></h2>'
-            f'<svg id="memory" viewBox="0 0 {w:.0f} {h:.0f}" role="img" aria-label="memory timeline">'
-            + "".join(parts) + f'<line id="cursor" y1="{top_pad}" y2="{base_y}" class="cursor"/>'
-            f'<text x="{left + span_x / 2:.0f}" y="{h - 6:.0f}" class="ax" text-anchor="middle">statements of the '
-            f'per-rank program, in order</text></svg><p class="readout" id="readout">live bytes after each '
-            f'statement{escape(note)}</p><script type="application/json" id="timeline">{data}</script></section>')
+            f'<svg id="memory" viewBox="0 0 {axes.w:.0f} {axes.h:.0f}" role="img" aria-label="memory timeline">'
+            + "".join(parts) + f'<line id="cursor" y1="{axes.top_pad}" y2="{axes.base_y}" class="cursor"/>'
+            f'<text x="{axes.left + axes.span_x / 2:.0f}" y="{axes.h - 6:.0f}" class="ax" text-anchor="middle">'
+            f'statements of the per-rank program, in order</text></svg><p class="readout" id="readout">live bytes '
+            f'after each statement{escape(note)}</p><script type="application/json" id="timeline">{data}</script>'
+            f'</section>')
+
+
+@dataclass(frozen=True)
+class _Axes:
+    """The memory chart's frame: statement k and ``b`` bytes as SVG coordinates."""
+
+    top: float  # bytes at the top of the chart
+    n: int  # statements on the x axis
+    w: float = 560.0
+    h: float = 230.0
+    left: float = 62.0
+    right: float = 10.0
+    bottom: float = 26.0
+    top_pad: float = 10.0
+
+    @property
+    def span_x(self) -> float:
+        return self.w - self.left - self.right
+
+    @property
+    def span_y(self) -> float:
+        return self.h - self.bottom - self.top_pad
+
+    @property
+    def base_y(self) -> float:
+        return self.top_pad + self.span_y
+
+    @property
+    def right_x(self) -> float:
+        return self.left + self.span_x
+
+    def xy(self, k: int, b: float) -> tuple[float, float]:
+        return self.left + self.span_x * k / max(self.n - 1, 1), self.top_pad + self.span_y * (1 - b / self.top)
+
+    def rule(self, y: float, style: str) -> str:
+        """A horizontal line across the chart."""
+        return f'<line x1="{self.left}" x2="{self.right_x}" y1="{y:.1f}" y2="{y:.1f}" class="{style}"/>'
+
+    def labelled_rule(self, b: float, style: str, label: str, end: bool = False) -> str:
+        y = self.xy(0, b)[1]
+        x, anchor = (self.right_x - 4, ' text-anchor="end"') if end else (self.left + 4, "")
+        return self.rule(y, style) + f'<text x="{x}" y="{y - 4:.1f}" class="ax"{anchor}>{escape(label)}</text>'
+
+
+def _phase_band(axes: _Axes, points, loss: str) -> str:
+    """Backward shaded from the statement that computes the loss on."""
+    loss_at = next((k for k, (var, _) in enumerate(points) if var == loss), None)
+    if loss_at is None:
+        return ""
+    x_loss = axes.xy(loss_at, 0)[0]
+    return (f'<rect x="{x_loss:.1f}" y="{axes.top_pad}" width="{axes.right_x - x_loss:.1f}" height="{axes.span_y}" '
+            f'fill="#f3f0fa"/><text x="{x_loss + 4:.1f}" y="{axes.base_y - 5}" class="ax">backward</text>'
+            f'<text x="{axes.left + 4}" y="{axes.base_y - 5}" class="ax">forward</text>')
+
+
+def _grid_line(axes: _Axes, k: int) -> str:
+    value = axes.top * k / 4
+    y = axes.xy(0, value)[1]
+    return axes.rule(y, "grid") + (f'<text x="{axes.left - 6}" y="{y + 4:.1f}" class="ax" text-anchor="end">'
+                                   f"{escape(human_bytes(value))}</text>")
+
+
+def _peak_marker(axes: _Axes, points, peak: float) -> str:
+    highest = max(range(len(points)), key=lambda k: points[k][1])
+    (name, highest_bytes), peak_y = points[highest], axes.xy(0, peak)[1]
+    px, py = axes.xy(highest, highest_bytes)
+    label = f"peak {human_bytes(peak)} after {name}" if peak - highest_bytes < 0.005 * peak else \
+        f"peak {human_bytes(peak)} while a collective runs; {human_bytes(highest_bytes)} after {name}"
+    return (axes.rule(peak_y, "peak") + f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="#d9453b"/>'
+            f'<text x="{axes.right_x - 4}" y="{peak_y - 6:.1f}" class="ax peak-label" text-anchor="end">'
+            f"{escape(label)}</text>")
 
 
 def _nice_top(value: float) -> float:

@@ -56,8 +56,8 @@ class Spec:
 
     placements: tuple[Placement, ...]
 
-    # specs key the cost model's caches: hashed once (planning a 70B model hashes them millions
-    # of times), and rebuilt on unpickling since a Partial's hash differs between processes
+    # specs key the cost model's caches: hashed once (planning a large model hashes them
+    # millions of times), and rebuilt on unpickling since a Partial's hash differs between processes
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash(self.placements))
 

@@ -12,6 +12,8 @@ from typing import Any, Optional
 import torch
 from torch import fx
 
+from autopar.errors import AutoparError
+
 
 @dataclass(frozen=True)
 class TensorMeta:
@@ -53,6 +55,9 @@ class Program:
     tables: dict[str, dict] = field(default_factory=dict)
     expanded_from: Optional[str] = None  # how capture copied repeated layers (layer_expansion)
     input_names: list[str] = field(default_factory=list)  # forward's argument name of each user input
+    # while a pass runs, the side tables it declared (requires, provides, optional): the only ones
+    # it may read; None outside the PassManager
+    readable: Optional[frozenset] = field(default=None, repr=False, compare=False)
     _by_name: dict = field(default_factory=dict, repr=False, compare=False)
 
     def nodes(self) -> list[fx.Node]:
@@ -74,9 +79,20 @@ class Program:
         return [(grad, placeholder[fqn]) for grad, fqn in self.grads.items()]
 
     def table(self, name: str) -> dict:
+        self._check_declared(name)
         if name not in self.tables:
             raise KeyError(f"side table {name!r} is missing: a pass that provides it must run first")
         return self.tables[name]
+
+    def table_if_present(self, name: str) -> Optional[dict]:
+        """A side table an earlier pass may have written (declared in the pass's ``optional``)."""
+        self._check_declared(name)
+        return self.tables.get(name)
+
+    def _check_declared(self, name: str) -> None:
+        if self.readable is not None and name not in self.readable:
+            raise AutoparError(f"a pass read side table {name!r} without declaring it: add it to the pass's "
+                               f"requires (or optional, if it may be absent)")
 
 
 def tensor_inputs(node: fx.Node) -> list[fx.Node]:

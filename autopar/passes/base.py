@@ -39,7 +39,8 @@ class PassContext:
 
 
 class Pass:
-    """A pass reads side tables named in ``requires`` and writes those in ``provides``.
+    """A pass reads side tables named in ``requires`` and writes those in ``provides`` (the
+    PassManager refuses a read of any other table while the pass runs).
 
     ``run`` returns a one-line note for the plan's history. A user's pass may set
     ``before`` or ``after`` (another pass's name) to say where it runs (autopar.passes.registry).
@@ -48,6 +49,7 @@ class Pass:
     name: str = "pass"
     requires: tuple[str, ...] = ()
     provides: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()  # tables it reads when an earlier pass wrote them
     before: Optional[str] = None
     after: Optional[str] = None
 
@@ -76,7 +78,11 @@ class PassManager:
         for k, p in enumerate(self.passes, 1):
             ctx.report(f"pass {k}/{len(self.passes)} {p.name} ...")
             start = time.perf_counter()
-            note = p.run(program, ctx) or ""
+            program.readable = frozenset(p.requires + p.provides + p.optional)
+            try:
+                note = p.run(program, ctx) or ""
+            finally:
+                program.readable = None
             seconds = time.perf_counter() - start
             missing = [t for t in p.provides if t not in program.tables]
             if missing:

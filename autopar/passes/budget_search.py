@@ -215,8 +215,8 @@ class BudgetSearch:
 
 class _Lean:
     """The layouts holding the least memory by the linear stand-in: ``choice``, each node's
-    leanest strategy (the start of budgeted solves: it meets any limit that can be met, and on
-    a 70B model the descent from it found a step time half that from the solved layout below);
+    leanest strategy (the start of budgeted solves: it meets any limit that can be met, and the
+    descent is a local search whose start matters: README, "Solving at scale");
     ``result``, solved with bytes as the objective (a valid plan, reshards and all: the last
     answer when no faster layout fits; solved once, when first needed), reported with its step
     time as the objective and status "least-memory": it is optimal for memory, and no bound on
@@ -243,8 +243,7 @@ class _Lean:
 class _StepMemo:
     """The axis descent's steps solved so far, by (node costs, step). A step's proven optimum
     that meets a tighter memory limit is that limit's optimum too (the limit only removes
-    layouts), so a budget attempt skips the steps it shares with the attempts before it (on the
-    70B model, the first two of every descent from the leanest layout)."""
+    layouts), so a budget attempt skips the steps it shares with the attempts before it."""
 
     def __init__(self, held_rows, budgeted_rows):
         self.held_rows, self.budgeted_rows = held_rows, budgeted_rows  # see _memory_rows

@@ -38,8 +38,8 @@ _MAX_POINTS = 24  # backward points the model checks; the simulation checks ever
 # the recompute solver's shortcuts (autopar.solvers.recompute.solve). A recomputation runs at
 # most this many model points before the value's first use: chains reach back a few layers, not
 # to the first layer. Within 1% of the least added time: the rest of the step dwarfs the
-# difference. Together with folded views, the 80-layer Llama-70B shape's program is 5x smaller
-# and SCIP finds a better set in 6 s than it did without them in its 30 s limit.
+# difference. Together with folded views they shrink a deep model's program several times over
+# (README, "Memory").
 _HORIZON = 3
 _GAP = 0.01
 _RANDOM = ("dropout", "rand", "bernoulli", "normal", "uniform", "multinomial")
@@ -67,11 +67,12 @@ class RecomputePass(Pass):
     name = "recompute"
     requires = ("meta", "choice", "redistributions")
     provides = ("recompute", "memory")
+    optional = ("fit",)  # the layout's fit as the sharding solve decided it
 
     def run(self, program: Program, ctx: PassContext) -> str:
         # the sharding pass's budget loop has decided it for the layout it chose; a pipeline that
         # sets the layout another way gets it decided here
-        result = program.tables.get("fit") or fit(to_ir(program), program.table("choice"),
+        result = program.table_if_present("fit") or fit(to_ir(program), program.table("choice"),
                                                   program.table("redistributions"), ctx, memory_budget(ctx))
         chosen = result.recompute or Recompute((), 0.0, result.plain)  # over budget: only with recompute="none"
         program.tables["recompute"] = chosen
@@ -98,72 +99,94 @@ def check_mode(mode: str) -> str:
 def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: float, mode: str | None = None) -> Fit:
     """The memory of this solution, and the recomputation it takes to fit ``budget``."""
     mode = check_mode(mode or ctx.request.recompute)
-    optimizer = ctx.request.optimizer
-
-    def program_of(variables=()) -> tuple[list[Statement], MemoryEstimate]:
-        statements = schedule(graph, strategies, redistributions, ctx.mesh, variables,
-                              ctx.cost.hardware.collectives_library)
-        return statements, simulate(statements, graph, strategies, ctx.mesh, optimizer)
-
-    plain_statements, plain = program_of()
+    fitter = _Fitter(graph, strategies, redistributions, ctx, budget)
+    plain = fitter.plain
     if mode == "none" or (mode == "auto" and plain.peak_bytes <= budget):
         return Fit(plain, Recompute((), 0.0, plain) if plain.peak_bytes <= budget else None)
-    extra_points: list[int] = []
-    problem, names = build_problem(plain_statements, plain.during, strategies, graph.loss)
-    if not names:
+    if not fitter.build():
         return Fit(plain, None)
+    return fitter.least() if mode == "full" else fitter.within_budget()
 
-    def decided(choice) -> tuple[list[Statement], Recompute]:
-        statements, memory = program_of(tuple(names[v] for v in choice.recomputed))
+
+class _Fitter:
+    """One layout's recomputation: the program without it, and the solves that choose it."""
+
+    def __init__(self, graph, strategies: dict, redistributions, ctx: PassContext, budget: float):
+        self.graph, self.strategies, self.redistributions = graph, strategies, redistributions
+        self.ctx, self.budget = ctx, budget
+        self.plain_statements, self.plain = self.program_of()
+        self.extra_points: list[int] = []
+        self.problem, self.names = None, []
+
+    def build(self) -> bool:
+        """The solver's problem for this layout (built only once recomputation is needed); False
+        where no forward value could be recomputed."""
+        self.problem, self.names = build_problem(self.plain_statements, self.plain.during, self.strategies,
+                                                 self.graph.loss, self.extra_points)
+        return bool(self.names)
+
+    def program_of(self, variables=()) -> tuple[list[Statement], MemoryEstimate]:
+        ctx = self.ctx
+        statements = schedule(self.graph, self.strategies, self.redistributions, ctx.mesh, variables,
+                              ctx.cost.hardware.collectives_library)
+        return statements, simulate(statements, self.graph, self.strategies, ctx.mesh, ctx.request.optimizer)
+
+    def decided(self, choice) -> tuple[list[Statement], Recompute]:
+        names = self.names
+        statements, memory = self.program_of(tuple(names[v] for v in choice.recomputed))
         # a free value (a view) may be marked recomputed without backward needing it: leave it out
         copies = {s.defines for s in statements if s.recomputed}
         variables = tuple(names[v] for v in choice.recomputed if recomputed_name(names[v]) in copies)
         return statements, Recompute(variables, choice.seconds, memory)
 
-    def least() -> Fit:
+    def least(self) -> Fit:
         """The least memory recomputation reaches, at the least time if that fits the budget (the
-        second solve is skipped when it does not: a layout over the budget only needs its figure)."""
+        second solve is skipped when it does not: a layout over the budget only needs its figure).
+        The second solve holds the model's memory, not the simulated program's: where its set
+        peaks over the budget, the least-memory set, which fits, stays."""
         shortcuts = dict(horizon=_HORIZON, relative_gap=_GAP, fold_views=True)
         try:
-            lowest = least_memory(problem, **shortcuts)
-            found = decided(lowest)[1]
-            if found.memory.peak_bytes <= budget:
-                found = decided(solve(problem, limit_at(lowest), **shortcuts))[1]
+            lowest = least_memory(self.problem, **shortcuts)
+            found = self.decided(lowest)[1]
+            if found.memory.peak_bytes <= self.budget:
+                faster = self.decided(solve(self.problem, limit_at(lowest), **shortcuts))[1]
+                found = faster if faster.memory.peak_bytes <= self.budget else found
         except SolverError:  # too large to solve in time: this layout gets no recomputation
-            ctx.report("the recomputation solver found no solution in time; keeping every value")
-            return Fit(plain, None)
-        return Fit(plain, found if found.memory.peak_bytes <= budget else None, found.memory)
+            self.ctx.report("the recomputation solver found no solution in time; keeping every value")
+            return Fit(self.plain, None)
+        return Fit(self.plain, found if found.memory.peak_bytes <= self.budget else None, found.memory)
 
-    if mode == "full":
-        return least()
-    limit, margin = budget, 1.25
-    for attempt in range(_ATTEMPTS):
-        try:
-            choice = solve(problem, limit, horizon=_HORIZON, relative_gap=_GAP, fold_views=True)
-        except SolverError:
-            if attempt == 0:
-                # no set meets the budget in the model, which is within tens of MB of the
-                # simulation at its points (70B model): the least memory it reaches would only
-                # be a figure, and costs a solve as long as the whole descent
-                return Fit(plain, None)
-            break
-        statements, found = decided(choice)
-        if found.memory.peak_bytes <= budget:
-            return Fit(plain, found)
-        # the model checks memory at a few statements: add the one where the program peaks; if
-        # it was already there, the model misses what recomputing allocates there (temporaries
-        # of recomputed ops, tens of MB on the 70B model): ask for the excess less, and twice as
-        # much more each time in a row that was not enough
-        peak_at = _plain_index(statements, found.memory.during)
-        if peak_at in problem.at or peak_at < backward_start(plain_statements, graph.loss):
-            limit -= margin * (found.memory.peak_bytes - budget)
-            margin *= 2
-        else:
-            extra_points.append(peak_at)
-            problem, names = build_problem(plain_statements, plain.during, strategies, graph.loss, extra_points)
-        ctx.report(f"with recomputation the peak is {human_bytes(found.memory.peak_bytes)}, over the budget "
-                   f"{human_bytes(budget)}; recomputing more")
-    return least()  # the budget is about as low as recomputation reaches: the least memory it can
+    def within_budget(self) -> Fit:
+        """The least added time that fits the budget, solved against the model's points; where the
+        simulated program still peaks over, the point is added or the limit lowered."""
+        budget, limit, margin = self.budget, self.budget, 1.25
+        for attempt in range(_ATTEMPTS):
+            try:
+                choice = solve(self.problem, limit, horizon=_HORIZON, relative_gap=_GAP, fold_views=True)
+            except SolverError:
+                if attempt == 0:
+                    # no set meets the budget in the model, which is close to the simulation at its
+                    # points: the least memory it reaches would only be a figure, and costs a solve
+                    # as long as a whole descent on a deep model
+                    return Fit(self.plain, None)
+                break
+            statements, found = self.decided(choice)
+            if found.memory.peak_bytes <= budget:
+                return Fit(self.plain, found)
+            # the model checks memory at a few statements: add the one where the program peaks; if
+            # it was already there, the model misses what recomputing allocates there (temporaries
+            # of recomputed ops): ask for the excess less, and twice as much more each time in a
+            # row that was not enough
+            peak_at = _plain_index(statements, found.memory.during)
+            if peak_at in self.problem.at or peak_at < backward_start(self.plain_statements, self.graph.loss):
+                limit -= margin * (found.memory.peak_bytes - budget)
+                margin *= 2
+            else:
+                self.extra_points.append(peak_at)
+                self.build()
+            self.ctx.report(f"with recomputation the peak is {human_bytes(found.memory.peak_bytes)}, over the "
+                            f"budget {human_bytes(budget)}; recomputing more")
+        return self.least()  # the budget is about as low as recomputation reaches: the least memory it can
 
 
 def build_problem(statements: list[Statement], during, strategies: dict, loss: str,
@@ -198,16 +221,7 @@ def build_problem(statements: list[Statement], during, strategies: dict, loss: s
     held_until = {v: max([last.get(v, -1)] + [latest_recompute[c] for c in consumers[v]]) for v in range(len(names))}
 
     points = sorted(set(_points(boundary, sorted(set(first.values())), during)) | set(extra_points))
-    storage, storage_bytes = [], []
-    base_of: dict[str, int] = {}
-    for name in names:
-        s = defining[name][-1]
-        if s.alias_of is not None and s.alias_of in base_of:
-            base_of[name] = base_of[s.alias_of]
-        else:
-            base_of[name] = len(storage_bytes)
-            storage_bytes.append(0.0 if s.alias_of is not None else s.nbytes)  # a view of a never-freed input
-        storage.append(base_of[name])
+    storage, storage_bytes = _storages(names, defining)
     storage_last = {}
     for v, name in enumerate(names):
         if v in last:
@@ -229,6 +243,21 @@ def build_problem(statements: list[Statement], during, strategies: dict, loss: s
         hold_until=[last_point(held_until[v]) if held_until[v] >= 0 else None for v in range(len(names))],
         fixed=fixed, at=tuple(points))
     return problem, names
+
+
+def _storages(names: list[str], defining: dict) -> tuple[list[int], list[float]]:
+    """(the storage each value lives in: a view shares its base's, its bytes per storage)."""
+    storage, storage_bytes = [], []
+    base_of: dict[str, int] = {}
+    for name in names:
+        s = defining[name][-1]
+        if s.alias_of is not None and s.alias_of in base_of:
+            base_of[name] = base_of[s.alias_of]
+        else:
+            base_of[name] = len(storage_bytes)
+            storage_bytes.append(0.0 if s.alias_of is not None else s.nbytes)  # a view of a never-freed input
+        storage.append(base_of[name])
+    return storage, storage_bytes
 
 
 def _plain_index(statements: list[Statement], during) -> int:

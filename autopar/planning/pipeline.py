@@ -28,9 +28,9 @@ from autopar.planning.state import planning_state, remember
 from autopar.units import human_seconds
 
 # A 2-D mesh's full integer program (after the axis-by-axis descent) is run only on the meshes
-# whose descent plan is within this share of the best: the full program of a Llama-shaped model
-# on 64 GPUs is large enough to take minutes per mesh, and it has improved the descent's plan by
-# less than this (README, "Solving at scale").
+# whose descent plan is within this share of the best: on a large mesh the full program can take
+# minutes per mesh, and it has improved the descent's plan by less than this (README, "Solving at
+# scale").
 FINALIST_MARGIN = 0.05
 
 

@@ -27,9 +27,8 @@ from autopar.units import human_bytes
 
 Matrix = Sequence[Sequence[float]]
 # objective units per second. SCIP's in microseconds: in nanoseconds, with coefficients up to
-# 1e10, its LP met unresolved numerical troubles on a 70B layer (root bound 0; a one-axis step
-# that solves in 2 s in microseconds ran to its limit far from optimal). CP-SAT's in whole
-# nanoseconds, as it needs integers.
+# 1e10, its LP runs into numerical trouble on large layers (README, "Solving at scale").
+# CP-SAT's in whole nanoseconds, as it needs integers.
 MIP_SCALE = 1e6
 CPSAT_SCALE = 1e9
 
@@ -177,8 +176,7 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
         for i, j, m in _priced_edges(overlap.edges):
             # the hidden part of an edge the objective also prices reads that edge's y: fresh
             # marginals would let the relaxation pick another joint choice for it, and cost
-            # variables (on the 70B one-axis steps: 180 fewer, and 14 s instead of 22 s over the
-            # three slowest, though not faster on each)
+            # variables
             y = _shared_pairs(pairs, i, j)
             if y is None:
                 y = {(a, b): solver.NumVar(0.0, 1.0, "") for a, b, _ in _allowed_pairs(m)}
@@ -206,10 +204,9 @@ def run_scip(solver, time_limit_s: float, relative_gap: float = 1e-4):
     "infeasible" | None when nothing was found in time, each variable's value by its index, the
     best bound). ``solver.Solve()`` hands SCIP each row's terms in the order of a hash table keyed
     by variable address, which changes from run to run, and so did the tied optimum SCIP
-    returns: one 70B descent step gave two layouts in alternate runs, and the plans ended 1363
-    and 1469 ms. The proto lists the terms in index order: the same model, the same plan.
-    ``relative_gap``: stop at a solution proven within it (the default is ``solver.Solve()``'s; the
-    proto's own is 0, which made a 70B descent step slower: 2.1-2.7 s against 1.5-2.3 s)."""
+    returns (one problem, two layouts in alternate runs). The proto lists the terms in index
+    order: the same model, the same plan. ``relative_gap``: stop at a solution proven within it
+    (the default is ``solver.Solve()``'s; the proto's own, 0, solves large problems slower)."""
     from ortools.linear_solver import linear_solver_pb2, pywraplp
 
     request = linear_solver_pb2.MPModelRequest()
