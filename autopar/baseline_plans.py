@@ -37,6 +37,7 @@ from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Shard
 from autopar.ir.program import descendants
+from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.planning.pipeline import plan_captured
 
 # module names of the projections Megatron splits by output (column) and by input (row)
@@ -54,7 +55,7 @@ class Baselines(dict):
         self.skipped: dict[str, str] = {}
 
 
-def baselines(model: nn.Module, example_inputs, *, devices: int, hardware="h100-sxm", heads: Optional[int] = None,
+def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAULT_HARDWARE, heads: Optional[int] = None,
               tp_degrees: Optional[list[int]] = None, progress: Optional[Callable[[str], None]] = None,
               program=None, **plan_options) -> Baselines:
     """The baselines for ``devices`` devices as Plans; ``plan_options`` go to autopar.plan

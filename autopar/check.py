@@ -11,6 +11,7 @@ from torch import nn
 from autopar.errors import MeshError
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
+from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.parallelize import check_plan_is_for
 from autopar.runtime.local_cluster import get_cluster
 from autopar.runtime.rank_mesh import assemble
@@ -90,7 +91,7 @@ def train(model: nn.Module, step, steps: int, lr: float):
     return losses, grads
 
 
-def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = "h100-sxm", plan: Plan | None = None,
+def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = DEFAULT_HARDWARE, plan: Plan | None = None,
           steps: int = 1, lr: float = 0.1, measure_memory: bool = False, backend: str = "torch") -> CheckReport:
     """Run the plan on a local gloo group of the mesh's size; compare loss and every gradient with eager.
 
@@ -176,7 +177,7 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
     rt = rank_mesh_for(plan.mesh)
     rt.bytes_moved.clear()
     parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
-    peak = _measure_peak_memory(model, lambda: parallel(*inputs)) if measure_memory else None
+    peak = _measure_peak_memory(model, lambda: parallel(*inputs).backward()) if measure_memory else None
     rt.bytes_moved.clear()
     losses, grads = train(model, lambda: parallel(*inputs), steps, lr)
     return {"losses": losses, "grads": grads, "bytes_moved": dict(rt.bytes_moved), "peak_memory": peak}

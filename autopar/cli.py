@@ -16,6 +16,7 @@ import os
 import sys
 
 from autopar.errors import AutoparError
+from autopar.ir.request import DEFAULT_HARDWARE, DEFAULT_SOLVER, DEFAULT_TIME_LIMIT_S, SOLVERS
 
 
 def load_factory(spec: str):
@@ -138,13 +139,15 @@ def main(argv=None) -> int:
     common.add_argument("factory", help="MODULE:FACTORY; FACTORY() returns (model, example_inputs)")
     common.add_argument("--mesh", required=True, help="named mesh axes, e.g. dp=2,tp=2; for plan also a device "
                                                          "count (8) or auto: the fastest mesh of that many")
-    common.add_argument("--hardware", default="h100-sxm", help="hardware preset (default h100-sxm) or a spec file")
+    common.add_argument("--hardware", default=DEFAULT_HARDWARE,
+                        help=f"hardware preset (default {DEFAULT_HARDWARE}) or a spec file")
     p = sub.add_parser("plan", parents=[common], help="plan a model and print the summary")
     p.add_argument("--out", help="write the plan as JSON here")
     p.add_argument("--emit", action="append", metavar="BACKEND:PATH", help="write the program: torch:gen.py "
                                                                           "(per rank, torchrun) or jax:gen.py")
-    p.add_argument("--solver", default="mip", choices=["mip", "cp-sat"])
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds")
+    p.add_argument("--solver", default=DEFAULT_SOLVER, choices=SOLVERS)
+    p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
+                   help="solver time limit per integer program in seconds")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--no-cache", action="store_true", help="solve again even if the plan cache holds this plan")
     p.add_argument("--cache-dir", help="plan cache directory (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans)")

@@ -25,6 +25,7 @@ from autopar.errors import AutoparError, MeshError, PlanMismatchError
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
+from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.passes.registry import pipeline
 
 
@@ -104,7 +105,7 @@ class AutoParallel(nn.Module):
         return self._runner.plan
 
 
-def autoparallelize(model=None, *, mesh, hardware: str = "h100-sxm", plan: Optional[Plan] = None,
+def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
                     device: Optional[str] = None, passes: Sequence = ()):
     """Use on an instance (returns a wrapper module) or as a class decorator. ``passes``: extra
     passes for the plan (autopar.plan's ``passes``)."""

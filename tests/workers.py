@@ -57,3 +57,47 @@ def die(rank, world_size):
     import os
 
     os._exit(3)
+
+
+def forward_then_backward(rank, world_size, plan_json, inputs):
+    """The split programs on one rank: what calling the module and ``loss.backward()`` each run."""
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.module import ParallelModule
+    from examples import mlp
+
+    model, _ = mlp.make(batch=8, width=64, hidden=128)
+    plan = autopar.Plan.from_json(plan_json)
+    rt = rank_mesh_for(plan.mesh)
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
+    rt.bytes_moved.clear()
+    loss = parallel(*inputs)
+    forward_bytes, grads_after_forward = sum(rt.bytes_moved.values()), [p.grad for p in model.parameters()]
+    loss.backward()
+    step_bytes = sum(rt.bytes_moved.values())
+    try:
+        loss.backward()
+        second = None
+    except RuntimeError as exc:
+        second = str(exc)
+    rt.bytes_moved.clear()
+    with torch.no_grad():
+        no_grad_loss = parallel(*inputs)
+    return {"loss": loss.item(), "forward_bytes": forward_bytes, "step_bytes": step_bytes,
+            "grads_after_forward": grads_after_forward, "second_backward": second,
+            "no_grad_loss": no_grad_loss.item(), "no_grad_requires_grad": no_grad_loss.requires_grad,
+            "no_grad_bytes": sum(rt.bytes_moved.values())}
+
+
+def call_with_other_batch(rank, world_size, plan_json, inputs):
+    """A plan of batch 8 called with batch 4: refused, naming both shapes."""
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.module import ParallelModule
+    from examples import mlp
+
+    model, _ = mlp.make(batch=8, width=64, hidden=128)
+    plan = autopar.Plan.from_json(plan_json)
+    parallel = ParallelModule(model, plan, rank_mesh_for(plan.mesh), plan.emit("torch"))
+    try:
+        return {"loss": parallel(*inputs).item(), "error": None}
+    except autopar.PlanMismatchError as exc:
+        return {"error": str(exc)}

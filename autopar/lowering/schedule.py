@@ -53,6 +53,31 @@ def schedule(graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, reco
     return _Scheduler(graph, strategies, redistributions, mesh, recompute, _SCRATCH[library]).run()
 
 
+def backward_start(statements: list[Statement], loss: str) -> int:
+    """The index of the first statement after the loss: where the schedule starts backward."""
+    return next(i for i, s in enumerate(statements) if s.defines == loss and s.kind == "call") + 1
+
+
+@dataclass(frozen=True)
+class Split:
+    """A training step's statements as two programs: ``forward`` (the placeholders, then every
+    statement through the loss) and ``backward`` (the rest, ending with the output); ``saved``
+    are the forward variables backward reads (the values recomputation keeps, and those the
+    graph computes in forward for backward), in the order forward defines them."""
+
+    forward: list[Statement]
+    backward: list[Statement]
+    saved: tuple[str, ...]
+
+
+def split(statements: list[Statement], loss: str) -> Split:
+    boundary = backward_start(statements, loss)
+    forward, backward = statements[:boundary], statements[boundary:]
+    read = {u for s in backward for u in s.uses}
+    defined = dict.fromkeys(s.defines for s in forward if s.kind != "placeholder" and s.defines is not None)
+    return Split(forward, backward, tuple(v for v in defined if v in read))
+
+
 def recomputed_name(var: str) -> str:
     return f"{var}__rc"
 

@@ -27,7 +27,7 @@ from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
 from autopar.ir.program import Program
 from autopar.lowering.memory import MemoryEstimate, simulate
-from autopar.lowering.schedule import Statement, recomputed_name, schedule
+from autopar.lowering.schedule import Statement, backward_start, recomputed_name, schedule
 from autopar.passes.base import Pass, PassContext
 from autopar.solvers.recompute import RecomputeProblem, least_memory, limit_at, solve
 from autopar.units import human_bytes, human_seconds
@@ -266,11 +266,6 @@ def _plain_index(statements: list[Statement], during) -> int:
     peak = max(range(len(during)), key=lambda i: during[i])
     plain_before = sum(1 for s in statements[:peak] if not s.recomputed)
     return plain_before
-
-
-def backward_start(statements: list[Statement], loss: str) -> int:
-    """The index of the first statement after the loss: where autopar.lowering.schedule starts backward."""
-    return next(i for i, s in enumerate(statements) if s.defines == loss and s.kind == "call") + 1
 
 
 def _points(boundary: int, recompute_sites: list[int], during) -> list[int]:

@@ -2,13 +2,11 @@
 
 ``ParallelModule(model, plan, rank_mesh, source)`` shards the model's parameters in
 place (the same ``nn.Parameter`` objects now hold local blocks, so optimizers
-made earlier still work) and runs the plan's step (``source``: the plan emitted for torch) on each call.
-
-The emitted program is the joint forward+backward graph, so the call computes
-the loss and the local gradients together; ``loss.backward()`` then hands those
-gradients to autograd, scaled by the incoming gradient. (Splitting the joint
-graph into a forward and a backward half, with saved activations, belongs to the
-recomputation work.)
+made earlier still work) and runs the plan's programs (``source``: the plan emitted
+for torch) as autograd does: calling the module runs the forward program and keeps
+what it saved for backward; ``loss.backward()`` runs the backward program, its
+gradient collectives included, and hands each parameter its gradient scaled by the
+incoming one. Under ``torch.no_grad()`` nothing is kept.
 """
 from __future__ import annotations
 
@@ -22,21 +20,33 @@ from autopar.ir.plan import Plan
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
 
-def load_step(source: str, name: str = "autopar_generated"):
+def load_program(source: str, name: str = "autopar_generated") -> types.ModuleType:
+    """The emitted torch program as a module with ``forward`` and ``backward``."""
     module = types.ModuleType(name)
     exec(compile(source, f"<{name}>", "exec"), module.__dict__)
-    return module.step
+    return module
 
 
-class _LossWithGradients(torch.autograd.Function):
+class _Step(torch.autograd.Function):
+    """The plan's forward program now, its backward program when autograd reaches the loss."""
+
     @staticmethod
-    def forward(ctx, loss, grads, *params):
-        ctx.grads = grads
-        return loss.detach().clone()
+    def forward(ctx, parallel: "ParallelModule", args: list, *params):
+        loss, saved = parallel.program.forward(parallel.rt, *args)
+        ctx.parallel, ctx.args, ctx.saved = parallel, args, saved
+        return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        return (None, None) + tuple(None if g is None else g * grad_loss for g in ctx.grads)
+        if ctx.saved is None:
+            raise RuntimeError("autopar's backward program ran for this loss already, and it keeps nothing for a "
+                               "second run (retain_graph is not supported): compute the loss again")
+        saved, ctx.saved = ctx.saved, None  # the program frees each saved value after its last use
+        with torch.no_grad():
+            grads = ctx.parallel.program.backward(ctx.parallel.rt, *ctx.args, saved)
+        ctx.args = None
+        return (None, None) + tuple(None if fqn not in grads else grads[fqn] * grad_loss
+                                    for fqn in ctx.parallel.grad_fqns)
 
 
 class ParallelModule(nn.Module):
@@ -47,8 +57,9 @@ class ParallelModule(nn.Module):
         self.plan = plan
         self.rt = rank_mesh
         self.source = source
-        self._step = load_step(self.source, f"autopar_plan_{plan.hash}")
+        self.program = load_program(self.source, f"autopar_plan_{plan.hash}")
         graph = plan.graph
+        self.grad_fqns = tuple(dict.fromkeys(graph.grads.values()))  # the parameters backward gives gradients
         self._placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         with torch.no_grad():
             for ph, fqn in list(graph.params.items()) + list(graph.buffers.items()):
@@ -60,6 +71,7 @@ class ParallelModule(nn.Module):
         graph, plan = self.plan.graph, self.plan
         if len(inputs) != len(graph.inputs):
             raise TypeError(f"the plan was made for {len(graph.inputs)} inputs, got {len(inputs)}")
+        _check_inputs_fit(plan, inputs)
         user = dict(zip(graph.inputs, inputs))
         args = []
         for node in self._placeholders:
@@ -73,10 +85,28 @@ class ParallelModule(nn.Module):
                     value = local_shard(value.to(self.rt.device), plan.out_spec(node.name), plan.mesh,
                                         self.rt.coords)
                 args.append(value)
-        with torch.no_grad():
-            loss, grads = self._step(self.rt, *args)
-        params = [self.model.get_parameter(fqn) for fqn in grads]
-        return _LossWithGradients.apply(loss, tuple(grads.values()), *params)
+        # autograd sees _Step alone (it runs the programs with grad mode off), whose inputs are the
+        # parameters that get gradients
+        params = [self.model.get_parameter(fqn) for fqn in self.grad_fqns]
+        return _Step.apply(self, args, *params)
+
+
+def _check_inputs_fit(plan: Plan, inputs) -> None:
+    """Refuse inputs of other shapes or dtypes than the plan's: a plan fixes them (a loss's mean
+    divides by the planned count, views reshape to the planned sizes), so running it on others
+    would compute something else."""
+    graph = plan.graph
+    names = graph.input_names or tuple(f"input {i}" for i in range(len(graph.inputs)))
+    for name, ph, value in zip(names, graph.inputs, inputs):
+        planned = graph.node(ph).outputs[0]
+        if not isinstance(value, torch.Tensor) or planned is None:
+            continue
+        given = (list(value.shape), str(value.dtype).removeprefix("torch."))
+        if given != (list(planned.shape), planned.dtype):
+            raise PlanMismatchError(
+                f"input {name!r} has shape {given[0]} and dtype {given[1]}, but plan {plan.hash} was made for shape "
+                f"{list(planned.shape)} and dtype {planned.dtype}: a plan fixes its inputs' shapes; plan again with "
+                f"inputs of this shape (autopar.plan, or a new autoparallelize wrapper)")
 
 
 def check_plan_matches(plan: Plan, model: nn.Module) -> None:

@@ -9,8 +9,9 @@
 #   collectives: 0 redistributions, 0 collectives
 #   recompute: peak 10.9 MB per device at _log_softmax_backward_data
 #   predict: step 0.1920 ms (compute 0.1920, communication 0.0000 + 0.0000 hidden), 0% of FLOPs sharded
-# step(rt, parameters..., buffers..., inputs...) -> (loss, {parameter name: gradient}),
-# all on this rank's local shards.
+# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved)
+# backward(rt, parameters..., buffers..., inputs..., saved) -> {parameter name: gradient}
+# all on this rank's local shards; saved: the values forward keeps for backward.
 import torch
 
 aten = torch.ops.aten
@@ -30,7 +31,7 @@ PLACEHOLDERS = [
 ]
 
 
-def step(
+def forward(
     rt, wte_weight, wpe_weight, blocks_0_ln1_weight, blocks_0_ln1_bias, blocks_0_attn_q_weight, blocks_0_attn_q_bias,
     blocks_0_attn_k_weight, blocks_0_attn_k_bias, blocks_0_attn_v_weight, blocks_0_attn_v_bias,
     blocks_0_attn_proj_weight, blocks_0_attn_proj_bias, blocks_0_ln2_weight, blocks_0_ln2_bias, blocks_0_fc_weight,
@@ -301,6 +302,31 @@ def step(
     del nll_loss_forward_default
     div_tensor = aten.div.Tensor(getitem_42, getitem_43)  # [] -> local [] (R, R)
     del getitem_42
+    return div_tensor, [
+        arange, add, getitem_1, getitem_2, view, transpose, view_3, transpose_1, view_6, transpose_2, getitem_4, detach,
+        view_10, add_1, getitem_6, getitem_7, view_12, view_13, view_14, add_2, getitem_9, getitem_10, view_16, transpose_4,
+        view_19, transpose_5, view_22, transpose_6, getitem_12, detach_1, view_26, add_3, getitem_14, getitem_15, view_28,
+        view_29, view_30, add_4, getitem_17, getitem_18, view_32, view_34, _log_softmax, detach_2, getitem_43, div_tensor,
+    ]
+
+
+def backward(
+    rt, wte_weight, wpe_weight, blocks_0_ln1_weight, blocks_0_ln1_bias, blocks_0_attn_q_weight, blocks_0_attn_q_bias,
+    blocks_0_attn_k_weight, blocks_0_attn_k_bias, blocks_0_attn_v_weight, blocks_0_attn_v_bias,
+    blocks_0_attn_proj_weight, blocks_0_attn_proj_bias, blocks_0_ln2_weight, blocks_0_ln2_bias, blocks_0_fc_weight,
+    blocks_0_fc_bias, blocks_0_out_weight, blocks_0_out_bias, blocks_1_ln1_weight, blocks_1_ln1_bias,
+    blocks_1_attn_q_weight, blocks_1_attn_q_bias, blocks_1_attn_k_weight, blocks_1_attn_k_bias, blocks_1_attn_v_weight,
+    blocks_1_attn_v_bias, blocks_1_attn_proj_weight, blocks_1_attn_proj_bias, blocks_1_ln2_weight, blocks_1_ln2_bias,
+    blocks_1_fc_weight, blocks_1_fc_bias, blocks_1_out_weight, blocks_1_out_bias, ln_f_weight, ln_f_bias, head_weight,
+    idx, targets, saved,
+):
+    [
+        arange, add, getitem_1, getitem_2, view, transpose, view_3, transpose_1, view_6, transpose_2, getitem_4, detach,
+        view_10, add_1, getitem_6, getitem_7, view_12, view_13, view_14, add_2, getitem_9, getitem_10, view_16, transpose_4,
+        view_19, transpose_5, view_22, transpose_6, getitem_12, detach_1, view_26, add_3, getitem_14, getitem_15, view_28,
+        view_29, view_30, add_4, getitem_17, getitem_18, view_32, view_34, _log_softmax, detach_2, getitem_43, div_tensor,
+    ] = saved  # the values forward kept for backward
+    saved.clear()  # held here alone now: each is freed after its last use
 
     # ---- backward ----
     # <model>
@@ -640,7 +666,7 @@ def step(
     # blocks.1.ln2
     grad_wte_weight = aten.embedding_dense_backward.default(add_12, idx, 256, -1, False)  # [256, 128] -> local [256, 128] (R, R)
     del add_12
-    return div_tensor, {
+    return {
         'wte.weight': grad_wte_weight,
         'wpe.weight': grad_wpe_weight,
         'blocks.0.ln1.weight': grad_blocks_0_ln1_weight,

@@ -218,7 +218,7 @@ def aten_embedding_dense_backward(grad, indices, num_weights, padding_idx, scale
     return out.at[padding_idx].set(0) if padding_idx >= 0 else out
 
 
-def local_step(
+def forward_local(
     wte_weight, wpe_weight, blocks_0_ln1_weight, blocks_0_ln1_bias, blocks_0_attn_q_weight, blocks_0_attn_q_bias,
     blocks_0_attn_k_weight, blocks_0_attn_k_bias, blocks_0_attn_v_weight, blocks_0_attn_v_bias,
     blocks_0_attn_proj_weight, blocks_0_attn_proj_bias, blocks_0_ln2_weight, blocks_0_ln2_bias, blocks_0_fc_weight,
@@ -228,7 +228,7 @@ def local_step(
     blocks_1_fc_weight, blocks_1_fc_bias, blocks_1_out_weight, blocks_1_out_bias, ln_f_weight, ln_f_bias, head_weight,
     idx, targets,
 ):
-    """One rank's program on its local blocks (run under shard_map)."""
+    """One rank's forward program on its local blocks: (loss, the values backward reads)."""
 
     # ---- forward ----
     # <model>
@@ -382,6 +382,31 @@ def local_step(
     getitem_42 = nll_loss_forward_default[0]
     getitem_43 = nll_loss_forward_default[1]
     div_tensor = aten_div(getitem_42, getitem_43)
+    return div_tensor, [
+        arange, add, getitem_1, getitem_2, view, transpose, view_3, transpose_1, view_6, transpose_2, getitem_4, detach,
+        view_10, add_1, getitem_6, getitem_7, view_12, view_13, view_14, add_2, getitem_9, getitem_10, view_16, transpose_4,
+        view_19, transpose_5, view_22, transpose_6, getitem_12, detach_1, view_26, add_3, getitem_14, getitem_15, view_28,
+        view_29, view_30, add_4, getitem_17, getitem_18, view_32, view_34, _log_softmax, detach_2, getitem_43, div_tensor,
+    ]
+
+
+def backward_local(
+    wte_weight, wpe_weight, blocks_0_ln1_weight, blocks_0_ln1_bias, blocks_0_attn_q_weight, blocks_0_attn_q_bias,
+    blocks_0_attn_k_weight, blocks_0_attn_k_bias, blocks_0_attn_v_weight, blocks_0_attn_v_bias,
+    blocks_0_attn_proj_weight, blocks_0_attn_proj_bias, blocks_0_ln2_weight, blocks_0_ln2_bias, blocks_0_fc_weight,
+    blocks_0_fc_bias, blocks_0_out_weight, blocks_0_out_bias, blocks_1_ln1_weight, blocks_1_ln1_bias,
+    blocks_1_attn_q_weight, blocks_1_attn_q_bias, blocks_1_attn_k_weight, blocks_1_attn_k_bias, blocks_1_attn_v_weight,
+    blocks_1_attn_v_bias, blocks_1_attn_proj_weight, blocks_1_attn_proj_bias, blocks_1_ln2_weight, blocks_1_ln2_bias,
+    blocks_1_fc_weight, blocks_1_fc_bias, blocks_1_out_weight, blocks_1_out_bias, ln_f_weight, ln_f_bias, head_weight,
+    idx, targets, saved,
+):
+    """One rank's backward program: the gradients, in OUTPUTS' order after the loss."""
+    [
+        arange, add, getitem_1, getitem_2, view, transpose, view_3, transpose_1, view_6, transpose_2, getitem_4, detach,
+        view_10, add_1, getitem_6, getitem_7, view_12, view_13, view_14, add_2, getitem_9, getitem_10, view_16, transpose_4,
+        view_19, transpose_5, view_22, transpose_6, getitem_12, detach_1, view_26, add_3, getitem_14, getitem_15, view_28,
+        view_29, view_30, add_4, getitem_17, getitem_18, view_32, view_34, _log_softmax, detach_2, getitem_43, div_tensor,
+    ] = saved
 
     # ---- backward ----
     # <model>
@@ -612,7 +637,22 @@ def local_step(
     grad_wpe_weight = aten_embedding_dense_backward(view_82, arange, 32, -1, False)
     # blocks.1.ln2
     grad_wte_weight = aten_embedding_dense_backward(add_12, idx, 256, -1, False)
-    return (div_tensor, grad_wte_weight, grad_wpe_weight, grad_blocks_0_ln1_weight, grad_blocks_0_ln1_bias, grad_blocks_0_attn_q_weight, grad_blocks_0_attn_q_bias, grad_blocks_0_attn_k_weight, grad_blocks_0_attn_k_bias, grad_blocks_0_attn_v_weight, grad_blocks_0_attn_v_bias, grad_blocks_0_attn_proj_weight, grad_blocks_0_attn_proj_bias, grad_blocks_0_ln2_weight, grad_blocks_0_ln2_bias, grad_blocks_0_fc_weight, grad_blocks_0_fc_bias, grad_blocks_0_out_weight, grad_blocks_0_out_bias, grad_blocks_1_ln1_weight, grad_blocks_1_ln1_bias, grad_blocks_1_attn_q_weight, grad_blocks_1_attn_q_bias, grad_blocks_1_attn_k_weight, grad_blocks_1_attn_k_bias, grad_blocks_1_attn_v_weight, grad_blocks_1_attn_v_bias, grad_blocks_1_attn_proj_weight, grad_blocks_1_attn_proj_bias, grad_blocks_1_ln2_weight, grad_blocks_1_ln2_bias, grad_blocks_1_fc_weight, grad_blocks_1_fc_bias, grad_blocks_1_out_weight, grad_blocks_1_out_bias, grad_ln_f_weight, grad_ln_f_bias, grad_head_weight,)
+    return (grad_wte_weight, grad_wpe_weight, grad_blocks_0_ln1_weight, grad_blocks_0_ln1_bias, grad_blocks_0_attn_q_weight, grad_blocks_0_attn_q_bias, grad_blocks_0_attn_k_weight, grad_blocks_0_attn_k_bias, grad_blocks_0_attn_v_weight, grad_blocks_0_attn_v_bias, grad_blocks_0_attn_proj_weight, grad_blocks_0_attn_proj_bias, grad_blocks_0_ln2_weight, grad_blocks_0_ln2_bias, grad_blocks_0_fc_weight, grad_blocks_0_fc_bias, grad_blocks_0_out_weight, grad_blocks_0_out_bias, grad_blocks_1_ln1_weight, grad_blocks_1_ln1_bias, grad_blocks_1_attn_q_weight, grad_blocks_1_attn_q_bias, grad_blocks_1_attn_k_weight, grad_blocks_1_attn_k_bias, grad_blocks_1_attn_v_weight, grad_blocks_1_attn_v_bias, grad_blocks_1_attn_proj_weight, grad_blocks_1_attn_proj_bias, grad_blocks_1_ln2_weight, grad_blocks_1_ln2_bias, grad_blocks_1_fc_weight, grad_blocks_1_fc_bias, grad_blocks_1_out_weight, grad_blocks_1_out_bias, grad_ln_f_weight, grad_ln_f_bias, grad_head_weight,)
+
+
+def local_step(
+    wte_weight, wpe_weight, blocks_0_ln1_weight, blocks_0_ln1_bias, blocks_0_attn_q_weight, blocks_0_attn_q_bias,
+    blocks_0_attn_k_weight, blocks_0_attn_k_bias, blocks_0_attn_v_weight, blocks_0_attn_v_bias,
+    blocks_0_attn_proj_weight, blocks_0_attn_proj_bias, blocks_0_ln2_weight, blocks_0_ln2_bias, blocks_0_fc_weight,
+    blocks_0_fc_bias, blocks_0_out_weight, blocks_0_out_bias, blocks_1_ln1_weight, blocks_1_ln1_bias,
+    blocks_1_attn_q_weight, blocks_1_attn_q_bias, blocks_1_attn_k_weight, blocks_1_attn_k_bias, blocks_1_attn_v_weight,
+    blocks_1_attn_v_bias, blocks_1_attn_proj_weight, blocks_1_attn_proj_bias, blocks_1_ln2_weight, blocks_1_ln2_bias,
+    blocks_1_fc_weight, blocks_1_fc_bias, blocks_1_out_weight, blocks_1_out_bias, ln_f_weight, ln_f_bias, head_weight,
+    idx, targets,
+):
+    """One rank's training step (run under shard_map): (loss, *gradients)."""
+    loss, saved = forward_local(wte_weight, wpe_weight, blocks_0_ln1_weight, blocks_0_ln1_bias, blocks_0_attn_q_weight, blocks_0_attn_q_bias, blocks_0_attn_k_weight, blocks_0_attn_k_bias, blocks_0_attn_v_weight, blocks_0_attn_v_bias, blocks_0_attn_proj_weight, blocks_0_attn_proj_bias, blocks_0_ln2_weight, blocks_0_ln2_bias, blocks_0_fc_weight, blocks_0_fc_bias, blocks_0_out_weight, blocks_0_out_bias, blocks_1_ln1_weight, blocks_1_ln1_bias, blocks_1_attn_q_weight, blocks_1_attn_q_bias, blocks_1_attn_k_weight, blocks_1_attn_k_bias, blocks_1_attn_v_weight, blocks_1_attn_v_bias, blocks_1_attn_proj_weight, blocks_1_attn_proj_bias, blocks_1_ln2_weight, blocks_1_ln2_bias, blocks_1_fc_weight, blocks_1_fc_bias, blocks_1_out_weight, blocks_1_out_bias, ln_f_weight, ln_f_bias, head_weight, idx, targets)
+    return (loss,) + backward_local(wte_weight, wpe_weight, blocks_0_ln1_weight, blocks_0_ln1_bias, blocks_0_attn_q_weight, blocks_0_attn_q_bias, blocks_0_attn_k_weight, blocks_0_attn_k_bias, blocks_0_attn_v_weight, blocks_0_attn_v_bias, blocks_0_attn_proj_weight, blocks_0_attn_proj_bias, blocks_0_ln2_weight, blocks_0_ln2_bias, blocks_0_fc_weight, blocks_0_fc_bias, blocks_0_out_weight, blocks_0_out_bias, blocks_1_ln1_weight, blocks_1_ln1_bias, blocks_1_attn_q_weight, blocks_1_attn_q_bias, blocks_1_attn_k_weight, blocks_1_attn_k_bias, blocks_1_attn_v_weight, blocks_1_attn_v_bias, blocks_1_attn_proj_weight, blocks_1_attn_proj_bias, blocks_1_ln2_weight, blocks_1_ln2_bias, blocks_1_fc_weight, blocks_1_fc_bias, blocks_1_out_weight, blocks_1_out_bias, ln_f_weight, ln_f_bias, head_weight, idx, targets, saved)
 
 
 def block(x, axis, size, dim):

@@ -9,8 +9,9 @@
 #   collectives: 2 redistributions, 1 collectives
 #   recompute: peak 67.3 MB per device at sum_2
 #   predict: step 0.0439 ms (compute 0.0398, communication 0.0041 + 0.0000 hidden), 100% of FLOPs sharded
-# step(rt, parameters..., buffers..., inputs...) -> (loss, {parameter name: gradient}),
-# all on this rank's local shards.
+# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved)
+# backward(rt, parameters..., buffers..., inputs..., saved) -> {parameter name: gradient}
+# all on this rank's local shards; saved: the values forward keeps for backward.
 import torch
 
 aten = torch.ops.aten
@@ -20,7 +21,7 @@ GRAPH_FINGERPRINT = 'c6193de1faeb6495'
 PLACEHOLDERS = ['fc1_weight', 'fc1_bias', 'fc2_weight', 'fc2_bias', 'x', 'y']
 
 
-def step(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
+def forward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     # fc1_weight (parameter fc1.weight): [4096, 1024] -> local [2048, 1024] (S(0), R)
     # fc1_bias (parameter fc1.bias): [4096] -> local [2048] (S(0), R)
     # fc2_weight (parameter fc2.weight): [1024, 4096] -> local [1024, 2048] (S(1), R)
@@ -50,6 +51,12 @@ def step(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     del pow_1
     div_scalar = aten.div.Scalar(sum_dim_int_list, 8192)  # [] -> local [] (R, R)
     del sum_dim_int_list
+    return div_scalar, [addmm, gelu, addmm_1__r1, div_scalar]
+
+
+def backward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved):
+    [addmm, gelu, addmm_1__r1, div_scalar] = saved  # the values forward kept for backward
+    saved.clear()  # held here alone now: each is freed after its last use
 
     # ---- backward ----
     # <model>
@@ -81,7 +88,7 @@ def step(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     del gelu_backward
     grad_fc1_bias = aten.reshape.default(sum_2, [2048])  # [4096] -> local [2048] (S(0), R)
     del sum_2
-    return div_scalar, {
+    return {
         'fc1.weight': grad_fc1_weight,
         'fc1.bias': grad_fc1_bias,
         'fc2.weight': grad_fc2_weight,

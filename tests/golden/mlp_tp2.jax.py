@@ -79,8 +79,8 @@ def aten_gelu_backward(grad, x, approximate="none"):
     return jax.vjp(lambda v: aten_gelu(v, approximate), x)[1](grad)[0]
 
 
-def local_step(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
-    """One rank's program on its local blocks (run under shard_map)."""
+def forward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
+    """One rank's forward program on its local blocks: (loss, the values backward reads)."""
 
     # ---- forward ----
     # fc1
@@ -98,6 +98,12 @@ def local_step(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     pow_1 = aten_pow_(sub, 2)
     sum_dim_int_list = aten_sum_dims(pow_1, [0, 1], False)
     div_scalar = aten_div(sum_dim_int_list, 8192)
+    return div_scalar, [addmm, gelu, addmm_1__r1, div_scalar]
+
+
+def backward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved):
+    """One rank's backward program: the gradients, in OUTPUTS' order after the loss."""
+    [addmm, gelu, addmm_1__r1, div_scalar] = saved
 
     # ---- backward ----
     # <model>
@@ -119,7 +125,13 @@ def local_step(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     grad_fc1_weight = aten_mm(t_6, x)
     sum_2 = aten_sum_dims(gelu_backward, [0], True)
     grad_fc1_bias = aten_view(sum_2, [2048])
-    return (div_scalar, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias,)
+    return (grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias,)
+
+
+def local_step(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
+    """One rank's training step (run under shard_map): (loss, *gradients)."""
+    loss, saved = forward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y)
+    return (loss,) + backward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved)
 
 
 def block(x, axis, size, dim):

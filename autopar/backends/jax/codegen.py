@@ -1,7 +1,8 @@
 """JAX backend: the plan as a standalone JAX module.
 
-The per-rank program is the torch backend's (the same statements from
-autopar.lowering.schedule, one op per line) run inside ``jax.shard_map``: each
+The per-rank programs are the torch backend's (the same statements from
+autopar.lowering.schedule, one op per line: ``forward_local`` and ``backward_local``,
+composed by ``local_step``) run inside ``jax.shard_map``: each
 ATen op becomes a call of its JAX translation (autopar.backends.jax.aten, whose
 source the module carries), each collective an explicit ``lax`` collective on
 the named mesh axis. Parameters and inputs are placed with ``NamedSharding``
@@ -18,15 +19,17 @@ from autopar.backends.printer import Sections, call_arguments, header, indented,
 from autopar.errors import AutoparError
 from autopar.ir.placement import Shard
 from autopar.lowering.naming import readable
-from autopar.lowering.schedule import Statement, schedule
+from autopar.lowering.schedule import Statement, schedule, split
 
 
 def emit_jax(plan) -> str:
     """The module's source; an op without a translation is an AutoparError naming it and its node."""
     named = readable(plan)  # printed with readable names; the hash is the plan's
-    statements = schedule(named.graph, named.strategies, named.redistributions, named.mesh, named.recompute)
+    program = split(schedule(named.graph, named.strategies, named.redistributions, named.mesh, named.recompute),
+                    named.graph.loss)
     printer, sections = _Printer(named), Sections(named)
-    body = [line for s in statements for line in sections.before(s) + printer.lines(s)]
+    forward = [line for s in program.forward for line in sections.before(s) + printer.lines(s)]
+    backward = [line for s in program.backward for line in sections.before(s) + printer.lines(s)]
     g = named.graph
     placeholders = [n.name for n in g.nodes if n.op == "placeholder"]
     outputs = [("loss", None)] + [("grad", g.grads[name]) for name in g.outputs[1:] if name is not None]
@@ -50,9 +53,17 @@ def emit_jax(plan) -> str:
     lines += ["", "", "# ---- ATen ops in JAX (autopar.backends.jax.aten) ----"]
     for function in printer.helpers():
         lines += inspect.getsource(function).splitlines() + [""]
-    lines += [""] + wrapped("def local_step(", placeholders, "):")
-    lines += ["    \"\"\"One rank's program on its local blocks (run under shard_map).\"\"\""]
-    lines += indented(body)
+    lines += [""] + wrapped("def forward_local(", placeholders, "):")
+    lines += indented(['"""One rank\'s forward program on its local blocks: (loss, the values backward reads)."""']
+                      + forward + wrapped(f"return {g.loss}, [", list(program.saved), "]"))
+    lines += ["", ""] + wrapped("def backward_local(", placeholders + ["saved"], "):")
+    lines += indented(['"""One rank\'s backward program: the gradients, in OUTPUTS\' order after the loss."""']
+                      + (wrapped("[", list(program.saved), "] = saved") if program.saved else []))
+    lines += indented(backward)
+    lines += ["", ""] + wrapped("def local_step(", placeholders, "):")
+    lines += indented(['"""One rank\'s training step (run under shard_map): (loss, *gradients)."""',
+                       f"loss, saved = forward_local({', '.join(placeholders)})",
+                       f"return (loss,) + backward_local({', '.join(placeholders + ['saved'])})"])
     lines += _EPILOGUE.splitlines()
     return "\n".join(lines) + "\n"
 
@@ -109,8 +120,8 @@ class _Printer:
     def wait(self, s: Statement) -> str:
         return f"{s.defines} = {s.uses[0]}"
 
-    def output(self, s: Statement) -> str:
-        return f"return ({', '.join(s.uses)},)"
+    def output(self, s: Statement) -> str:  # the loss comes first in the uses: forward returns it
+        return f"return ({', '.join(s.uses[1:])},)"
 
 
 # one collective step in JAX, on the named axis (x: the variable, p: the axis size)

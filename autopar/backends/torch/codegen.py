@@ -1,19 +1,19 @@
-"""Torch backend: the plan as per-rank Python source.
+"""Torch backend: the plan as per-rank Python source, a forward and a backward program.
 
-Every rank runs the same ``step`` on its local shards: one ATen call per line,
-a trailing comment with global shape, local shape and placement, and each
-collective on its own line through the runtime object ``rt``. A gradient's
-first all-reduce / reduce-scatter starts asynchronously right after the
-gradient is computed and is waited for at the return, so it overlaps the rest
-of backward. Each variable is deleted after its last use, so memory is freed as
-the memory model (autopar.lowering.memory) assumes. The order comes from
-autopar.lowering.schedule.
+Every rank runs the same ``forward`` and ``backward`` on its local shards: one ATen call per
+line, a trailing comment with global shape, local shape and placement, and each collective on
+its own line through the runtime object ``rt``. ``forward`` returns the loss and the values
+backward reads (``saved``); ``backward`` takes them back and returns each parameter's gradient
+by name. A gradient's first all-reduce / reduce-scatter starts asynchronously right after the
+gradient is computed and is waited for at the return, so it overlaps the rest of backward.
+Each variable is deleted after its last use, so memory is freed as the memory model
+(autopar.lowering.memory) assumes. The order comes from autopar.lowering.schedule.
 """
 from __future__ import annotations
 
 from autopar.backends.printer import Sections, call_arguments, header, indented, literal, shape_text, wrapped
 from autopar.lowering.naming import readable
-from autopar.lowering.schedule import Statement, schedule
+from autopar.lowering.schedule import Statement, schedule, split
 from autopar.units import human_bytes, human_seconds
 
 
@@ -22,8 +22,9 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     placeholders = [n.name for n in named.graph.nodes if n.op == "placeholder"]
     lines = header(plan, "autopar: per-rank training step for torch.distributed (generated; do not edit)")
     lines += [
-        "# step(rt, parameters..., buffers..., inputs...) -> (loss, {parameter name: gradient}),",
-        "# all on this rank's local shards.",
+        "# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved)",
+        "# backward(rt, parameters..., buffers..., inputs..., saved) -> {parameter name: gradient}",
+        "# all on this rank's local shards; saved: the values forward keeps for backward.",
         "import torch",
         "",
         "aten = torch.ops.aten",
@@ -32,9 +33,18 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
         f"GRAPH_FINGERPRINT = {plan.fingerprint!r}",
     ]
     lines += wrapped("PLACEHOLDERS = [", [repr(n) for n in placeholders], "]")
-    lines += ["", ""] + wrapped("def step(", ["rt"] + placeholders, "):")
+    program = split(schedule(named.graph, named.strategies, named.redistributions, named.mesh, named.recompute),
+                    named.graph.loss)
     printer, sections = _Printer(named), Sections(named)
-    for s in schedule(named.graph, named.strategies, named.redistributions, named.mesh, named.recompute):
+    lines += ["", ""] + wrapped("def forward(", ["rt"] + placeholders, "):")
+    for s in program.forward:
+        lines += indented(sections.before(s) + printer.lines(s))
+    lines += indented(wrapped(f"return {named.graph.loss}, [", list(program.saved), "]"))
+    lines += ["", ""] + wrapped("def backward(", ["rt"] + placeholders + ["saved"], "):")
+    if program.saved:
+        lines += indented(wrapped("[", list(program.saved), "] = saved  # the values forward kept for backward"))
+    lines += indented(["saved.clear()  # held here alone now: each is freed after its last use"])
+    for s in program.backward:
         lines += indented(sections.before(s) + printer.lines(s))
     return "\n".join(lines) + "\n"
 
@@ -108,11 +118,11 @@ class _Printer:
         return f"{s.defines} = {op}({arguments}){comment}{fallback}"
 
     def output(self, s: Statement) -> str:
-        """``return loss, {parameter name: gradient}``, one gradient a line."""
+        """``return {parameter name: gradient}``, one gradient a line."""
         g = self.plan.graph
         values = dict(zip([o for o in g.outputs if o is not None], s.uses))
         grads = [f"    {g.grads[o]!r}: {values[o]}," for o in g.outputs[1:] if o is not None]
-        return "\n".join([f"return {values[g.outputs[0]]}, {{"] + grads + ["}"])
+        return "\n".join(["return {"] + grads + ["}"])
 
 
 def _describe(r, i: int) -> str:
