@@ -1,5 +1,7 @@
 """The emitted step behaves as the model it replaces: calling the module runs the forward
 program, ``loss.backward()`` the backward program with its gradient collectives."""
+import pytest
+import torch
 
 import autopar
 from autopar.runtime.local_cluster import get_cluster
@@ -36,3 +38,72 @@ def test_inputs_of_another_shape_are_refused_naming_both_shapes():
     for got in get_cluster(4).run(workers.call_with_other_batch, plan.to_json(), smaller):
         assert got["error"] is not None, got
         assert "input 'x' has shape [4, 64]" in got["error"] and "made for shape [8, 64]" in got["error"]
+
+
+class _Outputs(torch.nn.Module):
+    """A linear classifier returning its loss with the logits, in one of three forms."""
+
+    def __init__(self, form: str):
+        super().__init__()
+        self.form = form
+        self.fc = torch.nn.Linear(32, 16)
+
+    def forward(self, x, y):
+        logits = self.fc(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        if self.form == "tuple":
+            return logits.sum(-1), loss, logits  # the loss is the first scalar
+        if self.form == "dict":
+            return {"logits": logits, "loss": loss}
+        from transformers.modeling_outputs import CausalLMOutput
+
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
+@pytest.mark.parametrize("form", ["tuple", "dict", "model_output"])
+def test_a_model_returning_more_than_its_loss_gets_its_losss_gradients(form):
+    """Capture used to differentiate every output (the gradients of loss + logits.sum())."""
+    torch.manual_seed(0)
+    model, inputs = _Outputs(form), (torch.randn(8, 32), torch.randint(0, 16, (8,)))
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=workers.FAST, cache=False)
+    report = autopar.check(model, inputs, plan=plan)
+    assert report.ok, str(report)
+    assert sum(t.name.startswith("grad ") for t in report.tensors) == 2
+
+
+def test_a_model_without_a_loss_is_refused_saying_what_to_return():
+    class NoLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return {"logits": self.fc(x)}
+
+    with pytest.raises(autopar.CaptureError, match="without a 'loss' \\(keys: logits\\)"):
+        autopar.plan(NoLoss(), (torch.randn(2, 4),), mesh="dp=2", cache=False)
+
+
+def test_a_forward_that_updates_running_statistics_is_refused():
+    """BatchNorm's running statistics used to come out as the step's "loss"."""
+    class ConvNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(4, 2)
+
+        def forward(self, x, y):
+            features = torch.relu(self.bn(self.conv(x))).mean((2, 3))
+            return torch.nn.functional.cross_entropy(self.fc(features), y)
+
+    inputs = (torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 0, 1]))
+    with pytest.raises(autopar.CaptureError, match="updates bn.running_mean, bn.running_var"):
+        autopar.plan(ConvNet(), inputs, mesh="dp=2", cache=False)
+
+
+def test_a_first_call_under_no_grad_still_plans_a_training_step_and_eval_mode_is_refused():
+    model, inputs = mlp.make(batch=8, width=64, hidden=128)
+    with torch.no_grad():
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=workers.FAST, cache=False)
+    assert sorted(plan.graph.grads.values()) == sorted(n for n, _ in model.named_parameters())
+    for got in get_cluster(4).run(workers.call_in_eval_mode, plan.to_json(), inputs):
+        assert "captured in training mode and the model is now in evaluation mode" in got["error"]

@@ -101,3 +101,20 @@ def call_with_other_batch(rank, world_size, plan_json, inputs):
         return {"loss": parallel(*inputs).item(), "error": None}
     except autopar.PlanMismatchError as exc:
         return {"error": str(exc)}
+
+
+def call_in_eval_mode(rank, world_size, plan_json, inputs):
+    """A plan captured in training mode, called after model.eval(): refused."""
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.module import ParallelModule
+    from examples import mlp
+
+    model, _ = mlp.make(batch=8, width=64, hidden=128)
+    plan = autopar.Plan.from_json(plan_json)
+    parallel = ParallelModule(model, plan, rank_mesh_for(plan.mesh), plan.emit("torch"))
+    parallel.eval()
+    try:
+        parallel(*inputs)
+        return {"error": None}
+    except autopar.AutoparError as exc:
+        return {"error": str(exc)}

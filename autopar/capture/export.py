@@ -18,6 +18,7 @@ import copy
 import inspect
 import os
 import traceback
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -26,6 +27,7 @@ from torch import fx, nn
 from torch._functorch._aot_autograd.descriptors import (
     BufferAOTInput,
     GradAOTOutput,
+    InputMutationAOTOutput,
     ParamAOTInput,
     PlainAOTInput,
     PlainAOTOutput,
@@ -52,14 +54,33 @@ _LIBRARY_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirnam
 
 
 class _LossOnly(nn.Module):
-    """AOTAutograd wants tuple outputs; users write ``return loss``."""
+    """The model with its loss as the one output: AOTAutograd differentiates every output (seeding
+    each with ones), so a model that also returns logits would get the gradients of their sum too."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
     def forward(self, *inputs):
-        return (self.model.forward(*inputs),)
+        return (loss_of(self.model.forward(*inputs)),)
+
+
+def loss_of(output):
+    """The loss among a model's outputs: the output itself, a ModelOutput's or a dict's ``loss``,
+    or the first scalar of a tuple or list."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):  # a dict, or a Hugging Face ModelOutput
+        if output.get("loss") is not None:
+            return output["loss"]
+        raise CaptureError(f"the model returns a {type(output).__name__} without a 'loss' (keys: "
+                           f"{', '.join(map(str, output.keys()))}); pass the labels, or return the loss")
+    if isinstance(output, (tuple, list)):
+        scalars = [o for o in output if isinstance(o, torch.Tensor) and o.dim() == 0]
+        if scalars:
+            return scalars[0]
+    raise CaptureError(f"the model returns {type(output).__name__}, in which autopar finds no loss: return the "
+                       f"scalar loss, a tuple whose first scalar is the loss, or a dict or ModelOutput with 'loss'")
 
 
 def capture(model: nn.Module, example_inputs: tuple, *, expand_layers: bool = True) -> Program:
@@ -70,11 +91,18 @@ def capture(model: nn.Module, example_inputs: tuple, *, expand_layers: bool = Tr
     example_inputs = program_inputs(example_inputs)
     fake_mode = FakeTensorMode()
     fake_model, fake_inputs, tied = _fakify(model, example_inputs, fake_mode)
+    with torch.enable_grad():  # a first call under torch.no_grad() still plans a training step
+        program = _capture_step(fake_model, fake_inputs, fake_mode, tied, expand_layers)
+    program.training = model.training
+    program.input_names = _input_names(model, example_inputs, len(program.user_inputs))
+    return program
+
+
+def _capture_step(fake_model, fake_inputs, fake_mode, tied: dict, expand_layers: bool) -> Program:
     program = _capture_expanded(fake_model, fake_inputs, fake_mode, tied) if expand_layers else None
     if program is None:
         program = _to_program(_trace_joint(fake_model, fake_inputs, fake_mode))
     canonicalize(program, tied)
-    program.input_names = _input_names(model, example_inputs, len(program.user_inputs))
     return program
 
 
@@ -110,6 +138,8 @@ def _trace_joint(fake_model: nn.Module, fake_inputs: tuple, fake_mode: FakeTenso
             joint = aot_export_joint_with_descriptors(stack, module, fake_inputs,
                                                       decompositions=capture_decompositions(),
                                                       _record_nn_module_stack=True)
+    except CaptureError:  # ours, already saying what to do
+        raise
     except Exception as exc:  # torch raises many types here; all mean "could not capture"
         raise CaptureError(_explain_capture_failure(exc)) from exc
     return joint.graph_module
@@ -197,6 +227,7 @@ def _to_program(gm: fx.GraphModule) -> Program:
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     output_node = next(n for n in graph.nodes if n.op == "output")
+    _refuse_mutations(output_node.meta["desc"])
     kept = [(a, d) for a, d in zip(output_node.args[0], output_node.meta["desc"]) if a is not None]
     loss = next((a for a, d in kept if isinstance(d, PlainAOTOutput)), None)
     val = loss.meta.get("val") if loss is not None else None
@@ -219,6 +250,18 @@ def _to_program(gm: fx.GraphModule) -> Program:
         grads=grads,
         outputs=[a.name for a, _ in kept],
     )
+
+
+def _refuse_mutations(descriptors) -> None:
+    """A forward that updates its buffers (BatchNorm's running statistics) or inputs in place: the
+    step would neither write them back nor tell them from the loss."""
+    mutated = [d.mutated_input for d in descriptors if isinstance(d, InputMutationAOTOutput)]
+    if mutated:
+        names = ", ".join(user_fqn(m.target) if isinstance(m, BufferAOTInput) else m.expr() for m in mutated)
+        raise CaptureError(f"the model's forward updates {names} in place (BatchNorm's running statistics, say), "
+                           f"which autopar does not run yet: it would neither write them back nor keep them apart "
+                           f"from the loss; use a norm without running statistics (LayerNorm, GroupNorm) or "
+                           f"BatchNorm(track_running_stats=False)")
 
 
 def _seed_backward(graph: fx.Graph, placeholders: list[fx.Node], loss: fx.Node) -> None:

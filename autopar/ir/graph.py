@@ -44,6 +44,7 @@ class GraphIR:
     grads: dict  # gradient node -> parameter FQN
     outputs: tuple[Optional[str], ...]
     input_names: tuple[str, ...] = ()  # forward's argument name of each user input (plans of old files: none)
+    training: bool = True  # the model's mode when captured
 
     def node(self, name: str) -> IRNode:
         return self._by_name()[name]
@@ -69,6 +70,7 @@ class GraphIR:
             ],
             "params": self.params, "buffers": self.buffers, "inputs": list(self.inputs), "loss": self.loss,
             "grads": self.grads, "outputs": list(self.outputs), "input_names": list(self.input_names),
+            "training": self.training,
         }
 
     @staticmethod
@@ -80,7 +82,8 @@ class GraphIR:
             for n in d["nodes"]
         )
         return GraphIR(nodes, dict(d["params"]), dict(d["buffers"]), tuple(d["inputs"]), d["loss"],
-                       dict(d["grads"]), tuple(d["outputs"]), tuple(d.get("input_names", ())))
+                       dict(d["grads"]), tuple(d["outputs"]), tuple(d.get("input_names", ())),
+                       d.get("training", True))
 
     def renamed(self, names: dict) -> "GraphIR":
         """This graph with node ``n`` called ``names.get(n, n)`` everywhere it appears."""
@@ -92,7 +95,7 @@ class GraphIR:
         return GraphIR(nodes, {new(k): v for k, v in self.params.items()},
                        {new(k): v for k, v in self.buffers.items()}, tuple(map(new, self.inputs)), new(self.loss),
                        {new(k): v for k, v in self.grads.items()},
-                       tuple(None if o is None else new(o) for o in self.outputs), self.input_names)
+                       tuple(None if o is None else new(o) for o in self.outputs), self.input_names, self.training)
 
 
 def _meta_json(m: Optional[TensorMeta]):
@@ -172,7 +175,8 @@ def to_ir(program: Program, meta: dict | None = None) -> GraphIR:
             phase="forward" if n.name in forward or n.op == "placeholder" else "backward",
         ))
     return GraphIR(tuple(nodes), dict(program.params), dict(program.buffers), tuple(program.user_inputs),
-                   program.loss, dict(program.grads), tuple(program.outputs), tuple(program.input_names))
+                   program.loss, dict(program.grads), tuple(program.outputs), tuple(program.input_names),
+                   program.training)
 
 
 def resolve_target(target: str):

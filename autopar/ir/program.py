@@ -55,6 +55,7 @@ class Program:
     tables: dict[str, dict] = field(default_factory=dict)
     expanded_from: Optional[str] = None  # how capture copied repeated layers (layer_expansion)
     input_names: list[str] = field(default_factory=list)  # forward's argument name of each user input
+    training: bool = True  # the model's mode when captured (dropout on, ...)
     # while a pass runs, the side tables it declared (requires, provides, optional): the only ones
     # it may read; None outside the PassManager
     readable: Optional[frozenset] = field(default=None, repr=False, compare=False)

@@ -15,7 +15,7 @@ import types
 import torch
 from torch import nn
 
-from autopar.errors import PlanMismatchError
+from autopar.errors import AutoparError, PlanMismatchError
 from autopar.ir.plan import Plan
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
@@ -72,6 +72,12 @@ class ParallelModule(nn.Module):
         if len(inputs) != len(graph.inputs):
             raise TypeError(f"the plan was made for {len(graph.inputs)} inputs, got {len(inputs)}")
         _check_inputs_fit(plan, inputs)
+        if self.model.training != graph.training:
+            mode = "training" if graph.training else "evaluation"
+            raise AutoparError(f"plan {plan.hash} was captured in {mode} mode and the model is now in "
+                               f"{'training' if self.model.training else 'evaluation'} mode: autopar does not run "
+                               f"an evaluation program yet (dropout and the like would run as in {mode}); set the "
+                               f"mode back, or evaluate the eager model")
         user = dict(zip(graph.inputs, inputs))
         args = []
         for node in self._placeholders:
