@@ -12,6 +12,7 @@ Every rank passes the same global batch; each takes its own block of it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from typing import Optional, Sequence
@@ -39,11 +40,22 @@ class _Runner:
         self.plan = plan
         self.device = device
         self.parallel = None
+        self.sync = True  # False inside no_sync()
 
     def __call__(self, model: nn.Module, *inputs):
         if self.parallel is None:
             self.parallel = self._start(model, inputs)
+        self.parallel.require_gradient_sync = self.sync
         return self.parallel(*inputs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """See ParallelModule.no_sync: calls inside defer their gradient collectives."""
+        before, self.sync = self.sync, False
+        try:
+            yield
+        finally:
+            self.sync = before
 
     def _start(self, model: nn.Module, inputs):
         from autopar.api import plan as make_plan
@@ -100,6 +112,11 @@ class AutoParallel(nn.Module):
     def forward(self, *inputs):
         return self._runner(self.model, *inputs)
 
+    def no_sync(self):
+        """DDP's ``no_sync``: backward passes of calls inside keep local gradients; the first
+        backward outside syncs their sum once."""
+        return self._runner.no_sync()
+
     @property
     def plan(self) -> Optional[Plan]:
         return self._runner.plan
@@ -128,13 +145,21 @@ def _decorate_class(cls, make_runner):
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise TypeError(f"@autoparallelize decorates nn.Module subclasses, got {cls!r}")
 
-    def __call__(self, *inputs):
+    def runner(self) -> _Runner:
         if self not in _RUNNERS:
             _RUNNERS[self] = make_runner()
-        return _RUNNERS[self](self, *inputs)
+        return _RUNNERS[self]
+
+    def __call__(self, *inputs):
+        return runner(self)(self, *inputs)
+
+    def no_sync(self):
+        """DDP's ``no_sync``: backward passes of calls inside keep local gradients; the first
+        backward outside syncs their sum once."""
+        return runner(self).no_sync()
 
     # capture calls forward() directly, so only __call__ routes through the runner
-    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+    return type(cls.__name__, (cls,), {"__call__": __call__, "no_sync": no_sync, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
 
 

@@ -33,6 +33,25 @@ def test_decorated_class_trains_like_eager():
         assert r["losses"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_decorated_class_accumulates_micro_batches_under_no_sync_like_eager():
+    results = get_cluster(4).run(workers.train_decorated_in_micro_batches, 3)
+    torch.manual_seed(0)
+    reference = workers.DecoratedMLP.__mro__[1]()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g)
+    expected = []
+    for _ in range(3):
+        opt.zero_grad()
+        losses = [F.mse_loss(reference.fc2(F.gelu(reference.fc1(x[k:k + 4]))), y[k:k + 4]) / 2 for k in (0, 4)]
+        for loss in losses:
+            loss.backward()
+        opt.step()
+        expected.append(sum(loss.item() for loss in losses))
+    for r in results:
+        assert r["losses"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_mesh_that_does_not_fit_the_world_is_refused_before_planning():
     results = get_cluster(2).run(workers.wrap_instance_with_wrong_mesh)
     for r in results:

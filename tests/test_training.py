@@ -107,3 +107,48 @@ def test_a_first_call_under_no_grad_still_plans_a_training_step_and_eval_mode_is
     assert sorted(plan.graph.grads.values()) == sorted(n for n, _ in model.named_parameters())
     for got in get_cluster(4).run(workers.call_in_eval_mode, plan.to_json(), inputs):
         assert "captured in training mode and the model is now in evaluation mode" in got["error"]
+
+
+def _data_parallel(model, inputs):
+    """Parameters replicated, the batch split over dp=4: every gradient all-reduced."""
+    from autopar.capture import capture
+
+    batch = {ph: "S(0)" for ph in capture(model, inputs).user_inputs}
+    params = {name: "R" for name, _ in model.named_parameters()}
+    return autopar.plan(model, inputs, mesh="dp=4", hardware=workers.FAST, pin={**params, **batch}, cache=False)
+
+
+@pytest.mark.parametrize("layout", ["dp", "solver's dp=2,tp=2"])
+@pytest.mark.parametrize("count", [2, 4])
+def test_no_sync_accumulates_micro_batches_and_syncs_once(layout, count):
+    """Data parallel (gradients synced at the end of backward) and the solver's own 2-D layout
+    (a gradient sync started mid-backward): accumulated under no_sync() they equal eager's
+    accumulation, with one sync."""
+    from autopar.runtime.rank_mesh import local_shard
+
+    model, inputs = mlp.make(batch=4, width=64, hidden=128)
+    if layout == "dp":
+        plan = _data_parallel(model, inputs)
+    else:
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=workers.FAST, cache=False)
+        assert any(r.is_async for r in plan.redistributions)
+    sync_bytes = sum(r.step_bytes[i] for r, i in plan.collectives() if r.consumers == ("output",))
+    assert sync_bytes > 0
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 64, generator=g), torch.randn(4, 64, generator=g)) for _ in range(count)]
+    eager_losses = []
+    for batch in batches:  # eager accumulation: the gradient of the micro-batches' mean loss
+        loss = model(*batch) / count
+        loss.backward()
+        eager_losses.append(loss.item())
+    cluster = get_cluster(4)
+    synced_every_time = cluster.run(workers.accumulate_micro_batches, plan.to_json(), batches, False)
+    deferred = cluster.run(workers.accumulate_micro_batches, plan.to_json(), batches, True)
+    for every, got in zip(synced_every_time, deferred):
+        assert got["losses"] == pytest.approx(eager_losses, rel=1e-5)
+        for ph, fqn in plan.graph.params.items():
+            want = local_shard(dict(model.named_parameters())[fqn].grad, plan.out_spec(ph), plan.mesh, got["coords"])
+            torch.testing.assert_close(got["grads"][fqn], want, rtol=1e-4, atol=1e-6)
+        assert got["unsynced"] == 0  # the synced backward took every deferred gradient
+        # the same work but the deferred gradient collectives: one sync instead of one per micro-batch
+        assert got["bytes"] == every["bytes"] - (count - 1) * sync_bytes

@@ -43,6 +43,26 @@ def train_decorated(rank, world_size, steps):
             "local_shapes": [tuple(p.shape) for p in model.parameters()]}
 
 
+def train_decorated_in_micro_batches(rank, world_size, steps):
+    """As train_decorated, each step's batch of 8 in two micro-batches, the first under no_sync()."""
+    torch.manual_seed(rank)
+    model = DecoratedMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with model.no_sync():
+            first = model(x[:4], y[:4]) / 2
+        first.backward()
+        second = model(x[4:], y[4:]) / 2
+        second.backward()
+        opt.step()
+        losses.append(first.item() + second.item())
+    return {"losses": losses}
+
+
 def wrap_instance_with_wrong_mesh(rank, world_size):
     model = autopar.autoparallelize(nn.Linear(4, 4), mesh="dp=4")
     try:
@@ -118,3 +138,27 @@ def call_in_eval_mode(rank, world_size, plan_json, inputs):
         return {"error": None}
     except autopar.AutoparError as exc:
         return {"error": str(exc)}
+
+
+def accumulate_micro_batches(rank, world_size, plan_json, micro_batches, defer):
+    """Gradient accumulation over ``micro_batches``: all but the last under no_sync() when ``defer``."""
+    import contextlib
+
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.module import ParallelModule
+    from examples import mlp
+
+    model, _ = mlp.make(batch=4, width=64, hidden=128)
+    plan = autopar.Plan.from_json(plan_json)
+    rt = rank_mesh_for(plan.mesh)
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
+    rt.bytes_moved.clear()
+    losses = []
+    for k, batch in enumerate(micro_batches):
+        deferred = defer and k < len(micro_batches) - 1
+        with parallel.no_sync() if deferred else contextlib.nullcontext():
+            loss = parallel(*batch) / len(micro_batches)
+        loss.backward()
+        losses.append(loss.item())
+    return {"losses": losses, "bytes": sum(rt.bytes_moved.values()), "coords": rt.coords,
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}, "unsynced": len(parallel.unsynced)}

@@ -10,6 +10,7 @@ incoming one. Under ``torch.no_grad()`` nothing is kept.
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -33,7 +34,8 @@ class _Step(torch.autograd.Function):
     @staticmethod
     def forward(ctx, parallel: "ParallelModule", args: list, *params):
         loss, saved = parallel.program.forward(parallel.rt, *args)
-        ctx.parallel, ctx.args, ctx.saved = parallel, args, saved
+        # as DDP: whether this step's backward syncs is decided when its forward runs
+        ctx.parallel, ctx.args, ctx.saved, ctx.sync = parallel, args, saved, parallel.require_gradient_sync
         return loss
 
     @staticmethod
@@ -42,11 +44,15 @@ class _Step(torch.autograd.Function):
             raise RuntimeError("autopar's backward program ran for this loss already, and it keeps nothing for a "
                                "second run (retain_graph is not supported): compute the loss again")
         saved, ctx.saved = ctx.saved, None  # the program frees each saved value after its last use
+        parallel = ctx.parallel
         with torch.no_grad():
-            grads = ctx.parallel.program.backward(ctx.parallel.rt, *ctx.args, saved)
+            grads = parallel.program.backward(parallel.rt, *ctx.args, saved, grad_loss, ctx.sync, parallel.unsynced)
         ctx.args = None
-        return (None, None) + tuple(None if fqn not in grads else grads[fqn] * grad_loss
-                                    for fqn in ctx.parallel.grad_fqns)
+        if not ctx.sync:  # local gradients, before any collective: kept for the next synced backward
+            for fqn, grad in grads.items():
+                parallel.unsynced[fqn] = grad if fqn not in parallel.unsynced else parallel.unsynced[fqn] + grad
+            return (None, None) + (None,) * len(parallel.grad_fqns)
+        return (None, None) + tuple(grads.get(fqn) for fqn in parallel.grad_fqns)
 
 
 class ParallelModule(nn.Module):
@@ -60,12 +66,25 @@ class ParallelModule(nn.Module):
         self.program = load_program(self.source, f"autopar_plan_{plan.hash}")
         graph = plan.graph
         self.grad_fqns = tuple(dict.fromkeys(graph.grads.values()))  # the parameters backward gives gradients
+        self.require_gradient_sync = True  # False inside no_sync()
+        self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
         self._placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         with torch.no_grad():
             for ph, fqn in list(graph.params.items()) + list(graph.buffers.items()):
                 tensor = model.get_parameter(fqn) if ph in graph.params else model.get_buffer(fqn)
                 tensor.data = local_shard(tensor.data, plan.out_spec(ph), plan.mesh, rank_mesh.coords).to(
                     rank_mesh.device)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's ``no_sync``: backward passes of steps whose forward runs inside keep their local
+        gradients and run no gradient collective; the first backward outside syncs their sum
+        once (``param.grad`` then holds the gradient of every micro-batch's loss)."""
+        before, self.require_gradient_sync = self.require_gradient_sync, False
+        try:
+            yield
+        finally:
+            self.require_gradient_sync = before
 
     def forward(self, *inputs):
         graph, plan = self.plan.graph, self.plan

@@ -54,13 +54,13 @@ def forward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     return div_scalar, [addmm, gelu, addmm_1__r1, div_scalar]
 
 
-def backward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved):
+def backward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved, grad_loss, sync, unsynced):
     [addmm, gelu, addmm_1__r1, div_scalar] = saved  # the values forward kept for backward
     saved.clear()  # held here alone now: each is freed after its last use
 
     # ---- backward ----
     # <model>
-    ones_like_default = aten.ones_like.default(div_scalar, pin_memory=False)  # [] -> local [] (R)
+    ones_like_default = grad_loss  # d(loss)/d(loss): what autograd hands backward (1 for loss.backward())
     # fc2
     sub_1 = aten.sub.Tensor(addmm_1__r1, y)  # [8, 1024] -> local [8, 1024] (R)
     del addmm_1__r1
@@ -88,9 +88,22 @@ def backward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved):
     del gelu_backward
     grad_fc1_bias = aten.reshape.default(sum_2, [2048])  # [4096] -> local [2048] (S(0))
     del sum_2
+    if not sync:  # model.no_sync(): the local gradients, left for the next synced backward
+        return {
+            'fc1.weight': grad_fc1_weight,
+            'fc1.bias': grad_fc1_bias,
+            'fc2.weight': grad_fc2_weight,
+            'fc2.bias': grad_fc2_bias,
+        }
     return {
-        'fc1.weight': grad_fc1_weight,
-        'fc1.bias': grad_fc1_bias,
-        'fc2.weight': grad_fc2_weight,
-        'fc2.bias': grad_fc2_bias,
+        'fc1.weight': accumulate(grad_fc1_weight, unsynced, 'fc1.weight'),
+        'fc1.bias': accumulate(grad_fc1_bias, unsynced, 'fc1.bias'),
+        'fc2.weight': accumulate(grad_fc2_weight, unsynced, 'fc2.weight'),
+        'fc2.bias': accumulate(grad_fc2_bias, unsynced, 'fc2.bias'),
     }
+
+
+def accumulate(grad, unsynced, name):
+    """``grad`` plus the local gradient of ``name`` that earlier micro-batches left unsynced (no_sync)."""
+    earlier = unsynced.pop(name, None)
+    return grad if earlier is None else grad + earlier

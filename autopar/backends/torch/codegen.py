@@ -11,6 +11,8 @@ Each variable is deleted after its last use, so memory is freed as the memory mo
 """
 from __future__ import annotations
 
+import dataclasses
+
 from autopar.backends.printer import Sections, call_arguments, header, indented, literal, shape_text, wrapped
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, schedule, split
@@ -40,13 +42,79 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     for s in program.forward:
         lines += indented(sections.before(s) + printer.lines(s))
     lines += indented(wrapped(f"return {named.graph.loss}, [", list(program.saved), "]"))
-    lines += ["", ""] + wrapped("def backward(", ["rt"] + placeholders + ["saved"], "):")
-    if program.saved:
-        lines += indented(wrapped("[", list(program.saved), "] = saved  # the values forward kept for backward"))
-    lines += indented(["saved.clear()  # held here alone now: each is freed after its last use"])
-    for s in program.backward:
-        lines += indented(sections.before(s) + printer.lines(s))
+    lines += ["", ""] + wrapped("def backward(", ["rt"] + placeholders + ["saved", "grad_loss", "sync", "unsynced"],
+                                "):")
+    lines += indented(_Backward(named, printer, sections).lines(program))
+    lines += ["", "", *_ACCUMULATE.splitlines()]
     return "\n".join(lines) + "\n"
+
+
+_ACCUMULATE = '''def accumulate(grad, unsynced, name):
+    """``grad`` plus the local gradient of ``name`` that earlier micro-batches left unsynced (no_sync)."""
+    earlier = unsynced.pop(name, None)
+    return grad if earlier is None else grad + earlier'''
+
+
+class _Backward:
+    """The backward program's body. With ``sync`` False (inside ``no_sync()``) it returns each
+    parameter's local gradient before any of its collectives; with ``sync`` True it first adds
+    what earlier micro-batches left in ``unsynced``, then syncs once. The gradient collectives
+    are linear, so syncing the sum equals summing the syncs."""
+
+    def __init__(self, plan, printer: "_Printer", sections: Sections):
+        self.plan, self.printer, self.sections = plan, printer, sections
+        self.syncs = {r.id: r for r in plan.redistributions if r.consumers == ("output",)}
+        self.local = [o for o in plan.graph.outputs[1:] if o is not None]  # each gradient before its sync
+        self.begun: set[str] = set()
+        self.returned_local = False
+
+    def lines(self, program) -> list[str]:
+        out = wrapped("[", list(program.saved), "] = saved  # the values forward kept for backward") \
+            if program.saved else []
+        out += ["saved.clear()  # held here alone now: each is freed after its last use"]
+        for s in program.backward:
+            out += self.sections.before(s) + self.statement(s)
+        return out
+
+    def statement(self, s: Statement) -> list[str]:
+        r = s.redistribution if s.kind in ("start", "wait", "move") else None
+        if s.kind == "call" and s.node.target == "aten.ones_like.default" and s.node.refs() == [self.plan.graph.loss]:
+            return [f"{s.defines} = grad_loss  # d(loss)/d(loss): what autograd hands backward (1 for loss.backward())"]
+        syncing = r is not None and r.id in self.syncs
+        if s.kind == "output" or (syncing and s.kind != "start"):
+            head = self.local_return()
+        else:  # a guarded sync start deletes its gradient on the synced path only
+            head, s = [], s if syncing else self.keeping_local_gradients(s)
+        if syncing and r.id not in self.begun:  # the sum, synced once
+            self.begun.add(r.id)
+            head.append(f"{r.value} = accumulate({r.value}, unsynced, {self.plan.graph.grads[r.value]!r})")
+        body = self.printer.lines(s) if s.kind != "output" else self.output(s).split("\n")
+        if syncing and s.kind == "start":  # overlapping the rest of backward, when syncing
+            return ["if sync:"] + indented(head + body)
+        return head + body
+
+    def local_return(self) -> list[str]:
+        """Once, before the program's last gradient collectives: the local gradients under no_sync()."""
+        if self.returned_local:
+            return []
+        self.returned_local = True
+        grads = [f"    {self.plan.graph.grads[o]!r}: {o}," for o in self.local]
+        return ["if not sync:  # model.no_sync(): the local gradients, left for the next synced backward"] + \
+            indented(["return {"] + grads + ["}"])
+
+    def keeping_local_gradients(self, s: Statement) -> Statement:
+        """``s`` without deleting a gradient the no_sync() return still needs."""
+        if self.returned_local or not any(v in self.local for v in s.frees):
+            return s
+        return dataclasses.replace(s, frees=[v for v in s.frees if v not in self.local])
+
+    def output(self, s: Statement) -> str:
+        """``return {parameter name: gradient}``: a gradient without collectives adds the unsynced part here."""
+        g = self.plan.graph
+        values = dict(zip([o for o in g.outputs if o is not None], s.uses))
+        grads = [f"    {g.grads[o]!r}: {values[o] if values[o] != o else f'accumulate({o}, unsynced, {g.grads[o]!r})'},"
+                 for o in self.local]
+        return "\n".join(["return {"] + grads + ["}"])
 
 
 class _Printer:
@@ -116,13 +184,6 @@ class _Printer:
         op = _LOCAL_EQUIVALENT.get(node.target, node.target)
         op = op if op.startswith("aten.") else f"torch.ops.{op}"  # a library's custom op keeps its namespace
         return f"{s.defines} = {op}({arguments}){comment}{fallback}"
-
-    def output(self, s: Statement) -> str:
-        """``return {parameter name: gradient}``, one gradient a line."""
-        g = self.plan.graph
-        values = dict(zip([o for o in g.outputs if o is not None], s.uses))
-        grads = [f"    {g.grads[o]!r}: {values[o]}," for o in g.outputs[1:] if o is not None]
-        return "\n".join(["return {"] + grads + ["}"])
 
 
 def _describe(r, i: int) -> str:
