@@ -52,7 +52,7 @@ def test_programs_name_values_after_what_they_hold_and_mark_modules_and_phases(p
     source = plans["gpt2", "dp2_tp2"].emit("torch")
     for program in ("forward", "backward"):  # two programs, parameters by path, inputs by forward's names
         assert f"def {program}(\n    rt, wte_weight, wpe_weight, blocks_0_ln1_weight," in source
-    assert " idx, targets,\n):" in source and " idx, targets, saved,\n):" in source
+    assert " idx, targets,\n):" in source and " idx, targets, saved, grad_loss, sync, unsynced,\n):" in source
     assert "blocks_0_attn_q_weight" in source and "grad_blocks_0_attn_q_weight = " in source
     assert "# blocks.0.attn" in source and "# ---- forward ----" in source and "# ---- backward ----" in source
     assert "'blocks.0.attn.q.weight': grad_blocks_0_attn_q_weight" in source  # gradients returned by name
