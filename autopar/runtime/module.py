@@ -87,16 +87,19 @@ class ParallelModule(nn.Module):
             self.require_gradient_sync = before
 
     def forward(self, *inputs):
+        # autograd sees _Step alone (it runs the programs with grad mode off), whose inputs are the
+        # parameters that get gradients
+        args = self.arguments(inputs)
+        return _Step.apply(self, args, *(self.model.get_parameter(fqn) for fqn in self.grad_fqns))
+
+    def arguments(self, inputs) -> list:
+        """The programs' arguments for a call with ``inputs``: parameters, buffers and this rank's
+        block of each input, in the plan's placeholder order (refused where the plan does not fit)."""
         graph, plan = self.plan.graph, self.plan
         if len(inputs) != len(graph.inputs):
             raise TypeError(f"the plan was made for {len(graph.inputs)} inputs, got {len(inputs)}")
         _check_inputs_fit(plan, inputs)
-        if self.model.training != graph.training:
-            mode = "training" if graph.training else "evaluation"
-            raise AutoparError(f"plan {plan.hash} was captured in {mode} mode and the model is now in "
-                               f"{'training' if self.model.training else 'evaluation'} mode: autopar does not run "
-                               f"an evaluation program yet (dropout and the like would run as in {mode}); set the "
-                               f"mode back, or evaluate the eager model")
+        _check_mode(plan, self.model)
         user = dict(zip(graph.inputs, inputs))
         args = []
         for node in self._placeholders:
@@ -110,10 +113,16 @@ class ParallelModule(nn.Module):
                     value = local_shard(value.to(self.rt.device), plan.out_spec(node.name), plan.mesh,
                                         self.rt.coords)
                 args.append(value)
-        # autograd sees _Step alone (it runs the programs with grad mode off), whose inputs are the
-        # parameters that get gradients
-        params = [self.model.get_parameter(fqn) for fqn in self.grad_fqns]
-        return _Step.apply(self, args, *params)
+        return args
+
+
+def _check_mode(plan: Plan, model: nn.Module) -> None:
+    if model.training != plan.graph.training:
+        mode = "training" if plan.graph.training else "evaluation"
+        raise AutoparError(f"plan {plan.hash} was captured in {mode} mode and the model is now in "
+                           f"{'training' if model.training else 'evaluation'} mode: autopar does not run "
+                           f"an evaluation program yet (dropout and the like would run as in {mode}); set the "
+                           f"mode back, or evaluate the eager model")
 
 
 def _check_inputs_fit(plan: Plan, inputs) -> None:

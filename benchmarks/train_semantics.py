@@ -1,0 +1,126 @@
+"""What running the step as two programs costs: the GPT-2-style decoder on 4 local CPU
+processes (gloo), one plan.
+
+    python benchmarks/train_semantics.py [--size small] [--rounds 5] [--steps 5]
+
+Per round, in alternating order (the machine is shared and noisy):
+- split: ``loss = model(...)`` runs the forward program through autograd, ``loss.backward()``
+  the backward program;
+- joint: the same two programs called back to back in one function, with no autograd
+  (the statements of the joint program the runtime ran before the split);
+- accumulation of 4 micro-batches with and without ``no_sync()``: time and bytes moved.
+
+Peak memory (torch's MemTracker, one step) for split and joint. The last line reads
+``split/joint step time: X.XX``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import autopar  # noqa: E402
+from autopar.runtime.local_cluster import get_cluster  # noqa: E402
+from examples import gpt2  # noqa: E402
+
+
+def measure(rank, world_size, model_bytes, inputs, plan_json, steps):
+    """On each worker: per mode, the median time of ``steps`` steps, bytes moved, peak memory."""
+    from autopar.check import _measure_peak_memory, rank_mesh_for
+    from autopar.runtime.module import ParallelModule
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    rt = rank_mesh_for(plan.mesh)
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
+    modes = {
+        "split": lambda: parallel(*inputs).backward(),
+        "joint": lambda: _joint(parallel, inputs),
+    }
+    out = {}
+    for name, step in modes.items():
+        out[name] = _timed(rt, step, steps)
+        out[name]["peak_bytes"] = _measure_peak_memory(model, step)
+    return out
+
+
+def accumulate(rank, world_size, model_bytes, micro, plan_json, steps):
+    """4 micro-batches a step, each synced or all but the last under no_sync()."""
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.module import ParallelModule
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    rt = rank_mesh_for(plan.mesh)
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
+
+    def step(defer: bool):
+        for k in range(4):
+            with parallel.no_sync() if defer and k < 3 else contextlib.nullcontext():
+                loss = parallel(*micro) / 4
+            loss.backward()
+
+    return {"synced every micro-batch": _timed(rt, lambda: step(False), steps),
+            "no_sync": _timed(rt, lambda: step(True), steps)}
+
+
+def _joint(parallel, inputs) -> None:
+    """The forward and backward programs back to back, no autograd: the joint step's statements."""
+    args = parallel.arguments(inputs)
+    with torch.no_grad():
+        loss, saved = parallel.program.forward(parallel.rt, *args)
+        parallel.program.backward(parallel.rt, *args, saved, torch.ones_like(loss), True, {})
+
+
+def _timed(rt, step, steps: int) -> dict:
+    times = []
+    for i in range(steps + 1):  # the first warms up
+        torch.distributed.barrier()
+        rt.bytes_moved.clear()
+        start = time.perf_counter()
+        step()
+        torch.distributed.barrier()
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times[1:]), "bytes": sum(rt.bytes_moved.values())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="small", choices=sorted(gpt2.SIZES))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    model, inputs = gpt2.make(args.size)
+    micro_inputs = tuple(t.chunk(4)[0] for t in inputs)
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", cache=False)
+    micro_plan = autopar.plan(model, micro_inputs, mesh="dp=2,tp=2", hardware="h100-sxm", cache=False)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    cluster = get_cluster(4)
+    rounds: dict = {}
+    for r in range(args.rounds):
+        jobs = [(measure, inputs, plan), (accumulate, micro_inputs, micro_plan)]
+        for job, job_inputs, job_plan in (jobs if r % 2 == 0 else jobs[::-1]):
+            result = cluster.run(job, buffer.getvalue(), job_inputs, job_plan.to_json(), args.steps)[0]
+            for mode, figures in result.items():
+                rounds.setdefault(mode, []).append(figures)
+    print(f"GPT-2-style {args.size} on (dp=2, tp=2), 4 gloo processes, {args.rounds} rounds of {args.steps} steps")
+    for mode, figures in rounds.items():
+        seconds = statistics.median(f["seconds"] for f in figures)
+        peak = f", peak {figures[0]['peak_bytes'] / 2**20:.1f} MiB" if "peak_bytes" in figures[0] else ""
+        print(f"  {mode:<26} {seconds * 1e3:8.1f} ms  {figures[0]['bytes'] / 1e3:10.1f} KB moved{peak}")
+    by_round = [s["seconds"] / j["seconds"] for s, j in zip(rounds["split"], rounds["joint"])]
+    print(f"  split/joint per round: {', '.join(f'{x:.2f}' for x in by_round)}")
+    print(f"split/joint step time: {statistics.median(by_round):.2f}")
+
+
+if __name__ == "__main__":
+    main()
