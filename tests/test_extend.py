@@ -165,3 +165,17 @@ def test_a_pass_reads_only_the_side_tables_it_declares():
     plan = autopar.plan(model, inputs, mesh="tp=2", hardware=FAST, passes=[ReadsStrategies(declared=True)],
                         cache=False)
     assert any(r.name == "reads_strategies" and r.note.endswith("nodes weighed") for r in plan.history)
+
+
+def test_a_pass_that_writes_a_side_table_as_another_type_is_refused():
+    class ListsStrategies(autopar.Pass):
+        name = "lists_strategies"
+        requires = provides = ("strategies",)
+
+        def run(self, program, ctx) -> str:
+            program.tables["strategies"] = list(program.table("strategies").items())
+            return "rewrote"
+
+    model, inputs = mlp.make(batch=8, width=64, hidden=128)
+    with pytest.raises(AutoparError, match="wrote side table 'strategies' as a list; it holds node -> the Strategy"):
+        autopar.plan(model, inputs, mesh="tp=2", hardware=FAST, passes=[ListsStrategies()], cache=False)

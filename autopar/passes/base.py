@@ -13,6 +13,14 @@ from autopar.ir.records import PassRecord
 from autopar.ir.request import PlanRequest
 from autopar.passes.constraints import Constraints
 
+# The side tables of the built-in passes: name -> (the type of its value, what it holds). Each
+# pass module registers the tables it provides; the PassManager checks every write against it.
+SIDE_TABLES: dict[str, tuple[type, str]] = {}
+
+
+def side_table(name: str, kind: type, holds: str) -> None:
+    SIDE_TABLES[name] = (kind, holds)
+
 
 @dataclass
 class PassContext:
@@ -84,9 +92,19 @@ class PassManager:
             finally:
                 program.readable = None
             seconds = time.perf_counter() - start
-            missing = [t for t in p.provides if t not in program.tables]
-            if missing:
-                raise AutoparError(f"pass {p.name!r} promised side tables {missing} but did not write them")
+            _check_written(p, program)
             history.append(PassRecord(p.name, seconds, note))
             ctx.report(f"pass {k}/{len(self.passes)} {p.name} done in {seconds:.2f}s {note}")
         return history
+
+
+def _check_written(p: Pass, program: Program) -> None:
+    """Every table ``p`` provides is written, as the type its registration names."""
+    missing = [t for t in p.provides if t not in program.tables]
+    if missing:
+        raise AutoparError(f"pass {p.name!r} promised side tables {missing} but did not write them")
+    for name in p.provides:
+        kind, holds = SIDE_TABLES.get(name, (object, ""))
+        if not isinstance(program.tables[name], kind):
+            raise AutoparError(f"pass {p.name!r} wrote side table {name!r} as a {type(program.tables[name]).__name__}; "
+                               f"it holds {holds}, as a {kind.__name__}")

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from autopar.capture.layer_blocks import LayerRun, layer_blocks, layer_runs
 from autopar.ir.program import Program
-from autopar.passes.base import Pass, PassContext
+from autopar.passes.base import Pass, PassContext, side_table
+
+side_table('cluster_of', dict, 'node -> the node of the template layer whose variables it shares')
+side_table('allowed', dict, 'node -> per strategy, whether the constraints allow it (as clustering saw them)')
 
 
 class ClusterLayersPass(Pass):

@@ -7,7 +7,9 @@ from autopar.ir.placement import Spec
 from autopar.ir.program import Program, forward_nodes, is_multi_output, tensor_inputs
 from autopar.ir.records import Redistribution
 from autopar.ir.redistribute import COMMUNICATING
-from autopar.passes.base import Pass, PassContext
+from autopar.passes.base import Pass, PassContext, side_table
+
+side_table('redistributions', list, 'every Redistribution the layouts need, in forward and backward')
 
 
 class CollectivesPass(Pass):

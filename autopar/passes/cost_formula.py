@@ -17,10 +17,13 @@ from autopar.ir.cost_formula import CostFormula
 from autopar.ir.program import Program, forward_nodes, is_multi_output, tensor_inputs
 from autopar.lowering.schedule import moved_name
 from autopar.ops.table import rule_for
-from autopar.passes.base import Pass, PassContext
+from autopar.passes.base import Pass, PassContext, side_table
 from autopar.passes.collectives import COMMUNICATING
 from autopar.passes.predict import exposed
 from autopar.passes.strategies import FALLBACK, compute_time, make_call
+
+side_table('symbolic_meta', dict, 'node -> its output shapes as polynomials of the named sizes')
+side_table('cost_formula', CostFormula, 'the step time as a formula of the named sizes')
 
 
 class SymbolicShapesPass(Pass):

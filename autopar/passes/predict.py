@@ -5,7 +5,9 @@ from autopar.cost_models.compute import largest
 from autopar.ir.placement import Shard
 from autopar.ir.program import Program, forward_nodes
 from autopar.ir.records import Predicted
-from autopar.passes.base import Pass, PassContext
+from autopar.passes.base import Pass, PassContext, side_table
+
+side_table('predicted', Predicted, 'step time, memory per device and their parts')
 
 
 class PredictPass(Pass):

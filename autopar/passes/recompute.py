@@ -28,7 +28,7 @@ from autopar.ir.graph import to_ir
 from autopar.ir.program import Program
 from autopar.lowering.memory import MemoryEstimate, simulate
 from autopar.lowering.schedule import Statement, backward_start, recomputed_name, schedule
-from autopar.passes.base import Pass, PassContext
+from autopar.passes.base import Pass, PassContext, side_table
 from autopar.solvers.recompute import RecomputeProblem, least_memory, limit_at, solve
 from autopar.units import human_bytes, human_seconds
 
@@ -61,6 +61,10 @@ class Fit:
     @property
     def least(self) -> MemoryEstimate:
         return self.lowest if self.lowest is not None and self.lowest.peak_bytes < self.plain.peak_bytes else self.plain
+
+
+side_table('recompute', Recompute, 'the forward values computed again in backward, and what they cost')
+side_table('memory', MemoryEstimate, "the program's simulated memory: peak, breakdown, timeline")
 
 
 class RecomputePass(Pass):

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from autopar.ir.program import Program, shape_table
-from autopar.passes.base import Pass, PassContext
+from autopar.passes.base import Pass, PassContext, side_table
+
+side_table('meta', dict, 'node -> the global TensorMeta of each of its outputs (None: not a tensor)')
 
 
 class ShapesPass(Pass):

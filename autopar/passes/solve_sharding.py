@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from autopar.errors import AutoparError
 from autopar.ir.program import Program
-from autopar.passes.base import Pass, PassContext
+from autopar.passes.base import Pass, PassContext, side_table
 from autopar.passes.budget_search import BudgetSearch
+from autopar.passes.recompute import Fit
 from autopar.passes.sharding_problem import build_problem
+from autopar.solvers.sharding import SolverResult
+
+side_table('choice', dict, 'node -> its chosen Strategy')
+side_table('solver', SolverResult, "the sharding solve's outcome (status, objective, bound, gap)")
+side_table('fit', Fit, "the chosen layout's memory and the recomputation it needs")
 
 
 class SolveShardingPass(Pass):

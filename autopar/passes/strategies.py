@@ -24,13 +24,19 @@ from autopar.ir.program import Program, TensorMeta, is_multi_output, tensor_inpu
 from autopar.ir.strategy import Strategy
 from autopar.ops.kinds import OpCall, ReplicateOnly, Rule, RuleDoesNotApply
 from autopar.ops.table import rule_for
-from autopar.passes.base import Pass, PassContext
+from autopar.passes.base import Pass, PassContext, side_table
 
 FALLBACK = ReplicateOnly(reason="no sharding rule for this op")
 
 
 def op_name(target) -> str:
     return str(target).replace("aten::", "aten.")
+
+
+side_table('strategies', dict, 'node -> the Strategy values it can take')
+side_table('tied_to', dict, 'node -> the node whose strategy it follows (views, unary ops)')
+side_table('fallback', dict, 'node -> its op, for the nodes without a sharding rule (replicated)')
+side_table('flops', dict, 'node -> FLOPs of its op on the global shapes')
 
 
 class StrategiesPass(Pass):

@@ -4,9 +4,10 @@
 place (the same ``nn.Parameter`` objects now hold local blocks, so optimizers
 made earlier still work) and runs the plan's programs (``source``: the plan emitted
 for torch) as autograd does: calling the module runs the forward program and keeps
-what it saved for backward; ``loss.backward()`` runs the backward program, its
-gradient collectives included, and hands each parameter its gradient scaled by the
-incoming one. Under ``torch.no_grad()`` nothing is kept.
+what it saved for backward; ``loss.backward()`` runs the backward program, seeded
+with the loss's incoming gradient, its gradient collectives included (deferred under
+``no_sync()``), and hands each parameter its gradient. Under ``torch.no_grad()``
+nothing is kept.
 """
 from __future__ import annotations
 
