@@ -85,6 +85,20 @@ def test_python_dash_m_autopar_is_the_autopar_command(tmp_path):
     assert bad.returncode == 2 and "MODULE:FACTORY" in bad.stderr
 
 
+def test_autopar_plans_and_emits_torch_without_jax_installed():
+    """JAX is an optional dependency (the README's demo installs autopar without it)."""
+    import subprocess
+    import sys
+
+    script = ("import sys; sys.modules['jax'] = None\n"  # as if not installed: importing it fails
+              "import autopar\n"
+              "from examples import mlp\n"
+              "plan = autopar.plan(*mlp.make(batch=8, width=64, hidden=128), mesh='tp=2', cache=False)\n"
+              "print('def forward(' in plan.emit('torch'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+
+
 def test_cli_check_runs_and_reports(capsys):
     assert cli(["check", "examples.mlp:factory", "--mesh", "dp=2"]) == 0
     assert "OK" in capsys.readouterr().out
