@@ -3,6 +3,8 @@ candidate mesh with the fastest plan winning, and package the result as a Plan."
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -123,7 +125,16 @@ def warn_if_unproven(mesh: Mesh, solver, time_limit_s: float) -> None:
     distance = "has no proven bound" if solver.gap >= 1.0 else f"is within {solver.gap:.1%} of optimal"
     warnings.warn(f"the sharding solver did not prove its plan optimal on mesh {mesh} in its {time_limit_s:g} s "
                   f"limit per integer program; the plan {distance} (raise solver_time_limit_s to close the gap)",
-                  stacklevel=2)
+                  stacklevel=_caller_outside_autopar())
+
+
+def _caller_outside_autopar() -> int:
+    """The stacklevel of the first frame outside autopar: the user's line that asked for the plan."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _search_meshes(planner: _MeshPlanner, request: PlanRequest) -> Plan:
