@@ -152,3 +152,21 @@ def test_no_sync_accumulates_micro_batches_and_syncs_once(layout, count):
         assert got["unsynced"] == 0  # the synced backward took every deferred gradient
         # the same work but the deferred gradient collectives: one sync instead of one per micro-batch
         assert got["bytes"] == every["bytes"] - (count - 1) * sync_bytes
+
+
+def test_no_sync_is_refused_where_backward_reads_a_synced_gradient():
+    """A gradient's move to its parameter's layout that a backward op also reads cannot be
+    deferred: the backward program refuses sync=False before doing anything."""
+    import dataclasses
+    import types
+
+    model, inputs = mlp.make(batch=8, width=64, hidden=128)
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=workers.FAST, cache=False)
+    sync = next(r for r in plan.redistributions if r.consumers == ("output",))
+    shared = dataclasses.replace(sync, consumers=("some_backward_op", "output"))
+    plan = dataclasses.replace(plan, redistributions=tuple(shared if r is sync else r for r in plan.redistributions))
+    program = types.ModuleType("shared_sync")
+    exec(plan.emit("torch"), program.__dict__)
+    placeholders = [None] * len(program.PLACEHOLDERS)
+    with pytest.raises(RuntimeError, match=f"cannot defer the gradient sync of {plan.graph.grads[sync.value]}"):
+        program.backward(None, *placeholders, [], None, False, {})

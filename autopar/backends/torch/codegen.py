@@ -64,12 +64,21 @@ class _Backward:
     def __init__(self, plan, printer: "_Printer", sections: Sections):
         self.plan, self.printer, self.sections = plan, printer, sections
         self.syncs = {r.id: r for r in plan.redistributions if r.consumers == ("output",)}
+        # a gradient's move to its parameter's layout that a backward op reads too: its collectives
+        # cannot wait for the last micro-batch
+        self.shared = sorted({plan.graph.grads[r.value] for r in plan.redistributions
+                              if r.value in plan.graph.grads and "output" in r.consumers and r.id not in self.syncs})
         self.local = [o for o in plan.graph.outputs[1:] if o is not None]  # each gradient before its sync
         self.begun: set[str] = set()
         self.returned_local = False
 
     def lines(self, program) -> list[str]:
-        out = wrapped("[", list(program.saved), "] = saved  # the values forward kept for backward") \
+        out = []
+        if self.shared:
+            out += ["if not sync:"] + indented([
+                f"raise RuntimeError('no_sync() cannot defer the gradient sync of {', '.join(self.shared)}: backward "
+                f"also reads it synced; call backward outside no_sync() for this plan')"])
+        out += wrapped("[", list(program.saved), "] = saved  # the values forward kept for backward") \
             if program.saved else []
         out += ["saved.clear()  # held here alone now: each is freed after its last use"]
         for s in program.backward:
@@ -79,7 +88,8 @@ class _Backward:
     def statement(self, s: Statement) -> list[str]:
         r = s.redistribution if s.kind in ("start", "wait", "move") else None
         if s.kind == "call" and s.node.target == "aten.ones_like.default" and s.node.refs() == [self.plan.graph.loss]:
-            return [f"{s.defines} = grad_loss  # d(loss)/d(loss): what autograd hands backward (1 for loss.backward())"]
+            seed = f"{s.defines} = grad_loss  # d(loss)/d(loss): what autograd hands backward (1 for loss.backward())"
+            return [seed] + ([f"del {', '.join(s.frees)}"] if s.frees else [])
         syncing = r is not None and r.id in self.syncs
         if s.kind == "output" or (syncing and s.kind != "start"):
             head = self.local_return()
