@@ -80,7 +80,8 @@ class ParallelModule(nn.Module):
     def no_sync(self):
         """DDP's ``no_sync``: backward passes of steps whose forward runs inside keep their local
         gradients and run no gradient collective; the first backward outside syncs their sum
-        once (``param.grad`` then holds the gradient of every micro-batch's loss)."""
+        once (``param.grad`` then holds the gradient of every micro-batch's loss). Until then
+        the module holds them, not ``param.grad``: ``zero_grad()`` does not drop them."""
         before, self.require_gradient_sync = self.require_gradient_sync, False
         try:
             yield
