@@ -84,3 +84,21 @@ def test_a_recomputed_moved_value_keeps_its_recomputation_under_its_readable_nam
     named = readable(dataclasses.replace(plan, recompute=(moved_name(moved.value, moved.id),)))
     fqn = plan.graph.params[moved.value]
     assert named.recompute == (moved_name(fqn.replace(".", "_"), moved.id),)
+
+
+def test_values_named_like_the_programs_own_names_are_renamed_apart():
+    """forward's arguments called ``saved`` and ``sync`` would collide with the backward program's."""
+    import torch
+
+    class Clashing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.accumulate = torch.nn.Linear(8, 8)
+
+        def forward(self, saved, sync):
+            return torch.nn.functional.mse_loss(self.accumulate(saved), sync)
+
+    model, inputs = Clashing(), (torch.randn(4, 8), torch.randn(4, 8))
+    source = autopar.plan(model, inputs, mesh="dp=2", hardware="h100-sxm", cache=False).emit("torch")
+    compile(source, "<clashing>", "exec")  # no argument named twice
+    assert "def forward(rt, accumulate_weight, accumulate_bias, saved_, sync_):" in source

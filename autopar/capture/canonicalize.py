@@ -110,6 +110,8 @@ def _fold_double_transposes(program: Program) -> None:
         if not isinstance(inner, torch.fx.Node) or inner.target is not aten.t.default:
             continue
         source = inner.args[0]
+        if node.name in program.grads and source.name in program.grads:
+            continue  # two parameters' gradients would become one node
         node.replace_all_uses_with(source)
         _rename_output(program, node.name, source.name)
         graph.erase_node(node)
@@ -119,7 +121,7 @@ def _fold_double_transposes(program: Program) -> None:
 
 def _rename_output(program: Program, old: str, new: str) -> None:
     """The graph output (loss or gradient) that was node ``old`` is now node ``new``."""
-    if old in program.grads and new not in program.grads:
+    if old in program.grads:
         program.grads[new] = program.grads.pop(old)
     _replace_loss_name(program, old, new)
 

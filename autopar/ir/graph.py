@@ -92,10 +92,11 @@ class GraphIR:
 
         nodes = tuple(dataclasses.replace(n, name=new(n.name), args=_renamed_refs(n.args, names),
                                           kwargs=_renamed_refs(n.kwargs, names)) for n in self.nodes)
-        return GraphIR(nodes, {new(k): v for k, v in self.params.items()},
-                       {new(k): v for k, v in self.buffers.items()}, tuple(map(new, self.inputs)), new(self.loss),
-                       {new(k): v for k, v in self.grads.items()},
-                       tuple(None if o is None else new(o) for o in self.outputs), self.input_names, self.training)
+        return dataclasses.replace(
+            self, nodes=nodes, params={new(k): v for k, v in self.params.items()},
+            buffers={new(k): v for k, v in self.buffers.items()}, inputs=tuple(map(new, self.inputs)),
+            loss=new(self.loss), grads={new(k): v for k, v in self.grads.items()},
+            outputs=tuple(None if o is None else new(o) for o in self.outputs))
 
 
 def _meta_json(m: Optional[TensorMeta]):

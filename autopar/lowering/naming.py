@@ -13,8 +13,10 @@ import re
 
 from autopar.lowering.schedule import moved_name
 
-# names the emitted programs use for themselves
-_RESERVED = {"rt", "torch", "aten", "step", "jax", "jnp", "lax", "np", "math", "P", "block", "local_step"}
+# names the emitted programs' step functions read besides their values (the torch and JAX
+# programs' modules, helpers, functions and arguments); JAX's ATen helpers are all ``aten_*``
+_RESERVED = {"rt", "torch", "aten", "forward", "backward", "accumulate", "saved", "grad_loss", "sync", "unsynced",
+             "loss", "jax", "jnp", "lax", "np", "math", "P", "block", "forward_local", "backward_local", "local_step"}
 
 
 def readable(plan):
@@ -51,8 +53,8 @@ def readable_names(graph) -> dict[str, str]:
     taken = {n.name for n in graph.nodes if n.name not in wanted} | _RESERVED
     names = {}
     for node, name in wanted.items():
-        while name in taken:
-            name += "_"
+        while name in taken or name.startswith("aten_"):
+            name = name + "_" if name in taken else "_" + name
         taken.add(name)
         names[node] = name
     return names

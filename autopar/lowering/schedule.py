@@ -70,6 +70,12 @@ class Split:
     saved: tuple[str, ...]
 
 
+def programs(plan) -> Split:
+    """A plan's forward and backward programs, as both code generators print them."""
+    return split(schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute),
+                 plan.graph.loss)
+
+
 def split(statements: list[Statement], loss: str) -> Split:
     boundary = backward_start(statements, loss)
     forward, backward = statements[:boundary], statements[boundary:]

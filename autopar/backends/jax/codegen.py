@@ -19,14 +19,13 @@ from autopar.backends.printer import Sections, call_arguments, header, indented,
 from autopar.errors import AutoparError
 from autopar.ir.placement import Shard
 from autopar.lowering.naming import readable
-from autopar.lowering.schedule import Statement, schedule, split
+from autopar.lowering.schedule import Statement, programs
 
 
 def emit_jax(plan) -> str:
     """The module's source; an op without a translation is an AutoparError naming it and its node."""
     named = readable(plan)  # printed with readable names; the hash is the plan's
-    program = split(schedule(named.graph, named.strategies, named.redistributions, named.mesh, named.recompute),
-                    named.graph.loss)
+    program = programs(named)
     printer, sections = _Printer(named), Sections(named)
     forward = [line for s in program.forward for line in sections.before(s) + printer.lines(s)]
     backward = [line for s in program.backward for line in sections.before(s) + printer.lines(s)]

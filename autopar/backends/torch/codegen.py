@@ -15,7 +15,7 @@ import dataclasses
 
 from autopar.backends.printer import Sections, call_arguments, header, indented, literal, shape_text, wrapped
 from autopar.lowering.naming import readable
-from autopar.lowering.schedule import Statement, schedule, split
+from autopar.lowering.schedule import Statement, programs
 from autopar.units import human_bytes, human_seconds
 
 
@@ -35,8 +35,7 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
         f"GRAPH_FINGERPRINT = {plan.fingerprint!r}",
     ]
     lines += wrapped("PLACEHOLDERS = [", [repr(n) for n in placeholders], "]")
-    program = split(schedule(named.graph, named.strategies, named.redistributions, named.mesh, named.recompute),
-                    named.graph.loss)
+    program = programs(named)
     printer, sections = _Printer(named), Sections(named)
     lines += ["", ""] + wrapped("def forward(", ["rt"] + placeholders, "):")
     for s in program.forward:
