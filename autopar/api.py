@@ -8,6 +8,7 @@ from typing import Callable, Optional, Sequence
 from torch import nn
 
 from autopar.capture.export import capture
+from autopar.errors import AutoparError
 from autopar.ir.hardware import Hardware
 from autopar.ir.plan import Plan
 from autopar.ir.request import (
@@ -26,7 +27,8 @@ from autopar.planning.request import resolve
 from autopar.planning.state import remember, state_from_program
 
 
-def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE,
+def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = None,
+         loss_fn: Optional[Callable] = None, hardware: "str | Hardware" = DEFAULT_HARDWARE,
          solver: str = DEFAULT_SOLVER, solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
          pin: Optional[dict] = None, memory_budget: "str | float | None" = None,
          optimizer: str = DEFAULT_OPTIMIZER, recompute: str = DEFAULT_RECOMPUTE,
@@ -34,7 +36,11 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
          restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
          cache_dir: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
-    """Plan ``model`` (its ``forward(*example_inputs)`` returns the loss) over ``mesh``.
+    """Plan the training step of ``model(*example_inputs, **kwargs)`` over ``mesh``.
+
+    The call's output holds the loss: the output itself, a dict's or a ModelOutput's ``loss``,
+    or the first scalar of a tuple; ``loss_fn(output)`` picks another. Only the loss is
+    differentiated; the other tensors of the output are forward values the program returns.
 
     Runs in one process on fake tensors: no process group and no real memory, so
     models built on the meta device plan too. ``mesh`` is a mesh ({"dp": 8, "tp": 8} or
@@ -70,18 +76,32 @@ def plan(model: nn.Module, example_inputs, *, mesh, hardware: "str | Hardware" =
                       memory_budget=memory_budget, optimizer=optimizer, recompute=recompute,
                       symbolic_dims=symbolic_dims, cluster_layers=cluster_layers)
     pipeline(passes)
+    if symbolic_dims is not None and kwargs:
+        raise AutoparError("symbolic_dims names dims of positional inputs; call the model with positional "
+                           "arguments to plan with symbolic_dims")
     if progress is not None:
         progress("capturing the training step ...")
-    program = capture(model, example_inputs)
+    program = capture(model, example_inputs, kwargs=kwargs, loss_fn=loss_fn)
     if progress is not None and program.expanded_from:
         progress(f"captured: {program.expanded_from}")
+    return plan_program(program, request, model, example_inputs, loss_fn=loss_fn, restrict=restrict, passes=passes,
+                        cache=cache, cache_dir=cache_dir, progress=progress)
+
+
+def plan_program(program, request: PlanRequest, model: nn.Module, example_inputs=(), *,
+                 loss_fn: Optional[Callable] = None, restrict: Optional[Callable] = None, passes: Sequence[Pass] = (),
+                 cache: bool = True, cache_dir: Optional[str] = None,
+                 progress: Optional[Callable[[str], None]] = None) -> Plan:
+    """Plan a captured program (a training step, or a forward alone) for ``request``, or load
+    its plan from the cache (see plan)."""
     key = None
     if cache and plan_cache.cacheable(restrict, passes):
         key = plan_cache.plan_key(program, request)
         cached = plan_cache.load(key, cache_dir)
         if cached is not None:
             return _from_cache(cached, program, request, progress)
-    result = run(program, request, model, example_inputs, restrict=restrict, passes=passes, progress=progress)
+    result = run(program, request, model, example_inputs, loss_fn=loss_fn, restrict=restrict, passes=passes,
+                 progress=progress)
     if key is not None:
         plan_cache.store(key, result, cache_dir)
     return result

@@ -6,9 +6,10 @@ import io
 from dataclasses import dataclass, field
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
-from autopar.capture.export import loss_of
+from autopar.capture.export import loss_of, program_inputs
 from autopar.errors import MeshError
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
@@ -76,25 +77,44 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> TensorCheck:
     return TensorCheck(name, diff, diff / max(scale, ATOL / RTOL))
 
 
-def train(model: nn.Module, step, steps: int, lr: float):
-    """``steps`` SGD steps of ``loss = step()``: the loss of each step and the gradients of the first."""
+def train(model: nn.Module, step, steps: int, lr: float, loss_fn=None):
+    """``steps`` SGD steps of ``output = step()``: the loss of each step, and the gradients and
+    the output's other tensors (by their place in the output) of the first."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses, grads = [], {}
+    losses, grads, values = [], {}, {}
     for i in range(steps):
         torch.manual_seed(SEED + i)  # the same random state (dropout masks) as the other side of the comparison
         opt.zero_grad()
-        loss = loss_of(step())  # the eager model may return more than its loss
+        output = step()
+        loss = loss_of(output, loss_fn)
         loss.backward()
         losses.append(loss.item())
         if i == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            values = output_values(output, loss)
         opt.step()
-    return losses, grads
+    return losses, grads, values
 
 
-def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = DEFAULT_HARDWARE, plan: Plan | None = None,
-          steps: int = 1, lr: float = 0.1, measure_memory: bool = False, backend: str = "torch") -> CheckReport:
-    """Run the plan on a local gloo group of the mesh's size; compare loss and every gradient with eager.
+def output_values(output, loss=None) -> dict:
+    """The tensors of a model's output but its loss, by their place in it (``.logits``); a
+    DTensor (what autopar returns) gathered whole."""
+    from torch.distributed.tensor import DTensor
+
+    found = {}
+    for path, leaf in pytree.tree_flatten_with_path(output)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf is not loss:
+            whole = leaf.full_tensor() if isinstance(leaf, DTensor) else leaf
+            found[pytree.keystr(path) or "output"] = whole.detach().clone()
+    return found
+
+
+def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None = None, loss_fn=None,
+          hardware: str = DEFAULT_HARDWARE, plan: Plan | None = None, steps: int = 1, lr: float = 0.1,
+          measure_memory: bool = False, backend: str = "torch") -> CheckReport:
+    """Run the plan of ``model(*example_inputs, **kwargs)`` on a local gloo group of the mesh's
+    size; compare the loss, every gradient and the output's other tensors with eager's
+    (``loss_fn``: as autopar.plan takes it).
 
     ``backend="jax"`` runs the emitted JAX program instead, in a fresh interpreter on as many CPU
     devices as the mesh has, and compares the first step's loss and gradients.
@@ -106,7 +126,8 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = DEFAUL
     """
     from autopar.api import plan as make_plan
 
-    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    inputs = program_inputs(example_inputs)
+    kwargs = dict(kwargs or {})
     if plan is None and mesh is None:
         raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
     if backend not in ("torch", "jax"):
@@ -114,19 +135,25 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = DEFAUL
     if plan is not None and mesh is not None and Mesh.parse(mesh) != plan.mesh:
         raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.mesh}")
     mesh = Mesh.parse(mesh) if plan is None else plan.mesh
+    if plan is not None and plan.graph.kind != "step":
+        raise ValueError(f"check compares training steps, and plan {plan.hash} is a forward program alone; check "
+                         f"the training step's plan (the forward program runs the same statements without backward)")
     if plan is None:
-        plan = make_plan(model, inputs, mesh=mesh, hardware=hardware)
+        plan = make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=mesh, hardware=hardware)
     else:
-        check_plan_is_for(plan, model, inputs)
+        check_plan_is_for(plan, model, *inputs, loss_fn=loss_fn, **kwargs)
     steps = 1 if backend == "jax" else steps
     reference = copy.deepcopy(model)
-    reference_losses, reference_grads = train(reference, lambda: reference(*inputs), steps, lr)
+    reference_losses, reference_grads, reference_values = train(reference, lambda: reference(*inputs, **kwargs),
+                                                                steps, lr, loss_fn)
     if backend == "jax":
+        if kwargs:
+            raise ValueError("check(backend='jax') runs the JAX program on positional inputs; pass them positionally")
         return _check_jax(plan, model, inputs, reference_losses, reference_grads)
 
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    results = get_cluster(mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, plan.to_json(), steps, lr,
+    results = get_cluster(mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(), steps, lr,
                                          measure_memory)
 
     tensors = [compare(f"loss[step {i}]", torch.tensor(a), torch.tensor(b))
@@ -138,6 +165,10 @@ def check(model: nn.Module, example_inputs, *, mesh=None, hardware: str = DEFAUL
     missing = set(reference_grads) - set(results[0]["grads"])
     for fqn in sorted(missing):
         tensors.append(TensorCheck(f"grad {fqn} (missing)", float("inf"), float("inf")))
+    for path, want in reference_values.items():
+        got = results[0]["values"].get(path)
+        tensors.append(compare(f"output {path}", got, want) if got is not None else
+                       TensorCheck(f"output {path} (missing)", float("inf"), float("inf")))
     moved = {}
     for r in results:
         for kind, n in r["bytes_moved"].items():
@@ -169,8 +200,8 @@ def rank_mesh_for(mesh: Mesh):
     return _RANK_MESHES[mesh]
 
 
-def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, plan_json: str, steps: int,
-                 lr: float, measure_memory: bool) -> dict:
+def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, kwargs: dict, plan_json: str,
+                 steps: int, lr: float, measure_memory: bool) -> dict:
     from autopar.runtime.module import ParallelModule
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
@@ -178,10 +209,21 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
     rt = rank_mesh_for(plan.mesh)
     rt.bytes_moved.clear()
     parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
-    peak = _measure_peak_memory(model, lambda: parallel(*inputs).backward()) if measure_memory else None
+    if measure_memory:
+        peak = _measure_peak_memory(model, lambda: _autopar_loss(parallel(*inputs, **kwargs)).backward())
     rt.bytes_moved.clear()
-    losses, grads = train(model, lambda: parallel(*inputs), steps, lr)
-    return {"losses": losses, "grads": grads, "bytes_moved": dict(rt.bytes_moved), "peak_memory": peak}
+    losses, grads, values = train(model, lambda: parallel(*inputs, **kwargs), steps, lr, _autopar_loss)
+    return {"losses": losses, "grads": grads, "values": values, "bytes_moved": dict(rt.bytes_moved),
+            "peak_memory": peak if measure_memory else None}
+
+
+def _autopar_loss(output):
+    """The loss in what an autoparallelized model returns: its one tensor that is not a DTensor
+    (the user's loss_fn need not be picklable to reach the workers)."""
+    from torch.distributed.tensor import DTensor
+
+    return next(leaf for leaf in pytree.tree_leaves(output)
+                if isinstance(leaf, torch.Tensor) and not isinstance(leaf, DTensor))
 
 
 def _measure_peak_memory(model: nn.Module, step) -> float:

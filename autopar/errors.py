@@ -1,4 +1,20 @@
 """Errors users see. Each message names the cause and what to do."""
+import os
+import sys
+
+import torch
+
+# frames inside autopar or torch (a module's call machinery) are not the user's line
+_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (__file__, torch.__file__))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a warning given by the caller of this function that points at the
+    first frame outside autopar and torch: the user's line that led to it."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 class AutoparError(Exception):
@@ -11,6 +27,10 @@ class MeshError(AutoparError, ValueError):
 
 class CaptureError(AutoparError):
     """The model's training step could not be captured as one graph."""
+
+
+class NoLossError(CaptureError):
+    """A training step was asked of a call whose output holds no loss."""
 
 
 class PlanFormatError(AutoparError, ValueError):

@@ -8,21 +8,31 @@
     loss = model(x, y)                     # first call: rank 0 plans, all ranks shard and run
     loss.backward(); opt.step()
 
-Every rank passes the same global batch; each takes its own block of it.
+Every rank passes the same global batch; each takes its own block of it. The model is called
+as it is (positional and keyword arguments, nested batches) and returns what it returns.
+
+The first call plans the training step (with the model in training mode, whatever its mode),
+which fixes where every parameter lives. A later call the programs so far do not fit (another
+input shape, evaluation mode, a call under no_grad without a loss) is planned then, with the
+parameters where the first plan put them, and kept for the next such call; ``replan=False``
+refuses another input shape instead.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 import weakref
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from autopar import errors
 from autopar.capture.export import capture
-from autopar.errors import AutoparError, MeshError, PlanMismatchError
+from autopar.errors import AutoparError, MeshError, NoLossError, PlanMismatchError, user_stacklevel
+from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
@@ -31,22 +41,25 @@ from autopar.passes.registry import pipeline
 
 
 class _Runner:
-    """Plans on the first call, then runs the emitted program on every call."""
+    """Plans on the first call, then runs the emitted programs on every call."""
 
-    def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple):
+    def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple,
+                 loss_fn: Optional[Callable], replan: bool):
         self.mesh = Mesh.parse(mesh)
         self.passes = passes
         self.hardware = hardware
         self.plan = plan
         self.device = device
+        self.loss_fn = loss_fn
+        self.replan = replan
         self.parallel = None
         self.sync = True  # False inside no_sync()
 
-    def __call__(self, model: nn.Module, *inputs):
+    def __call__(self, model: nn.Module, *args, **kwargs):
         if self.parallel is None:
-            self.parallel = self._start(model, inputs)
+            self.parallel = self._start(model, flatten_call(args, kwargs))
         self.parallel.require_gradient_sync = self.sync
-        return self.parallel(*inputs)
+        return self.parallel(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -57,8 +70,7 @@ class _Runner:
         finally:
             self.sync = before
 
-    def _start(self, model: nn.Module, inputs):
-        from autopar.api import plan as make_plan
+    def _start(self, model: nn.Module, call: FlatCall):
         from autopar.runtime.module import ParallelModule
         from autopar.runtime.rank_mesh import RankMesh
 
@@ -66,14 +78,12 @@ class _Runner:
         self.mesh.check_world_size(dist.get_world_size())  # before any planning or communication
         plan = self.plan
         if plan is None:
-            text = [make_plan(model, inputs, mesh=self.mesh, hardware=self.hardware, passes=self.passes).to_json()
-                    if dist.get_rank() == 0 else None]
-            dist.broadcast_object_list(text, src=0)
-            plan = Plan.from_json(text[0])
+            plan = _planned_on_rank0(lambda: self._first_plan(model, call))
         elif plan.mesh != self.mesh:
             raise MeshError(f"the given plan is for mesh {plan.mesh}, not {self.mesh}")
         else:  # on every rank, so that all of them raise
-            check_plan_is_for(plan, model, inputs)
+            args, kwargs = call.rebuild(call.tensors)
+            check_plan_is_for(plan, model, *args, loss_fn=self.loss_fn, **kwargs)
         device = self.device or ("cuda" if dist.get_backend() == "nccl" else "cpu")
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
@@ -84,13 +94,72 @@ class _Runner:
                 dist.broadcast(moved, src=0)
                 tensor.data = moved
         self.plan = plan
-        return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"))
+        return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
+                              planner=self._planner, replan=self.replan)
+
+    def _first_plan(self, model: nn.Module, call: FlatCall) -> Plan:
+        """The training step of the first call, in training mode whatever the model's mode: its
+        layouts are the ones training runs in. A call without a loss gets its forward program."""
+        with _in_training_mode(model):
+            try:
+                return self._plan(model, call, "step", {}, {})
+            except NoLossError:
+                pass
+        warnings.warn("the first call's output holds no loss, so the parameters' layouts are chosen for its forward "
+                      "program alone; training steps are planned around them (make the first call a training "
+                      "call to lay the parameters out for training)", stacklevel=user_stacklevel())
+        return self._plan(model, call, "forward", {}, {})
+
+    def _planner(self, kind: str, model: nn.Module, call: FlatCall, pins: dict, shapes: dict) -> tuple[Plan, str]:
+        """ParallelModule's planner: every rank asks, rank 0 plans, every rank gets the plan."""
+        plan = _planned_on_rank0(lambda: self._plan(model, call, kind, pins, shapes))
+        return plan, plan.emit("torch")
+
+    def _plan(self, model: nn.Module, call: FlatCall, kind: str, pins: dict, shapes: dict) -> Plan:
+        from autopar.api import plan_program
+        from autopar.planning.request import resolve
+
+        args, kwargs = call.rebuild(call.tensors)
+        program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == "step",
+                          global_shapes=shapes)
+        present = set(program.params.values()) | set(program.buffers.values())  # eval may not use them all
+        request = resolve(self.mesh, self.hardware, pin={k: v for k, v in pins.items() if k in present})
+        return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
 
 
-def check_plan_is_for(plan: Plan, model: nn.Module, inputs) -> None:
+def _planned_on_rank0(make_plan: Callable[[], Plan]) -> Plan:
+    """Rank 0's plan on every rank; where planning fails, every rank raises its error."""
+    message: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            message = [("plan", make_plan().to_json())]
+        except Exception as exc:
+            dist.broadcast_object_list([("error", type(exc).__name__, str(exc))], src=0)
+            raise
+    dist.broadcast_object_list(message, src=0)
+    if message[0][0] == "error":
+        _, kind, text = message[0]
+        error = getattr(errors, kind, None)
+        raise (error if isinstance(error, type) and issubclass(error, AutoparError) else AutoparError)(
+            f"planning failed on rank 0: {text}")
+    return Plan.from_json(message[0][1])
+
+
+@contextlib.contextmanager
+def _in_training_mode(model: nn.Module):
+    was = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Optional[Callable] = None, **kwargs) -> None:
     """Refuse a plan of another computation before it runs: one made for another forward, or
     for inputs of other shapes, has the same parameters but would compute something else."""
-    fingerprint = fingerprint_of(capture(model, inputs))
+    program = capture(model, args, kwargs=kwargs, loss_fn=loss_fn, training_step=plan.graph.kind == "step")
+    fingerprint = fingerprint_of(program)
     if fingerprint != plan.fingerprint:
         raise PlanMismatchError(
             f"plan {plan.hash} was made for graph {plan.fingerprint}, but this model and these inputs capture as "
@@ -109,8 +178,8 @@ class AutoParallel(nn.Module):
         self.model = model
         self._runner = runner
 
-    def forward(self, *inputs):
-        return self._runner(self.model, *inputs)
+    def forward(self, *args, **kwargs):
+        return self._runner(self.model, *args, **kwargs)
 
     def no_sync(self):
         """DDP's ``no_sync``: backward passes of calls inside keep local gradients; the first
@@ -123,14 +192,17 @@ class AutoParallel(nn.Module):
 
 
 def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
-                    device: Optional[str] = None, passes: Sequence = ()):
+                    device: Optional[str] = None, passes: Sequence = (), loss_fn: Optional[Callable] = None,
+                    replan: bool = True):
     """Use on an instance (returns a wrapper module) or as a class decorator. ``passes``: extra
-    passes for the plan (autopar.plan's ``passes``)."""
+    passes for the plans (autopar.plan's ``passes``); ``loss_fn(output)``: picks the loss out of
+    the model's output where autopar would not find it (autopar.plan); ``replan=False``: a call
+    with other input shapes or arguments than the first is refused, not planned."""
     Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
     pipeline(passes)  # so does a misplaced pass
 
     def runner() -> _Runner:
-        return _Runner(mesh, hardware, plan, device, tuple(passes))
+        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan)
 
     if model is None:
         return lambda cls: _decorate_class(cls, runner)
@@ -150,8 +222,8 @@ def _decorate_class(cls, make_runner):
             _RUNNERS[self] = make_runner()
         return _RUNNERS[self]
 
-    def __call__(self, *inputs):
-        return runner(self)(self, *inputs)
+    def __call__(self, *args, **kwargs):
+        return runner(self)(self, *args, **kwargs)
 
     def no_sync(self):
         """DDP's ``no_sync``: backward passes of calls inside keep local gradients; the first

@@ -83,7 +83,7 @@ def recompute_solve_time(layers: int) -> None:
     plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", recompute="none", cache=False)
     statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
     memory = simulate(statements, plan.graph, plan.strategies, plan.mesh, "adam")
-    problem, _ = build_problem(statements, memory.during, plan.strategies, plan.graph.loss)
+    problem, _ = build_problem(statements, memory.during, plan.strategies)
     everything_kept = max(memory_of(problem, set()))
     start = time.perf_counter()
     least = solve(problem, None)
@@ -110,7 +110,7 @@ def megatron_check() -> None:
         paths = module_paths(capture(model, inputs))
         statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
         memory = simulate(statements, plan.graph, plan.strategies, plan.mesh, "adam")
-        problem, names = build_problem(statements, memory.during, plan.strategies, plan.graph.loss)
+        problem, names = build_problem(statements, memory.during, plan.strategies)
         kept = {problem.storage[v]: problem.storage_bytes[problem.storage[v]] for v, n in enumerate(names)
                 if problem.first_use[v] is not None and paths.get(n, "").startswith("blocks.1.")}
         ours, formula = sum(kept.values()), s * b * h * (34 + 5 * a * s / h)

@@ -9,7 +9,9 @@ Per round, in alternating order (the machine is shared and noisy):
 - joint: the same two programs called back to back in one function, with no autograd
   (the statements of the joint program the runtime ran before the split);
 - accumulation of 4 micro-batches (each of the step's batch, data parallel on dp=4) with and
-  without ``no_sync()``: time and bytes moved.
+  without ``no_sync()``: time and bytes moved;
+- a call under ``torch.no_grad()`` in training mode (the step's forward program, nothing kept)
+  and in evaluation mode (the forward program planned for eval, with the same parameter layouts).
 
 Peak memory (torch's MemTracker, one step) for split and joint. The last line reads
 ``split/joint step time: X.XX``.
@@ -33,24 +35,36 @@ from autopar.runtime.local_cluster import get_cluster  # noqa: E402
 from examples import gpt2  # noqa: E402
 
 
-def measure(rank, world_size, model_bytes, inputs, plan_json, steps):
+def measure(rank, world_size, model_bytes, inputs, plans_json, steps):
     """On each worker: per mode, the median time of ``steps`` steps, bytes moved, peak memory."""
     from autopar.check import _measure_peak_memory, rank_mesh_for
     from autopar.runtime.module import ParallelModule
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    plan = autopar.Plan.from_json(plan_json)
+    plan, evaluation = (autopar.Plan.from_json(text) for text in plans_json)
     rt = rank_mesh_for(plan.mesh)
-    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"),
+                              planner=lambda *_: (evaluation, evaluation.emit("torch")))
     modes = {
         "split": lambda: parallel(*inputs).backward(),
         "joint": lambda: _joint(parallel, inputs),
+        "forward under no_grad": lambda: _forward(parallel, inputs, training=True),
+        "evaluation forward": lambda: _forward(parallel, inputs, training=False),
     }
     out = {}
     for name, step in modes.items():
         out[name] = _timed(rt, step, steps)
         out[name]["peak_bytes"] = _measure_peak_memory(model, step)
     return out
+
+
+def _forward(parallel, inputs, training: bool) -> None:
+    """A call under no_grad: the training step's forward program in training mode, the
+    evaluation plan's forward program in evaluation mode."""
+    parallel.train(training)
+    with torch.no_grad():
+        parallel(*inputs)
+    parallel.train()
 
 
 def accumulate(rank, world_size, model_bytes, micro, plan_json, steps):
@@ -75,10 +89,13 @@ def accumulate(rank, world_size, model_bytes, micro, plan_json, steps):
 
 def _joint(parallel, inputs) -> None:
     """The forward and backward programs back to back, no autograd: the joint step's statements."""
-    args = parallel.arguments(inputs)
+    from autopar.ir.call import flatten_call
+
+    program = parallel.first
+    args = program.arguments(parallel.model, flatten_call(inputs))
     with torch.no_grad():
-        loss, saved = parallel.program.forward(parallel.rt, *args)
-        parallel.program.backward(parallel.rt, *args, saved, torch.ones_like(loss), True, {})
+        loss, saved, _, _ = program.module.forward(parallel.rt, *args)
+        program.module.backward(parallel.rt, *args, saved, torch.ones_like(loss), True, {})
 
 
 def _timed(rt, step, steps: int) -> dict:
@@ -91,6 +108,20 @@ def _timed(rt, step, steps: int) -> dict:
         torch.distributed.barrier()
         times.append(time.perf_counter() - start)
     return {"seconds": statistics.median(times[1:]), "bytes": sum(rt.bytes_moved.values())}
+
+
+def _evaluation_plan(model, inputs, plan):
+    """The forward program in evaluation mode, its parameters where ``plan`` put them (as
+    autoparallelize plans it on the first call after model.eval())."""
+    from autopar.api import plan_program
+    from autopar.capture import capture
+    from autopar.planning.request import resolve
+
+    model.eval()
+    program = capture(model, inputs, training_step=False)
+    model.train()
+    layouts = {fqn: plan.out_spec(ph).to_json() for ph, fqn in plan.graph.params.items()}
+    return plan_program(program, resolve(plan.mesh, "h100-sxm", pin=layouts), model, inputs, cache=False)
 
 
 def _data_parallel(model, inputs):
@@ -111,15 +142,16 @@ def main() -> None:
     args = parser.parse_args()
     model, inputs = gpt2.make(args.size)
     plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", cache=False)
+    evaluation = _evaluation_plan(model, inputs, plan)
     micro_plan = _data_parallel(model, inputs)
     buffer = io.BytesIO()
     torch.save(model, buffer)
     cluster = get_cluster(4)
     rounds: dict = {}
     for r in range(args.rounds):
-        jobs = [(measure, inputs, plan), (accumulate, inputs, micro_plan)]
-        for job, job_inputs, job_plan in (jobs if r % 2 == 0 else jobs[::-1]):
-            result = cluster.run(job, buffer.getvalue(), job_inputs, job_plan.to_json(), args.steps)[0]
+        jobs = [(measure, inputs, (plan.to_json(), evaluation.to_json())), (accumulate, inputs, micro_plan.to_json())]
+        for job, job_inputs, job_plans in (jobs if r % 2 == 0 else jobs[::-1]):
+            result = cluster.run(job, buffer.getvalue(), job_inputs, job_plans, args.steps)[0]
             for mode, figures in result.items():
                 rounds.setdefault(mode, []).append(figures)
     print(f"GPT-2-style {args.size}, 4 gloo processes, {args.rounds} rounds of {args.steps} steps; the step on "
@@ -128,6 +160,9 @@ def main() -> None:
         seconds = statistics.median(f["seconds"] for f in figures)
         peak = f", peak {figures[0]['peak_bytes'] / 2**20:.1f} MiB" if "peak_bytes" in figures[0] else ""
         print(f"  {mode:<26} {seconds * 1e3:8.1f} ms  {figures[0]['bytes'] / 1e3:10.1f} KB moved{peak}")
+    evaluation_by_round = [e["seconds"] / f["seconds"]
+                           for e, f in zip(rounds["evaluation forward"], rounds["forward under no_grad"])]
+    print(f"  evaluation/training forward per round: {', '.join(f'{x:.2f}' for x in evaluation_by_round)}")
     by_round = [s["seconds"] / j["seconds"] for s, j in zip(rounds["split"], rounds["joint"])]
     print(f"  split/joint per round: {', '.join(f'{x:.2f}' for x in by_round)}")
     print(f"split/joint step time: {statistics.median(by_round):.2f}")

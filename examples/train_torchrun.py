@@ -4,7 +4,8 @@
 
 Rank 0 plans on the first call and the other ranks receive the plan; every rank
 then shards its parameters and runs the emitted program. Each rank passes the
-same global batch.
+same global batch. An evaluation pass at the end runs a forward program planned
+for evaluation mode.
 """
 from __future__ import annotations
 
@@ -38,7 +39,12 @@ def main() -> None:
         opt.zero_grad()
         if dist.get_rank() == 0:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
+    model.eval()  # the first evaluation call plans a forward program in eval mode, around the same layouts
+    with torch.no_grad():
+        held_out = model(idx.roll(1, dims=0), targets.roll(1, dims=0))
+    model.train()
     if dist.get_rank() == 0:
+        print(f"evaluation loss {held_out.item():.4f}", flush=True)
         plan = autopar.plan_of(model)
         print(f"plan {plan.hash}: {len(plan.collectives())} collectives, "
               f"predicted {plan.predicted.step_time_s * 1e3:.3f} ms/step on {plan.hardware}")

@@ -123,7 +123,7 @@ def test_the_recompute_solver_equals_brute_force_on_a_captured_program():
     plan = autopar.plan(model, inputs, mesh="dp=2", hardware="h100-sxm")
     statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
     memory = simulate(statements, plan.graph, plan.strategies, plan.mesh, "adam")
-    problem, names = build_problem(statements, memory.during, plan.strategies, plan.graph.loss)
+    problem, names = build_problem(statements, memory.during, plan.strategies)
     recomputable = [v for v in range(problem.n) if not math.isinf(problem.seconds[v])]
     assert 3 <= len(recomputable) <= 14, names
     everything_kept = max(memory_of(problem, set()))
@@ -146,7 +146,7 @@ def test_the_recompute_model_sees_every_backward_read_and_underestimates_the_sim
     plan = autopar.plan(model, inputs, mesh="dp=2", hardware=FAST, optimizer="sgd", recompute="none")
     statements = schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh)
     plain = simulate(statements, plan.graph, plan.strategies, plan.mesh, "sgd")
-    problem, names = build_problem(statements, plain.during, plan.strategies, plan.graph.loss)
+    problem, names = build_problem(statements, plain.during, plan.strategies)
     boundary = next(i for i, s in enumerate(statements) if s.defines == plan.graph.loss) + 1
     read_in_backward = {u for s in statements[boundary:] for u in s.uses}
     sites = {min(i for i, s in enumerate(statements[boundary:], boundary) if name in s.uses)

@@ -47,6 +47,10 @@ class _Outputs(torch.nn.Module):
         super().__init__()
         self.form = form
         self.fc = torch.nn.Linear(32, 16)
+        if form == "model_output":  # imported before tracing, as a Hugging Face model has it
+            from transformers.modeling_outputs import CausalLMOutput
+
+            self.output_type = CausalLMOutput
 
     def forward(self, x, y):
         logits = self.fc(x)
@@ -55,9 +59,7 @@ class _Outputs(torch.nn.Module):
             return logits.sum(-1), loss, logits  # the loss is the first scalar
         if self.form == "dict":
             return {"logits": logits, "loss": loss}
-        from transformers.modeling_outputs import CausalLMOutput
-
-        return CausalLMOutput(loss=loss, logits=logits)
+        return self.output_type(loss=loss, logits=logits)
 
 
 @pytest.mark.parametrize("form", ["tuple", "dict", "model_output"])
@@ -84,29 +86,218 @@ def test_a_model_without_a_loss_is_refused_saying_what_to_return():
         autopar.plan(NoLoss(), (torch.randn(2, 4),), mesh="dp=2", cache=False)
 
 
-def test_a_forward_that_updates_running_statistics_is_refused():
-    """BatchNorm's running statistics used to come out as the step's "loss"."""
-    class ConvNet(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv, self.bn, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(4, 2)
+class _NestedBatch(torch.nn.Module):
+    """Called with a dict batch and keywords; returns the logits, an auxiliary scalar and the loss."""
 
-        def forward(self, x, y):
-            features = torch.relu(self.bn(self.conv(x))).mean((2, 3))
-            return torch.nn.functional.cross_entropy(self.fc(features), y)
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4)
 
-    inputs = (torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 0, 1]))
-    with pytest.raises(autopar.CaptureError, match="updates bn.running_mean, bn.running_var"):
-        autopar.plan(ConvNet(), inputs, mesh="dp=2", cache=False)
+    def forward(self, batch, *, weight, scale=1.0):
+        logits = self.fc(batch["x"]) * scale
+        loss = (torch.nn.functional.cross_entropy(logits, batch["y"], reduction="none") * weight).mean()
+        return logits, logits.pow(2).mean(), loss
 
 
-def test_a_first_call_under_no_grad_still_plans_a_training_step_and_eval_mode_is_refused():
-    model, inputs = mlp.make(batch=8, width=64, hidden=128)
-    with torch.no_grad():
-        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=workers.FAST, cache=False)
-    assert sorted(plan.graph.grads.values()) == sorted(n for n, _ in model.named_parameters())
-    for got in get_cluster(4).run(workers.call_in_eval_mode, plan.to_json(), inputs):
-        assert "captured in training mode and the model is now in evaluation mode" in got["error"]
+def _third(output):
+    return output[2]
+
+
+def _nested_call():
+    g = torch.Generator().manual_seed(5)
+    batch = {"x": torch.randn(8, 16, generator=g), "y": torch.randint(0, 4, (8,), generator=g)}
+    return (batch,), {"weight": torch.rand(8, generator=g), "scale": 0.5}
+
+
+def test_a_nested_batch_and_keywords_plan_and_loss_fn_picks_the_loss():
+    """The call's tensors are the program's inputs, named by their place (batch_x); the float
+    keyword is part of the planned call; loss_fn picks the third output where the first scalar
+    (the auxiliary term) would have been taken, and only it is differentiated."""
+    from autopar.ir.call import flatten_call
+    from autopar.runtime.program import check_call_fits
+
+    torch.manual_seed(0)
+    model = _NestedBatch()
+    args, kwargs = _nested_call()
+    plan = autopar.plan(model, args, kwargs=kwargs, loss_fn=_third, mesh="dp=2,tp=2", hardware=workers.FAST,
+                        cache=False)
+    assert "def forward(rt, fc_weight, fc_bias, batch_x, batch_y, weight):" in plan.emit("torch")
+    report = autopar.check(model, args, kwargs=kwargs, loss_fn=_third, plan=plan, steps=2)
+    assert report.ok, str(report)
+    assert [t.name for t in report.tensors if t.name.startswith("output")] == ["output [0]", "output [1]"]
+    check_call_fits(plan, flatten_call(args, kwargs))  # the planned call fits
+    with pytest.raises(autopar.PlanMismatchError, match="called with other arguments"):
+        check_call_fits(plan, flatten_call(args, {**kwargs, "scale": 2.0}))  # another scale is another program
+
+
+def test_a_loss_fn_that_computes_a_new_tensor_and_an_object_in_the_call_are_refused():
+    torch.manual_seed(0)
+    model = _NestedBatch()
+    args, kwargs = _nested_call()
+    with pytest.raises(autopar.CaptureError, match="loss_fn returned a tensor that is not one of the model's outputs"):
+        autopar.plan(model, args, kwargs=kwargs, loss_fn=lambda out: out[2] * 2, mesh="dp=2", cache=False)
+    with pytest.raises(autopar.CaptureError, match="called with Generator"):
+        autopar.plan(model, args, kwargs={**kwargs, "scale": torch.Generator()}, mesh="dp=2", cache=False)
+
+
+class _ConvNet(torch.nn.Module):
+    """A small CNN with BatchNorm, whose forward updates the running statistics in training mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Linear(8, 4)
+
+    def forward(self, x, y):
+        features = torch.relu(self.bn(self.conv(x))).mean((2, 3))
+        return torch.nn.functional.cross_entropy(self.fc(features), y)
+
+
+class _DropoutClassifier(torch.nn.Module):
+    """Dropout between two layers; returns the logits, with the loss when given the labels."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 8)
+
+    def forward(self, x, y=None):
+        logits = self.fc2(torch.nn.functional.dropout(torch.relu(self.fc1(x)), 0.25, self.training))
+        if y is None:
+            return {"logits": logits}
+        return {"loss": torch.nn.functional.cross_entropy(logits, y), "logits": logits}
+
+
+def _played(model, script, mesh="dp=2,tp=2", **options):
+    """``workers.play`` on an autoparallelized copy of ``model`` on 4 processes (rank 0's result)
+    and on an eager copy; the eager results and the model itself are left untouched."""
+    import copy
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.play_autoparallelized, buffer.getvalue(), script, mesh, options)
+    eager = copy.deepcopy(model)
+    return got, workers.play(eager, script), eager
+
+
+def _assert_same(got: list, want: list) -> None:
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert a["type"] == b["type"], step
+        assert set(a["tensors"]) == set(b["tensors"]), step
+        for path, value in b["tensors"].items():
+            torch.testing.assert_close(a["tensors"][path], value, rtol=1e-4, atol=1e-5, msg=f"step {step} {path}")
+
+
+def test_batch_norm_running_statistics_are_written_back_as_eager_updates_them():
+    """BatchNorm's forward updates its running statistics (it used to be refused, and before that
+    returned a buffer as the "loss"): each rank writes them back, equal to eager's after three
+    steps, and evaluation (before training, and after) reads them. The plan keeps BatchNorm's
+    input replicated (batch_norm has no sharding rule), so its statistics are those of the whole
+    batch, as eager's."""
+    torch.manual_seed(0)
+    model = _ConvNet()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 3, 10, 10, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(3)]
+    # the first call in evaluation mode: the training step is planned first all the same
+    script = [("eval", batches[0], {})] + [("train", batch, {}) for batch in batches] + [("eval", batches[0], {})]
+    got, want, eager = _played(model, script)
+    for rank in got:
+        assert rank["error"] is None, rank["error"]
+        _assert_same(rank["results"], want)
+        for name, value in eager.named_buffers():
+            torch.testing.assert_close(rank["buffers"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+        assert rank["programs"] == [("forward", False), ("step", True)]
+    assert eager.bn.num_batches_tracked.item() == 3 and not torch.equal(eager.bn.running_mean, model.bn.running_mean)
+    plan = autopar.plan(model, batches[0], mesh="dp=2,tp=2", hardware=workers.FAST, cache=False)
+    norms = [n.name for n in plan.graph.nodes if "batch_norm" in n.target]
+    assert norms and all(spec.is_replicated() for n in norms for spec in plan.strategies[n].in_specs)
+
+
+def test_a_model_with_dropout_trains_after_a_first_no_grad_call_and_evaluates_as_eager():
+    """The first call, under no_grad, plans the training step (its forward serves the call, with
+    dropout on as eager's); evaluation gets its own forward program in eval mode (no dropout);
+    training resumes after it. Every output, the logits included, equals eager's."""
+    torch.manual_seed(0)
+    model = _DropoutClassifier()
+    g = torch.Generator().manual_seed(2)
+    batch = (torch.randn(8, 32, generator=g), torch.randint(0, 8, (8,), generator=g))
+    script = [("no_grad", batch, {}), ("train", batch, {}), ("train", batch, {}), ("eval", batch, {}),
+              ("train", batch, {}), ("eval", batch, {})]
+    got, want, _ = _played(model, script)
+    for rank in got:
+        assert rank["error"] is None, rank["error"]
+        _assert_same(rank["results"], want)
+        assert rank["programs"] == [("forward", False), ("step", True)]  # the second eval reused its program
+    assert not torch.equal(want[0]["tensors"]["['logits']"], want[3]["tensors"]["['logits']"])  # dropout mattered
+
+
+def test_a_first_call_without_a_loss_lays_the_parameters_out_for_its_forward_and_says_so():
+    """Evaluation without labels first: no training step can be planned from that call, so its
+    forward program sets the layouts, with a warning; the training call after it is planned
+    around them and equals eager."""
+    torch.manual_seed(0)
+    model = _DropoutClassifier()
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(8, 32, generator=g), torch.randint(0, 8, (8,), generator=g)
+    script = [("eval", (x,), {}), ("train", (x, y), {}), ("eval", (x,), {})]
+    got, want, _ = _played(model, script)
+    for rank in got:
+        assert rank["error"] is None, rank["error"]
+        _assert_same(rank["results"], want)
+        assert rank["programs"] == [("forward", False), ("step", True)]
+    assert any("holds no loss" in message for message, _ in got[0]["warnings"])
+
+
+def test_a_new_batch_size_is_planned_and_with_replan_false_refused():
+    """A call with another batch size gets its own plan (the parameters stay where the first plan
+    put them) and equals eager; with replan=False it is refused, naming both shapes."""
+    model, (x, y) = mlp.make(batch=8, width=64, hidden=128)
+    script = [("train", (x, y), {}), ("train", (x[:4], y[:4]), {}), ("train", (x, y), {})]
+    got, want, _ = _played(model, script)
+    for rank in got:
+        assert rank["error"] is None, rank["error"]
+        _assert_same(rank["results"], want)
+        assert rank["programs"] == [("step", True), ("step", True)]
+    refused, _, _ = _played(model, script, replan=False)
+    for rank in refused:
+        assert "input 'x' has shape [4, 64]" in rank["error"] and "made for shape [8, 64]" in rank["error"]
+
+
+def test_hugging_face_gpt2_trains_called_with_keywords_and_no_wrapper():
+    """GPT2LMHeadModel(input_ids=..., labels=...) under autoparallelize, as it is: the loss is the
+    ModelOutput's, the logits come back (as DTensors) equal to eager's, and its KV cache, which
+    the programs do not return, comes back as None."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=32,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(3))
+    script = [("train", (), {"input_ids": ids, "labels": ids})] * 3
+    got, want, _ = _played(model, script)
+    for rank in got:
+        assert rank["error"] is None, rank["error"]
+        _assert_same(rank["results"], want)
+        cache = [w for w in rank["warnings"] if "DynamicCache" in w[0]]
+        assert len(cache) == 1 and cache[0][1].endswith("workers.py")  # once, at the line that called the model
+    assert want[0]["type"] == "CausalLMOutputWithCrossAttentions" and "['logits']" in want[0]["tensors"]
+    assert want[0]["tensors"]["['loss']"] > want[2]["tensors"]["['loss']"]  # it trained
+
+
+def test_hugging_face_llama_called_with_keywords_checks_equal_to_eager():
+    """LlamaForCausalLM(input_ids=..., labels=...) on dp=2,tp=2, no wrapper: loss over three steps,
+    every gradient and the logits equal eager's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                         max_position_embeddings=32))
+    ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(4))
+    report = autopar.check(model, kwargs={"input_ids": ids, "labels": ids}, mesh="dp=2,tp=2", hardware=workers.FAST,
+                           steps=3)
+    assert report.ok, str(report)
+    assert [t.name for t in report.tensors if t.name.startswith("output")] == ["output ['logits']"]
+    assert sum(t.name.startswith("grad ") for t in report.tensors) == len(list(model.parameters()))
 
 
 def _data_parallel(model, inputs):

@@ -162,3 +162,59 @@ def accumulate_micro_batches(rank, world_size, plan_json, micro_batches, defer):
         losses.append(loss.item())
     return {"losses": losses, "bytes": sum(rt.bytes_moved.values()), "coords": rt.coords,
             "grads": {n: p.grad.clone() for n, p in model.named_parameters()}, "unsynced": len(parallel.unsynced)}
+
+
+def play(model, script, lr=0.1):
+    """Run ``script`` on ``model``: each entry ``(what, args, kwargs)`` is "train" (an SGD step
+    on the call's loss), "no_grad" (a call under torch.no_grad()) or "eval" (the call under
+    no_grad in evaluation mode, then back to training mode). Per entry: the output's type and
+    every tensor in it, whole (a DTensor gathered), by its place in the output."""
+    from autopar.capture.export import loss_of
+    from autopar.check import output_values
+
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    results = []
+    for i, (what, args, kwargs) in enumerate(script):
+        torch.manual_seed(100 + i)  # dropout draws alike on every rank and in eager
+        if what == "train":
+            opt.zero_grad()
+            output = model(*args, **kwargs)
+            loss_of(output).backward()
+            opt.step()
+        else:
+            model.train(what != "eval")
+            with torch.no_grad():
+                output = model(*args, **kwargs)
+            model.train()
+        results.append({"type": type(output).__name__, "tensors": output_values(output)})
+    return results
+
+
+def play_autoparallelized(rank, world_size, model_bytes, script, mesh, options):
+    """``play`` on the model wrapped by autopar.autoparallelize; also its buffers, whole, the
+    programs it planned ((kind, training mode) of each) and the warnings given (message, file).
+    An AutoparError ends the script and is returned as ``error``."""
+    import io
+    import warnings
+
+    from torch.distributed.tensor import DTensor
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, **options)
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            results = play(wrapped, script)
+    except autopar.AutoparError as exc:
+        return {"error": str(exc)}
+    parallel = wrapped._runner.parallel
+    plan = parallel.plan
+    placeholder = {fqn: ph for ph, fqn in plan.graph.buffers.items()}
+    buffers = {}
+    for fqn, local in model.named_buffers():
+        meta = plan.graph.node(placeholder[fqn]).outputs[0]
+        buffers[fqn] = DTensor.from_local(local, parallel.rt.device_mesh, plan.out_spec(placeholder[fqn]).to_dtensor(),
+                                          shape=torch.Size(meta.shape), stride=torch.empty(meta.shape).stride(),
+                                          run_check=False).full_tensor()
+    return {"results": results, "buffers": buffers, "programs": sorted((key[0], key[1]) for key in parallel.programs),
+            "warnings": [(str(w.message), w.filename) for w in warned], "error": None}

@@ -22,29 +22,26 @@ def header(plan, title: str) -> list[str]:
 
 class Sections:
     """The comments that open each phase of the step and each module's statements, for a plan's
-    statements printed in order. Forward ends where the loss is computed: values that only
-    backward reads (saved statistics) are computed before it, in forward's order."""
+    statements printed in order, forward's then backward's (lowering.schedule.Split)."""
 
     def __init__(self, plan):
         self.plan = plan
         self.phase: str | None = None
         self.module: str | None = None
-        self.loss_done = False
 
-    def before(self, statement) -> list[str]:
+    def before(self, statement, program: str) -> list[str]:
+        """The comments before ``statement`` of the ``program`` ("forward" or "backward")."""
         node = statement.node
         if node is None or node.op == "placeholder":
             return []
         lines = []
-        phase = "backward" if self.loss_done or statement.recomputed else "forward"
-        if phase != self.phase:
-            self.phase, self.module = phase, None
-            lines += ["", f"# ---- {phase} ----"]
+        if program != self.phase:
+            self.phase, self.module = program, None
+            lines += ["", f"# ---- {program} ----"]
         module = self.plan.modules.get(node.name)
         if module is not None and module != self.module:
             self.module = module
             lines.append(f"# {module or '<model>'}")
-        self.loss_done = self.loss_done or node.name == self.plan.graph.loss
         return lines
 
 

@@ -120,15 +120,13 @@ def _fold_double_transposes(program: Program) -> None:
 
 
 def _rename_output(program: Program, old: str, new: str) -> None:
-    """The graph output (loss or gradient) that was node ``old`` is now node ``new``."""
-    if old in program.grads:
-        program.grads[new] = program.grads.pop(old)
-    _replace_loss_name(program, old, new)
-
-
-def _replace_loss_name(program: Program, old: str, new: str) -> None:
+    """The graph output (loss, value, buffer update or gradient) that was node ``old`` is now node ``new``."""
+    for table in (program.grads, program.mutated):
+        if old in table:
+            table[new] = table.pop(old)
     if program.loss == old:
         program.loss = new
+    program.values = [new if v == old else v for v in program.values]
     program.outputs = [new if o == old else o for o in program.outputs]
 
 
@@ -154,7 +152,7 @@ def _rewrite_mean(program: Program) -> None:
             mean = graph.call_function(aten.div.Scalar, (total, count))
             mean.meta["val"] = node.meta["val"]
         node.replace_all_uses_with(mean)
-        _replace_loss_name(program, node.name, mean.name)
+        _rename_output(program, node.name, mean.name)
         graph.erase_node(node)
 
 
@@ -190,4 +188,4 @@ def _rewrite_mean_nll(program: Program) -> None:
         for g in getters.values():
             graph.erase_node(g)
         graph.erase_node(node)
-        _replace_loss_name(program, old_loss, mean.name)
+        _rename_output(program, old_loss, mean.name)

@@ -1,7 +1,9 @@
-"""Capture ``loss = model(*inputs)`` as one joint forward+backward ATen graph.
+"""Capture ``model(*args, **kwargs)`` as one ATen graph: its training step (the joint
+forward+backward graph of its loss) or its forward alone.
 
 torch.export (non-strict) traces the model; AOTAutograd's joint export then adds
-the backward. Both run on fake CPU tensors, so capture needs no real memory and
+the backward (none for a forward alone: no parameter then asks for a gradient). Both run on
+fake CPU tensors, so capture needs no real memory and
 works the same for real models and for models built on the meta device.
 
 The joint export is ``aot_export_joint_with_descriptors`` rather than
@@ -18,8 +20,9 @@ import copy
 import inspect
 import os
 import traceback
+import types
 from collections.abc import Mapping
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -45,7 +48,9 @@ from autopar.capture.layer_expansion import (
     repeated_layers,
     shortened,
 )
-from autopar.errors import CaptureError
+from autopar.errors import CaptureError, NoLossError
+from autopar.ir.call import FlatCall, flatten_call, key_name, unsupported_leaves
+from autopar.ir.outputs import JSON_LEAVES, OutputTree
 from autopar.ir.program import Program
 
 _MAX_CONSTANT_ELEMENTS = 1 << 16  # constants travel inside the plan's JSON
@@ -53,86 +58,159 @@ _MAX_CONSTANT_ELEMENTS = 1 << 16  # constants travel inside the plan's JSON
 _LIBRARY_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class _LossOnly(nn.Module):
-    """The model with its loss as the one output: AOTAutograd differentiates every output (seeding
-    each with ones), so a model that also returns logits would get the gradients of their sum too."""
+class _Traced(nn.Module):
+    """The model called on the call's tensors alone (the rest of the call is fixed), returning its
+    loss first, when it has one, then every other tensor of its output, detached: AOTAutograd
+    differentiates each output that requires a gradient (seeding it with ones), so a model that
+    also returns logits would get the gradients of their sum too. ``outputs`` records the tree
+    of the model's output, to rebuild it from the programs' results."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, call: FlatCall, loss_fn: Optional[Callable], needs_loss: bool):
         super().__init__()
         self.model = model
+        self._call, self._loss_fn, self._needs_loss = call, loss_fn, needs_loss
+        # on a plain object: torch.export restores the module's attributes (and dicts') after tracing
+        self._recorded = types.SimpleNamespace(outputs=None)
 
-    def forward(self, *inputs):
-        return (loss_of(self.model.forward(*inputs)),)
+    @property
+    def outputs(self) -> OutputTree:
+        return self._recorded.outputs
+
+    def forward(self, *tensors):
+        args, kwargs = self._call.rebuild(tensors)
+        output = self.model.forward(*args, **kwargs)  # forward, not __call__: autoparallelize routes that
+        loss = find_loss(output, self._loss_fn, self._needs_loss)
+        leaves, spec = pytree.tree_flatten_with_path(output)
+        described, values = [], []
+        for path, leaf in leaves:
+            if loss is not None and leaf is loss:
+                described.append({"loss": True})
+            elif isinstance(leaf, torch.Tensor):
+                described.append({"value": len(values), "name": "_".join(map(str, map(key_name, path))) or "output"})
+                values.append(leaf.detach())
+            elif isinstance(leaf, JSON_LEAVES):
+                described.append({"constant": leaf})
+            else:
+                described.append({"dropped": type(leaf).__name__})
+        if loss is not None and not any("loss" in d for d in described):
+            raise CaptureError("loss_fn returned a tensor that is not one of the model's outputs: it must pick the "
+                               "loss out of the output (lambda out: out.loss); to compute a loss from the outputs, "
+                               "wrap the model in a module whose forward returns it")
+        self._recorded.outputs = OutputTree.of(pytree.tree_structure(output), described, type(self.model).__name__)
+        return ((loss,) if loss is not None else ()) + tuple(values)
 
 
-def loss_of(output):
-    """The loss among a model's outputs: the output itself, a ModelOutput's or a dict's ``loss``,
-    or the first scalar of a tuple or list."""
+def find_loss(output, loss_fn: Optional[Callable] = None, required: bool = True):
+    """The loss among a model's outputs: ``loss_fn(output)``, else the output itself, a
+    ModelOutput's or a dict's ``loss``, or the first scalar of a tuple or list. None where there
+    is none and none is ``required``."""
+    loss = loss_fn(output) if loss_fn is not None else _loss_in(output)
+    if loss is None and required:
+        raise NoLossError(_no_loss_message(output, loss_fn))
+    if loss is not None and not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.dtype.is_floating_point):
+        what = f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}" if isinstance(loss, torch.Tensor) \
+            else type(loss).__name__
+        raise CaptureError(f"the loss must be a scalar floating-point tensor (e.g. F.cross_entropy(logits, targets)); "
+                           f"{'loss_fn returned' if loss_fn is not None else 'the model returned'} {what}")
+    return loss
+
+
+def loss_of(output, loss_fn: Optional[Callable] = None):
+    """The loss of an eager model's output (see find_loss)."""
+    return find_loss(output, loss_fn)
+
+
+def _loss_in(output):
     if isinstance(output, torch.Tensor):
         return output
     if isinstance(output, Mapping):  # a dict, or a Hugging Face ModelOutput
-        if output.get("loss") is not None:
-            return output["loss"]
-        raise CaptureError(f"the model returns a {type(output).__name__} without a 'loss' (keys: "
-                           f"{', '.join(map(str, output.keys()))}); pass the labels, or return the loss")
+        return output.get("loss")
     if isinstance(output, (tuple, list)):
-        scalars = [o for o in output if isinstance(o, torch.Tensor) and o.dim() == 0]
-        if scalars:
-            return scalars[0]
-    raise CaptureError(f"the model returns {type(output).__name__}, in which autopar finds no loss: return the "
-                       f"scalar loss, a tuple whose first scalar is the loss, or a dict or ModelOutput with 'loss'")
+        return next((o for o in output if isinstance(o, torch.Tensor) and o.dim() == 0), None)
+    return None
 
 
-def capture(model: nn.Module, example_inputs: tuple, *, expand_layers: bool = True) -> Program:
-    """The training step's joint graph. With ``expand_layers``, a model with a long list of
-    identical layers is traced with five of them and the rest are copied (``layer_expansion``)."""
+def _no_loss_message(output, loss_fn) -> str:
+    if loss_fn is not None:
+        return "loss_fn returned None: the model's output holds no loss for this call (are the labels passed?)"
+    if isinstance(output, Mapping):
+        return (f"the model returns a {type(output).__name__} without a 'loss' (keys: "
+                f"{', '.join(map(str, output.keys()))}); pass the labels, or return the loss")
+    return (f"the model returns {type(output).__name__}, in which autopar finds no loss: return the scalar loss, a "
+            f"tuple whose first scalar is the loss, or a dict or ModelOutput with 'loss' (or pass loss_fn=)")
+
+
+def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = None,
+            loss_fn: Optional[Callable] = None, training_step: bool = True, expand_layers: bool = True,
+            global_shapes: Optional[dict] = None) -> Program:
+    """The graph of ``model(*example_inputs, **kwargs)``: with ``training_step``, the joint
+    forward+backward graph of its loss (found as find_loss says, or by ``loss_fn(output)``);
+    otherwise its forward alone, in the model's current mode. With ``expand_layers``, a model
+    with a long list of identical layers is traced with five of them and the rest are copied
+    (``layer_expansion``). ``global_shapes``: parameter or buffer name -> its whole shape, where
+    the model holds a shard of it (autoparallelize plans a model it has sharded already)."""
     if not isinstance(model, nn.Module):
         raise CaptureError(f"autopar plans nn.Module instances, got {type(model).__name__}")
-    example_inputs = program_inputs(example_inputs)
+    call = flatten_call(program_inputs(example_inputs), kwargs)
+    unsupported = unsupported_leaves(call)
+    if unsupported:
+        raise CaptureError(f"the model is called with {', '.join(unsupported)}: autopar takes tensors, numbers, "
+                           f"strings and None, in tuples, lists and dicts; pass the tensors they hold instead")
     fake_mode = FakeTensorMode()
-    fake_model, fake_inputs, tied = _fakify(model, example_inputs, fake_mode)
-    with torch.enable_grad():  # a first call under torch.no_grad() still plans a training step
-        program = _capture_step(fake_model, fake_inputs, fake_mode, tied, expand_layers)
+    fake_model, fake_call, tied = _fakify(model, call, fake_mode, global_shapes or {})
+    traced = _Traced(fake_model, fake_call, loss_fn, needs_loss=training_step)
+    # the random state stays as it was: autoparallelize captures on rank 0 alone, in the middle of
+    # a call whose dropout masks every rank then draws alike; a call under no_grad still plans its
+    # step, and a forward alone asks no gradient
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        program = _capture(traced, fake_call.tensors, fake_mode, tied, expand_layers and training_step,
+                           training_step)
+    program.kind = "step" if training_step else "forward"
     program.training = model.training
-    program.input_names = _input_names(model, example_inputs, len(program.user_inputs))
+    program.input_names = _input_names(model, call)
+    program.input_structure = call.structure
+    program.output_tree = traced.outputs
     return program
 
 
-def _capture_step(fake_model, fake_inputs, fake_mode, tied: dict, expand_layers: bool) -> Program:
-    program = _capture_expanded(fake_model, fake_inputs, fake_mode, tied) if expand_layers else None
+def _capture(traced: "_Traced", fake_inputs: tuple, fake_mode, tied: dict, expand_layers: bool,
+             training_step: bool) -> Program:
+    program = _capture_expanded(traced, fake_inputs, fake_mode, tied) if expand_layers else None
     if program is None:
-        program = _to_program(_trace_joint(fake_model, fake_inputs, fake_mode))
+        gm = _trace_joint(traced, fake_inputs, fake_mode, training_step)
+        program = _to_program(gm, has_loss=any("loss" in leaf for leaf in traced.outputs.leaves))
+    if len(program.values) != sum("value" in leaf for leaf in traced.outputs.leaves):
+        raise CaptureError("the model returns a tensor that is a view of one of its inputs, which the programs "
+                           "cannot return as the model does; return a copy (x.clone()) or leave it out")
     canonicalize(program, tied)
     return program
 
 
-def _input_names(model: nn.Module, example_inputs: tuple, count: int) -> list[str]:
-    """forward's parameter name for each of the ``count`` tensor inputs (``name_i`` for the
-    parts of a nested input, ``input_i`` where the signature does not say)."""
+def _input_names(model: nn.Module, call: FlatCall) -> list[str]:
+    """A name for each tensor of the call: forward's parameter name (``input_i`` where the
+    signature does not say), or the keyword, then the keys of a nested input (``batch_x``)."""
     try:
         parameters = list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):
         parameters = []
+    positional = [p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                           inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     names = []
-    for position, value in enumerate(example_inputs):
-        if position < len(parameters) and parameters[position].kind in (inspect.Parameter.POSITIONAL_ONLY,
-                                                                        inspect.Parameter.POSITIONAL_OR_KEYWORD):
-            name = parameters[position].name
-        else:
-            name = f"input_{position}"
-        leaves = [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
-        names += [name] if len(leaves) == 1 and isinstance(value, torch.Tensor) else \
-            [f"{name}_{i}" for i in range(len(leaves))]
-    return names if len(names) == count else [f"input_{i}" for i in range(count)]
+    for path in call.paths:
+        kind, first, rest = path[0], path[1], path[2:]
+        base = (positional[first] if first < len(positional) else f"input_{first}") if kind == 0 else str(first)
+        names.append("_".join([base] + [str(k) for k in rest]))
+    return names
 
 
-def _trace_joint(fake_model: nn.Module, fake_inputs: tuple, fake_mode: FakeTensorMode) -> fx.GraphModule:
+def _trace_joint(traced: _Traced, fake_inputs: tuple, fake_mode: FakeTensorMode,
+                 training_step: bool) -> fx.GraphModule:
     try:
-        exported = torch.export.export(_LossOnly(fake_model), fake_inputs, strict=False)
+        exported = torch.export.export(traced, fake_inputs, strict=False)
         module = exported.module()
         unused = _unused_parameters(exported)
         for name, p in module.named_parameters():
-            if name in unused:  # eager gives these no gradient; AOTAutograd would insist on one
+            if name in unused or not training_step:  # eager gives these no gradient; AOTAutograd would insist
                 p.requires_grad_(False)
         with contextlib.ExitStack() as stack, fake_mode:  # factory ops (arange, ...) must come out fake too
             joint = aot_export_joint_with_descriptors(stack, module, fake_inputs,
@@ -145,10 +223,11 @@ def _trace_joint(fake_model: nn.Module, fake_inputs: tuple, fake_mode: FakeTenso
     return joint.graph_module
 
 
-def _capture_expanded(fake_model: nn.Module, fake_inputs: tuple, fake_mode: FakeTensorMode,
+def _capture_expanded(traced: _Traced, fake_inputs: tuple, fake_mode: FakeTensorMode,
                       tied: dict) -> Optional[Program]:
     """Trace ``TRACED_LAYERS`` of the model's repeated layers and copy the rest; None where
     that does not apply (then every layer is traced)."""
+    fake_model = traced.model
     found = repeated_layers(fake_model)
     if found is None:
         return None
@@ -157,9 +236,11 @@ def _capture_expanded(fake_model: nn.Module, fake_inputs: tuple, fake_mode: Fake
         return None  # a parameter shared with a layer would not be copied right
     try:
         with shortened(fake_model, path, TRACED_LAYERS):
-            traced = _to_program(_trace_joint(fake_model, fake_inputs, fake_mode))
-        drop_assertions(traced)  # a layer may check a constant made before the layers run
-        program = expand(traced, path, len(layers))
+            short = _to_program(_trace_joint(traced, fake_inputs, fake_mode, True), has_loss=True)
+        if short.mutated:
+            return None  # the layers' buffer updates are not copied
+        drop_assertions(short)  # a layer may check a constant made before the layers run
+        program = expand(short, path, len(layers))
         check_expanded(program, fake_model)
     except (CaptureError, CannotExpand):
         return None
@@ -172,8 +253,9 @@ def program_inputs(example_inputs) -> tuple:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def _fakify(model: nn.Module, inputs: tuple, fake_mode: FakeTensorMode):
-    """A structural copy of ``model`` whose parameters and buffers are fake CPU tensors.
+def _fakify(model: nn.Module, call: FlatCall, fake_mode: FakeTensorMode, shapes: dict):
+    """A structural copy of ``model`` whose parameters and buffers are fake CPU tensors (of the
+    shape ``shapes`` gives by name, where it does), and ``call`` with fake tensors.
 
     Tied parameters (one tensor under several names) are untied in the copy,
     because AOTAutograd's joint export requires distinct parameters; ``tied``
@@ -181,25 +263,25 @@ def _fakify(model: nn.Module, inputs: tuple, fake_mode: FakeTensorMode):
     """
     memo, first_name, tied = {}, {}, {}
     with fake_mode:
-        def fake_param(p):
-            return nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"), requires_grad=p.requires_grad)
+        def fake_param(p, name):
+            return nn.Parameter(torch.empty(shapes.get(name, p.shape), dtype=p.dtype, device="cpu"),
+                                requires_grad=p.requires_grad)
 
         for name, p in model.named_parameters(remove_duplicate=False):
             if id(p) in first_name:
                 tied[name] = first_name[id(p)]
             else:
                 first_name[id(p)] = name
-                memo[id(p)] = fake_param(p)
-        for b in model.buffers():
-            memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
-        fake_inputs = tuple(
-            torch.empty(x.shape, dtype=x.dtype, device="cpu") if isinstance(x, torch.Tensor) else x for x in inputs
-        )
+                memo[id(p)] = fake_param(p, name)
+        for name, b in model.named_buffers():
+            memo[id(b)] = torch.empty(shapes.get(name, b.shape), dtype=b.dtype, device="cpu")
+        fake_call = flatten_call(*call.rebuild(torch.empty(x.shape, dtype=x.dtype, device="cpu")
+                                               for x in call.tensors))
         copied = copy.deepcopy(model, memo)
         for name in tied:
             owner, _, leaf = name.rpartition(".")
-            setattr(copied.get_submodule(owner), leaf, fake_param(copied.get_parameter(name)))
-    return copied, fake_inputs, tied
+            setattr(copied.get_submodule(owner), leaf, fake_param(copied.get_parameter(name), tied[name]))
+    return copied, fake_call, tied
 
 
 def _unused_parameters(exported) -> set[str]:
@@ -223,22 +305,25 @@ def _explain_capture_failure(exc: Exception) -> str:
     return f"could not capture the model's training step{where}: {type(exc).__name__}: {first_line}.{hint}"
 
 
-def _to_program(gm: fx.GraphModule) -> Program:
+def _to_program(gm: fx.GraphModule, has_loss: bool) -> Program:
+    """The traced graph as a Program. Its outputs, as AOTAutograd orders them: the buffers forward
+    updates, then what _Traced returns (the loss, when ``has_loss``, then the other values),
+    then the gradients."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     output_node = next(n for n in graph.nodes if n.op == "output")
-    _refuse_mutations(output_node.meta["desc"])
-    kept = [(a, d) for a, d in zip(output_node.args[0], output_node.meta["desc"]) if a is not None]
-    loss = next((a for a, d in kept if isinstance(d, PlainAOTOutput)), None)
-    val = loss.meta.get("val") if loss is not None else None
-    if not isinstance(val, torch.Tensor) or val.dim() != 0 or not val.dtype.is_floating_point:
-        raise CaptureError("the model must return a scalar floating-point loss, e.g. F.cross_entropy(logits, targets)")
-    _seed_backward(graph, placeholders, loss)
-    output_node.args = (tuple(a for a, _ in kept),)
+    pairs = [(a, d) for a, d in zip(output_node.args[0], output_node.meta["desc"]) if a is not None]
+    mutated = _buffer_updates(pairs)
+    returned = [a for _, a in sorted(((d.idx, a) for a, d in pairs if isinstance(d, PlainAOTOutput)),
+                                     key=lambda pair: pair[0])]
+    loss = returned[0] if has_loss else None
+    values = returned[1:] if has_loss else returned
+    _seed_backward(graph, placeholders, loss, after=_last(graph, returned + list(mutated)))
+    output_node.args = (tuple(a for a, _ in pairs),)
     desc = {n.name: n.meta["desc"] for n in placeholders}
     by_kind = {kind: {name: d for name, d in desc.items() if isinstance(d, kind)}
                for kind in (ParamAOTInput, BufferAOTInput, PlainAOTInput)}
-    grads = {a.name: user_fqn(d.grad_of.target) for a, d in kept if isinstance(d, GradAOTOutput)}
+    grads = {a.name: user_fqn(d.grad_of.target) for a, d in pairs if isinstance(d, GradAOTOutput)}
     gm.recompile()
     return Program(
         gm=gm,
@@ -246,29 +331,43 @@ def _to_program(gm: fx.GraphModule) -> Program:
         params={ph: user_fqn(d.target) for ph, d in by_kind[ParamAOTInput].items()},
         buffers={ph: user_fqn(d.target) for ph, d in by_kind[BufferAOTInput].items()},
         user_inputs=sorted(by_kind[PlainAOTInput], key=lambda ph: by_kind[PlainAOTInput][ph].idx),
-        loss=loss.name,
+        loss=None if loss is None else loss.name,
         grads=grads,
-        outputs=[a.name for a, _ in kept],
+        outputs=[a.name for a, _ in pairs],
+        values=[v.name for v in values],
+        mutated={node.name: fqn for node, fqn in mutated.items()},
     )
 
 
-def _refuse_mutations(descriptors) -> None:
-    """A forward that updates its buffers (BatchNorm's running statistics) or inputs in place: the
-    step would neither write them back nor tell them from the loss."""
-    mutated = [d.mutated_input for d in descriptors if isinstance(d, InputMutationAOTOutput)]
-    if mutated:
-        names = ", ".join(user_fqn(m.target) if isinstance(m, BufferAOTInput) else m.expr() for m in mutated)
-        raise CaptureError(f"the model's forward updates {names} in place (BatchNorm's running statistics, say), "
-                           f"which autopar does not run yet: it would neither write them back nor keep them apart "
-                           f"from the loss; use a norm without running statistics (LayerNorm, GroupNorm) or "
-                           f"BatchNorm(track_running_stats=False)")
+def _buffer_updates(pairs) -> dict:
+    """node -> the buffer it is the new value of (BatchNorm's running statistics); an input or
+    parameter updated in place is refused: the programs hand back no new value for those."""
+    updates, refused = {}, []
+    for node, d in pairs:
+        if isinstance(d, InputMutationAOTOutput):
+            if isinstance(d.mutated_input, BufferAOTInput):
+                updates[node] = user_fqn(d.mutated_input.target)
+            else:
+                refused.append(user_fqn(d.mutated_input.target) if isinstance(d.mutated_input, ParamAOTInput)
+                               else d.mutated_input.expr())
+    if refused:
+        raise CaptureError(f"the model's forward changes {', '.join(refused)} in place; autopar runs forwards that "
+                           f"update buffers (BatchNorm's running statistics) but not ones that change a parameter or "
+                           f"an input: compute a new tensor instead")
+    return updates
 
 
-def _seed_backward(graph: fx.Graph, placeholders: list[fx.Node], loss: fx.Node) -> None:
-    """The joint graph takes d(loss)/d(loss) as an input; a training step starts it at one."""
+def _last(graph: fx.Graph, nodes: list) -> fx.Node:
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return max(nodes, key=order.__getitem__)
+
+
+def _seed_backward(graph: fx.Graph, placeholders: list[fx.Node], loss: Optional[fx.Node], after: fx.Node) -> None:
+    """The joint graph takes d(loss)/d(loss) as an input; a training step starts it at one,
+    right after forward's last output (backward begins there)."""
     for tangent in (n for n in placeholders if isinstance(n.meta["desc"], TangentAOTInput)):
         if tangent.users:
-            with graph.inserting_after(loss):
+            with graph.inserting_after(after):
                 seed = graph.call_function(torch.ops.aten.ones_like.default, (loss,), {"pin_memory": False})
             seed.meta["val"] = torch.ops.aten.ones_like.default(loss.meta["val"])
             tangent.replace_all_uses_with(seed)
@@ -292,4 +391,4 @@ def _constants(gm: fx.GraphModule) -> dict[str, torch.Tensor]:
 
 
 def user_fqn(fqn: str) -> str:
-    return fqn.removeprefix("model.")  # drop the _LossOnly wrapper's attribute
+    return fqn.removeprefix("model.")  # drop the _Traced wrapper's attribute

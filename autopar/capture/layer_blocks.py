@@ -5,7 +5,7 @@ names, shapes and dtypes for every ``i`` form a run of layers. The joint graph
 runs forward layer by layer and backward in reverse, so layer ``i``'s forward
 block is the forward ops from the first one that reads a layer-``i`` input up to
 the first that reads a layer-``i+1`` one (likewise in backward, in reverse); the
-last layer's forward block runs on to the loss, the first layer's backward block
+last layer's forward block runs on to forward's last output, the first layer's backward block
 to the end.
 
 A block's signature describes each op relative to its layer: same op, arguments
@@ -25,7 +25,7 @@ from typing import Optional
 
 from torch import fx
 
-from autopar.ir.program import Program, TensorMeta, output_metas, tensor_inputs
+from autopar.ir.program import Program, TensorMeta, forward_outputs, output_metas, tensor_inputs
 
 LAYER_NAME = re.compile(r"^(.*?)\.(\d+)\.(.+)$")
 
@@ -44,6 +44,11 @@ class LayerBlocks:
     blocks: dict[tuple[str, int], list[fx.Node]]  # (phase "f"/"b", layer) -> its ops in graph order
     where: dict[str, tuple[str, int, int]]  # node -> (phase, layer, offset in its block)
     input_of: dict[str, tuple[int, str]]  # placeholder -> (layer, rest)
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """"f" and "b" for a training step; "f" for a forward alone."""
+        return tuple(dict.fromkeys(phase for phase, _ in self.blocks))
 
     def signature(self, phase: str, layer: int, constants: dict) -> list:
         return [self._node_signature(n, layer, constants) for n in self.blocks[phase, layer]]
@@ -95,10 +100,13 @@ def layer_runs(program: Program, *, min_layers: int = 3) -> list[LayerRun]:
 
 def layer_blocks(program: Program, run: LayerRun) -> Optional[LayerBlocks]:
     """Each layer's forward and backward block; None unless the layers run in order."""
-    # the joint graph holds forward (up to the loss, with what it saves for backward) then backward
+    # the joint graph holds forward (up to its last output, with what it saves for backward) then backward
     calls = [n for n in program.nodes() if n.op == "call_function"]
-    loss_at = next(k for k, n in enumerate(calls) if n.name == program.loss)
-    phases = {"f": calls[:loss_at + 1], "b": calls[loss_at + 1:]}
+    outputs = set(forward_outputs(program))
+    forward_end = max(k for k, n in enumerate(calls) if n.name in outputs)
+    phases = {"f": calls[:forward_end + 1], "b": calls[forward_end + 1:]}
+    if program.kind == "forward":
+        del phases["b"]
     input_of = {ph: (layer, rest) for layer in run.layers for rest, ph in run.inputs[layer].items()}
     marks = _derived_from_one_layer(phases["f"], input_of)
     # a layer whose inputs backward never reads (the first layer, when the model's input needs

@@ -144,7 +144,7 @@ class _Expansion:
             elif block[:2] not in done_blocks:
                 done_blocks.add(block[:2])
                 self._instantiate(*block[:2])
-        # the graph returns the loss, then each parameter's gradient in parameter order
+        # the graph returns the loss and the other values, then each parameter's gradient in parameter order
         output = next(n for n in old.nodes() if n.op == "output")
         results, grads = [], {}
         for group in self._groups(output.args[0], self._gradient_layer):
@@ -158,7 +158,8 @@ class _Expansion:
         self.graph.output(tuple(results))
         self.graph.lint()
         gm = fx.GraphModule(old.gm, self.graph)
-        renamed = {old_name: self._absolute(old.node(old_name)).name for old_name in [old.loss, *old.user_inputs]}
+        renamed = {old_name: self._absolute(old.node(old_name)).name
+                   for old_name in [old.loss, *old.user_inputs, *old.values]}
         return Program(
             gm=gm,
             params=self.params,
@@ -166,6 +167,7 @@ class _Expansion:
             user_inputs=[renamed[n] for n in old.user_inputs],
             loss=renamed[old.loss],
             grads=grads,
+            values=[renamed[v] for v in old.values],
             outputs=[r.name for r in results],
             constants=dict(old.constants),
         )

@@ -18,7 +18,7 @@ def module_paths(program: Program) -> dict[str, str]:
     """Node name -> dotted module path ("" for the top-level model) for every call node."""
     forward = {n.name: path for n in program.nodes() if (path := _innermost_module(n)) is not None}
     param_module = {ph: fqn.rpartition(".")[0] for ph, fqn in program.params.items()}
-    carries_gradient = descendants([program.node(program.loss)])
+    carries_gradient = descendants([program.node(program.loss)] if program.loss is not None else [])
     paths: dict[str, str] = {}
     for node in program.nodes():
         if node.op != "call_function":

@@ -76,7 +76,7 @@ def resized(example_inputs: tuple, sizes: SizeSymbols, values: dict[str, int]) -
 
 
 def fit_shapes(model: nn.Module, example_inputs: tuple, program: Program, sizes: SizeSymbols,
-               progress=None) -> dict[str, tuple[Optional[TensorMeta], ...]]:
+               progress=None, loss_fn=None) -> dict[str, tuple[Optional[TensorMeta], ...]]:
     """node name -> its output metas with each dim a sympy expression of the named sizes."""
     names = list(sizes.dims)
     points = [(sizes.values[n], other_value(sizes.values[n])) for n in names]
@@ -89,7 +89,7 @@ def fit_shapes(model: nn.Module, example_inputs: tuple, program: Program, sizes:
         values = {n: points[i][c] for i, (n, c) in enumerate(zip(names, corner))}
         if progress:
             progress(f"capturing at {values} for the cost formula ...")
-        other = capture(model, resized(example_inputs, sizes, values))
+        other = capture(model, resized(example_inputs, sizes, values), loss_fn=loss_fn)
         corners[corner] = _metas_matching(program, other, values)
     symbols = [sizes.symbol(n) for n in names]
     interpolate = _Interpolator(symbols, points)

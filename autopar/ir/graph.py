@@ -9,12 +9,13 @@ import dataclasses
 import hashlib
 import json
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 from torch import fx
 
+from autopar.ir.outputs import OutputTree
 from autopar.ir.program import Program, TensorMeta, forward_nodes, shape_table
 
 
@@ -40,11 +41,16 @@ class GraphIR:
     params: dict  # placeholder -> parameter FQN
     buffers: dict  # placeholder -> buffer FQN
     inputs: tuple[str, ...]  # placeholders of user inputs, in call order
-    loss: str
+    loss: Optional[str]  # None: a forward alone whose output holds no loss
     grads: dict  # gradient node -> parameter FQN
     outputs: tuple[Optional[str], ...]
     input_names: tuple[str, ...] = ()  # forward's argument name of each user input (plans of old files: none)
     training: bool = True  # the model's mode when captured
+    kind: str = "step"  # "step": forward and backward; "forward": forward alone
+    values: tuple[str, ...] = ()  # the model's other output tensors, which forward returns
+    mutated: dict = field(default_factory=dict)  # node -> the buffer it is forward's new value of
+    input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call)
+    output_tree: Optional[OutputTree] = None  # the model's output rebuilt from loss and values
 
     def node(self, name: str) -> IRNode:
         return self._by_name()[name]
@@ -57,8 +63,11 @@ class GraphIR:
         return cache
 
     def fingerprint(self) -> str:
-        """Identifies the computation: same model structure, shapes and dtypes -> same hash."""
+        """Identifies the computation: same model structure, shapes and dtypes, same call and output
+        structure -> same hash."""
         body = [[n.op, n.target, n.args, n.kwargs, [_meta_json(m) for m in n.outputs]] for n in self.nodes]
+        body += [self.kind, list(self.values), self.mutated, self.input_structure,
+                 None if self.output_tree is None else self.output_tree.to_json()]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
@@ -70,7 +79,9 @@ class GraphIR:
             ],
             "params": self.params, "buffers": self.buffers, "inputs": list(self.inputs), "loss": self.loss,
             "grads": self.grads, "outputs": list(self.outputs), "input_names": list(self.input_names),
-            "training": self.training,
+            "training": self.training, "kind": self.kind, "values": list(self.values), "mutated": self.mutated,
+            "input_structure": self.input_structure,
+            "output_tree": None if self.output_tree is None else self.output_tree.to_json(),
         }
 
     @staticmethod
@@ -83,7 +94,9 @@ class GraphIR:
         )
         return GraphIR(nodes, dict(d["params"]), dict(d["buffers"]), tuple(d["inputs"]), d["loss"],
                        dict(d["grads"]), tuple(d["outputs"]), tuple(d.get("input_names", ())),
-                       d.get("training", True))
+                       d.get("training", True), d.get("kind", "step"), tuple(d.get("values", ())),
+                       dict(d.get("mutated", {})), d.get("input_structure", ""),
+                       OutputTree.from_json(d.get("output_tree")))
 
     def renamed(self, names: dict) -> "GraphIR":
         """This graph with node ``n`` called ``names.get(n, n)`` everywhere it appears."""
@@ -95,8 +108,19 @@ class GraphIR:
         return dataclasses.replace(
             self, nodes=nodes, params={new(k): v for k, v in self.params.items()},
             buffers={new(k): v for k, v in self.buffers.items()}, inputs=tuple(map(new, self.inputs)),
-            loss=new(self.loss), grads={new(k): v for k, v in self.grads.items()},
-            outputs=tuple(None if o is None else new(o) for o in self.outputs))
+            loss=None if self.loss is None else new(self.loss), grads={new(k): v for k, v in self.grads.items()},
+            outputs=tuple(None if o is None else new(o) for o in self.outputs), values=tuple(map(new, self.values)),
+            mutated={new(k): v for k, v in self.mutated.items()})
+
+    @property
+    def forward_outputs(self) -> tuple[str, ...]:
+        """What the forward program returns: the loss, the other values, the buffers' new values."""
+        return ((self.loss,) if self.loss is not None else ()) + self.values + tuple(self.mutated)
+
+    @property
+    def gradients(self) -> list[str]:
+        """The gradient outputs, in the graph's output order."""
+        return [o for o in self.outputs if o is not None and o in self.grads]
 
 
 def _meta_json(m: Optional[TensorMeta]):
@@ -177,7 +201,8 @@ def to_ir(program: Program, meta: dict | None = None) -> GraphIR:
         ))
     return GraphIR(tuple(nodes), dict(program.params), dict(program.buffers), tuple(program.user_inputs),
                    program.loss, dict(program.grads), tuple(program.outputs), tuple(program.input_names),
-                   program.training)
+                   program.training, program.kind, tuple(program.values), dict(program.mutated),
+                   program.input_structure, program.output_tree)
 
 
 def resolve_target(target: str):

@@ -1,4 +1,5 @@
-"""Program: the captured joint forward+backward graph plus typed side tables.
+"""Program: the captured graph (a training step's joint forward+backward, or a forward alone)
+plus typed side tables.
 
 Analyses never set attributes on ``fx.Node``; they live in ``Program.tables``
 keyed by node name, so that passes stay independent and the plan stays data.
@@ -13,6 +14,7 @@ import torch
 from torch import fx
 
 from autopar.errors import AutoparError
+from autopar.ir.outputs import OutputTree
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,19 @@ class Program:
     params: dict[str, str]  # placeholder name -> parameter FQN
     buffers: dict[str, str]  # placeholder name -> buffer FQN
     user_inputs: list[str]  # placeholder names of the model's own inputs, in order
-    loss: str  # node name of the scalar loss
+    loss: Optional[str]  # node name of the scalar loss (None: a forward alone whose output holds none)
     grads: dict[str, str]  # node name of a gradient -> parameter FQN
-    outputs: list[Optional[str]]  # the graph's outputs in order: loss first, then gradients
+    outputs: list[Optional[str]]  # the graph's outputs in order: buffer updates, loss, values, gradients
+    values: list[str] = field(default_factory=list)  # the model's other output tensors, as forward returns them
+    mutated: dict[str, str] = field(default_factory=dict)  # node -> the buffer it is forward's new value of
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr node -> small real tensor
     tables: dict[str, dict] = field(default_factory=dict)
     expanded_from: Optional[str] = None  # how capture copied repeated layers (layer_expansion)
     input_names: list[str] = field(default_factory=list)  # forward's argument name of each user input
     training: bool = True  # the model's mode when captured (dropout on, ...)
+    kind: str = "step"  # "step": forward and backward; "forward": forward alone
+    input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call.FlatCall)
+    output_tree: Optional[OutputTree] = None  # how the programs' results become the model's output
     # while a pass runs, the side tables it declared (requires, provides, optional): the only ones
     # it may read; None outside the PassManager
     readable: Optional[frozenset] = field(default=None, repr=False, compare=False)
@@ -126,10 +133,15 @@ def producer_of(arg: fx.Node) -> tuple[fx.Node, int]:
     return arg, 0
 
 
+def forward_outputs(program: Program) -> list[str]:
+    """What the forward program returns: the loss, the other values, the buffers' new values."""
+    return ([program.loss] if program.loss is not None else []) + list(program.values) + list(program.mutated)
+
+
 def forward_nodes(program: Program) -> set[str]:
-    """The loss and everything it depends on; the rest of the joint graph is backward."""
+    """Forward's outputs and everything they depend on; the rest of the joint graph is backward."""
     seen: set[str] = set()
-    stack = [program.node(program.loss)]
+    stack = [program.node(name) for name in forward_outputs(program)]
     while stack:
         n = stack.pop()
         if n.name in seen:

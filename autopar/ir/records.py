@@ -26,6 +26,9 @@ class SolverStats:
     n_variables: int
 
 
+UPDATE = "update"  # the consumer of a buffer's new value: the runtime, which writes it into the buffer
+
+
 @dataclass(frozen=True)
 class Redistribution:
     id: str
@@ -36,7 +39,7 @@ class Redistribution:
     step_seconds: tuple[float, ...]
     step_bytes: tuple[float, ...]
     phase: str  # forward | backward
-    consumers: tuple[str, ...]  # nodes reading the moved value; "output" for a final gradient
+    consumers: tuple[str, ...]  # nodes reading the moved value; "output" for a final gradient, UPDATE for a buffer
 
     @property
     def seconds(self) -> float:

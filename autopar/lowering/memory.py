@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from autopar.errors import AutoparError
-from autopar.lowering.schedule import Statement
+from autopar.lowering.schedule import RETURNS, Statement
 
 # bytes of optimizer state per parameter element, beyond the parameter itself
 OPTIMIZERS = {
@@ -52,7 +52,9 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
             persistent["inputs" if name in graph.inputs else "parameters"] += \
                 math.prod(strategies[name].out_specs[0].local_shape(meta.shape, mesh)) * meta.itemsize
 
-    returned = set(next(s.uses for s in statements if s.kind == "output"))
+    # what the programs return stays held by the caller: gradients, and forward's loss and values
+    gradients = {v for s in statements if s.kind == "output" for v in s.uses}
+    returned = gradients | {v for s in statements if s.kind == "forward_output" for v in s.uses}
     storage_of: dict[str, int] = {}  # variable -> storage id
     refs: dict[int, int] = {}
     size: dict[int, float] = {}
@@ -70,7 +72,7 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
             live[category[sid]] -= size[sid]
 
     for s in statements:
-        if s.kind in ("placeholder", "output"):
+        if s.kind in ("placeholder",) + RETURNS:
             during.append(held_all_step + sum(live.values()))
             continue
         old = storage_of.get(s.defines)
@@ -79,7 +81,7 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
         else:
             sid = len(size)
             size[sid], refs[sid] = s.nbytes, 0
-            category[sid] = _category(s, returned)
+            category[sid] = _category(s, gradients)
             live[category[sid]] += s.nbytes
         now = sum(live.values()) + s.scratch  # a rebound name's old value is still held here
         during.append(held_all_step + now)
@@ -99,8 +101,8 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
     return MemoryEstimate(sum(breakdown.values()), breakdown, tuple(timeline), peak_at, tuple(during))
 
 
-def _category(s: Statement, returned: set) -> str:
-    if s.defines in returned or (s.redistribution is not None and s.redistribution.consumers == ("output",)):
+def _category(s: Statement, gradients: set) -> str:
+    if s.defines in gradients or (s.redistribution is not None and s.redistribution.consumers == ("output",)):
         return "gradients"
     if s.kind in ("move", "start", "wait"):
         return "communication"

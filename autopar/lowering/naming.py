@@ -1,8 +1,9 @@
 """Names a person would give: the plan as the emitted programs print it.
 
 Parameters and buffers are named by their path (``blocks.0.attn.q.weight`` ->
-``blocks_0_attn_q_weight``), the model's inputs by forward's argument names, and each
-gradient ``grad_<parameter>``; every other value keeps its graph name. The plan's own
+``blocks_0_attn_q_weight``), the model's inputs by forward's argument names, its other
+outputs by their place in its output (``logits``), and each gradient ``grad_<parameter>``;
+every other value keeps its graph name. The plan's own
 node names (what plans, pins and explain use) do not change.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ from autopar.lowering.schedule import moved_name
 # names the emitted programs' step functions read besides their values (the torch and JAX
 # programs' modules, helpers, functions and arguments); JAX's ATen helpers are all ``aten_*``
 _RESERVED = {"rt", "torch", "aten", "forward", "backward", "accumulate", "saved", "grad_loss", "sync", "unsynced",
-             "loss", "jax", "jnp", "lax", "np", "math", "P", "block", "forward_local", "backward_local", "local_step"}
+             "None", "loss", "jax", "jnp", "lax", "np", "math", "P", "block", "forward_local", "backward_local",
+             "local_step"}
 
 
 def readable(plan):
@@ -47,6 +49,9 @@ def readable_names(graph) -> dict[str, str]:
         wanted[ph] = identifier(fqn)
     for ph, name in zip(graph.inputs, graph.input_names):
         wanted[ph] = identifier(name)
+    value_names = graph.output_tree.value_names if graph.output_tree is not None else []
+    for value, name in zip(graph.values, value_names):
+        wanted.setdefault(value, identifier(name))
     for grad, fqn in graph.grads.items():
         if grad not in wanted:  # a gradient that is also an input keeps the input's name
             wanted[grad] = "grad_" + identifier(fqn)

@@ -29,9 +29,12 @@ _SCRATCH = {
 }
 
 
+RETURNS = ("forward_output", "output")  # the statements that hand values back to the caller
+
+
 @dataclass
 class Statement:
-    kind: str  # placeholder | constant | call | getitem | move | start | wait | output
+    kind: str  # placeholder | constant | call | getitem | move | start | wait | forward_output | output
     defines: Optional[str]  # the variable it binds
     uses: tuple[str, ...] = ()  # variables it reads, in order
     node: Optional[IRNode] = None
@@ -53,17 +56,19 @@ def schedule(graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, reco
     return _Scheduler(graph, strategies, redistributions, mesh, recompute, _SCRATCH[library]).run()
 
 
-def backward_start(statements: list[Statement], loss: str) -> int:
-    """The index of the first statement after the loss: where the schedule starts backward."""
-    return next(i for i, s in enumerate(statements) if s.defines == loss and s.kind == "call") + 1
+def backward_start(statements: list[Statement]) -> int:
+    """The index of the first statement after forward's return: where the schedule starts backward."""
+    return next(i for i, s in enumerate(statements) if s.kind == "forward_output") + 1
 
 
 @dataclass(frozen=True)
 class Split:
     """A training step's statements as two programs: ``forward`` (the placeholders, then every
-    statement through the loss) and ``backward`` (the rest, ending with the output); ``saved``
-    are the forward variables backward reads (the values recomputation keeps, and those the
-    graph computes in forward for backward), in the order forward defines them."""
+    statement through its return: the loss, the other values and the buffers' new values, in
+    GraphIR.forward_outputs' order) and ``backward`` (the rest, ending with the output; empty for
+    a forward alone); ``saved`` are the forward variables backward reads (the values
+    recomputation keeps, and those the graph computes in forward for backward), in the order
+    forward defines them."""
 
     forward: list[Statement]
     backward: list[Statement]
@@ -72,12 +77,11 @@ class Split:
 
 def programs(plan) -> Split:
     """A plan's forward and backward programs, as both code generators print them."""
-    return split(schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute),
-                 plan.graph.loss)
+    return split(schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute))
 
 
-def split(statements: list[Statement], loss: str) -> Split:
-    boundary = backward_start(statements, loss)
+def split(statements: list[Statement]) -> Split:
+    boundary = backward_start(statements)
     forward, backward = statements[:boundary], statements[boundary:]
     read = {u for s in backward for u in s.uses}
     defined = dict.fromkeys(s.defines for s in forward if s.kind != "placeholder" and s.defines is not None)
@@ -97,7 +101,11 @@ class _Scheduler:
     def __init__(self, graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, recompute, scratch: dict):
         self.graph, self.strategies, self.mesh, self.scratch = graph, strategies, mesh, scratch
         self.recompute = set(recompute)
-        self.backward = False  # set once the loss is computed: from there on the program is backward
+        self.backward = False  # set once forward's outputs are computed: from there on the program is backward
+        order = {n.name: i for i, n in enumerate(graph.nodes)}
+        self.forward_end = max(graph.forward_outputs, key=order.__getitem__)  # forward's last output
+        buffer_placeholder = {fqn: ph for ph, fqn in graph.buffers.items()}
+        self.update_dst = {v: strategies[buffer_placeholder[fqn]].out_specs[0] for v, fqn in graph.mutated.items()}
         self.defining: dict[str, list[Statement]] = {}  # forward variable -> the statements that compute it
         self.copies: dict[str, str] = {}  # recomputed variable -> its backward copy
         self.by_target = {(r.value, r.dst): r for r in redistributions}  # one per (value, layout)
@@ -117,10 +125,11 @@ class _Scheduler:
                 self.emit(Statement("constant", node.name, node=node, nbytes=self.local_bytes(node.name)))
             elif node.op == "call":
                 self.call(node)
-                self.backward = self.backward or node.name == self.graph.loss
                 if node.name in self.async_syncs:
                     self.start(node.name)
-            else:
+            if node.name == self.forward_end:
+                self.forward_return()
+            if node.op == "output" and self.graph.kind == "step":
                 self.finish()
         _mark_frees(self.out)
         return self.out
@@ -200,9 +209,18 @@ class _Scheduler:
         self.emit(Statement("call", node.name, uses, node=node, nbytes=0.0 if view else self.local_bytes(node.name),
                             alias_of=uses[0] if view else None))
 
+    def forward_return(self) -> None:
+        """Forward's return, once its last output is computed: the loss, the values, and each
+        buffer's new value moved into the buffer's layout."""
+        g = self.graph
+        uses = tuple(self.available(v) for v in g.forward_outputs if v not in g.mutated)
+        uses += tuple(self.moved(v, self.update_dst[v]) for v in g.mutated)
+        self.out.append(Statement("forward_output", None, uses))
+        self.backward = True
+
     def finish(self) -> None:
-        outs = tuple(self.moved(name, self.grad_dst[name]) if name in self.grad_dst else name
-                     for name in self.graph.outputs if name is not None)
+        """Backward's return: each gradient in its parameter's layout."""
+        outs = tuple(self.moved(name, self.grad_dst[name]) for name in self.graph.gradients)
         self.out.append(Statement("output", None, outs))
 
 
@@ -220,5 +238,5 @@ def _mark_frees(statements: list[Statement]) -> None:
             last[v] = i
     placeholders = {s.defines for s in statements if s.kind == "placeholder"}  # the caller holds these
     for v, i in last.items():
-        if v not in placeholders and statements[i].kind != "output":
+        if v not in placeholders and statements[i].kind not in RETURNS:
             statements[i].frees.append(v)

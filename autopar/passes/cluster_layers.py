@@ -56,7 +56,7 @@ def _map_run(program: Program, run: LayerRun, strategies: dict, allowed: dict) -
         return {}, 0
     template = run.layers[1]
     interior = run.layers[1:-1]
-    for phase in ("f", "b"):
+    for phase in found.phases:
         reference = found.signature(phase, template, program.constants)
         for layer in interior[1:]:
             if found.signature(phase, layer, program.constants) != reference:
@@ -64,7 +64,7 @@ def _map_run(program: Program, run: LayerRun, strategies: dict, allowed: dict) -
     mapped: dict[str, str] = {}
     sharing = 1
     for layer in interior[1:]:
-        pairs = [(own.name, theirs.name) for phase in ("f", "b")
+        pairs = [(own.name, theirs.name) for phase in found.phases
                  for own, theirs in zip(found.blocks[phase, layer], found.blocks[phase, template])]
         pairs += [(ph, run.inputs[template][rest]) for rest, ph in run.inputs[layer].items()]
         if any(allowed.get(own) != allowed.get(theirs) for own, theirs in pairs):

@@ -1,11 +1,11 @@
 """collectives: an explicit redistribution wherever a producer's layout differs
 from what a consumer needs, in forward and backward (and for each gradient, into
-its parameter's layout)."""
+its parameter's layout; for each buffer's new value, into the buffer's)."""
 from __future__ import annotations
 
 from autopar.ir.placement import Spec
 from autopar.ir.program import Program, forward_nodes, is_multi_output, tensor_inputs
-from autopar.ir.records import Redistribution
+from autopar.ir.records import UPDATE, Redistribution
 from autopar.ir.redistribute import COMMUNICATING
 from autopar.passes.base import Pass, PassContext, side_table
 
@@ -47,6 +47,9 @@ def find_redistributions(program: Program, choice: dict, cost) -> list[Redistrib
                  "forward" if node.name in forward else "backward")
     for grad, param in program.gradient_targets():
         need(grad, choice[param].out_specs[0], "output", "backward")
+    buffer = {fqn: ph for ph, fqn in program.buffers.items()}
+    for value, fqn in program.mutated.items():
+        need(value, choice[buffer[fqn]].out_specs[0], UPDATE, "forward")
 
     redistributions = []
     for k, ((value, dst), entry) in enumerate(found.items()):

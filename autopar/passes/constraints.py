@@ -38,8 +38,8 @@ class Constraints:
 
     # ---- what passes call ------------------------------------------------------------
     def pin(self, target: str, placement) -> None:
-        """Fix the output layout of ``target``: a parameter FQN, a module path (each parameter
-        in it), a node name, or a glob of them ("layers.*.attn.q"). ``placement`` is one
+        """Fix the output layout of ``target``: a parameter or buffer FQN, a module path (each
+        parameter in it), a node name, or a glob of them ("layers.*.attn.q"). ``placement`` is one
         placement per mesh axis ("S(0),R") or a Spec."""
         self.pins.append((target, placement))
 
@@ -117,6 +117,9 @@ def from_options(pin: Optional[dict], restrict: Optional[Callable]) -> Constrain
 
 def _pin_targets(program: Program, strategies: dict, target: str) -> list[str]:
     by_fqn = {fqn: ph for ph, fqn in program.params.items()}
+    buffer = {fqn: ph for ph, fqn in program.buffers.items()}.get(target)
+    if buffer is not None:
+        return [buffer]
     if target in by_fqn:
         return [by_fqn[target]]
     if target in strategies:

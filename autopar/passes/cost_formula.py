@@ -31,11 +31,12 @@ class SymbolicShapesPass(Pass):
     requires = ("meta",)
     provides = ("symbolic_meta",)
 
-    def __init__(self, model: nn.Module, example_inputs: tuple, sizes: SizeSymbols):
-        self.model, self.example_inputs, self.sizes = model, example_inputs, sizes
+    def __init__(self, model: nn.Module, example_inputs: tuple, sizes: SizeSymbols, loss_fn=None):
+        self.model, self.example_inputs, self.sizes, self.loss_fn = model, example_inputs, sizes, loss_fn
 
     def run(self, program: Program, ctx: PassContext) -> str:
-        program.tables["symbolic_meta"] = fit_shapes(self.model, self.example_inputs, program, self.sizes, ctx.report)
+        program.tables["symbolic_meta"] = fit_shapes(self.model, self.example_inputs, program, self.sizes, ctx.report,
+                                                     self.loss_fn)
         return f"{2 ** len(self.sizes.dims) - 1} extra captures at other {', '.join(self.sizes.dims)}"
 
 

@@ -27,7 +27,7 @@ from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
 from autopar.ir.program import Program
 from autopar.lowering.memory import MemoryEstimate, simulate
-from autopar.lowering.schedule import Statement, backward_start, recomputed_name, schedule
+from autopar.lowering.schedule import RETURNS, Statement, backward_start, recomputed_name, schedule
 from autopar.passes.base import Pass, PassContext, side_table
 from autopar.solvers.recompute import RecomputeProblem, least_memory, limit_at, solve
 from autopar.units import human_bytes, human_seconds
@@ -102,7 +102,7 @@ def check_mode(mode: str) -> str:
 
 def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: float, mode: str | None = None) -> Fit:
     """The memory of this solution, and the recomputation it takes to fit ``budget``."""
-    mode = check_mode(mode or ctx.request.recompute)
+    mode = check_mode(mode or ctx.request.recompute) if graph.kind == "step" else "none"  # no backward to recompute in
     fitter = _Fitter(graph, strategies, redistributions, ctx, budget)
     plain = fitter.plain
     if mode == "none" or (mode == "auto" and plain.peak_bytes <= budget):
@@ -126,7 +126,7 @@ class _Fitter:
         """The solver's problem for this layout (built only once recomputation is needed); False
         where no forward value could be recomputed."""
         self.problem, self.names = build_problem(self.plain_statements, self.plain.during, self.strategies,
-                                                 self.graph.loss, self.extra_points)
+                                                 self.extra_points)
         return bool(self.names)
 
     def program_of(self, variables=()) -> tuple[list[Statement], MemoryEstimate]:
@@ -182,7 +182,7 @@ class _Fitter:
             # of recomputed ops): ask for the excess less, and twice as much more each time in a
             # row that was not enough
             peak_at = _plain_index(statements, found.memory.during)
-            if peak_at in self.problem.at or peak_at < backward_start(self.plain_statements, self.graph.loss):
+            if peak_at in self.problem.at or peak_at < backward_start(self.plain_statements):
                 limit -= margin * (found.memory.peak_bytes - budget)
                 margin *= 2
             else:
@@ -193,11 +193,11 @@ class _Fitter:
         return self.least()  # the budget is about as low as recomputation reaches: the least memory it can
 
 
-def build_problem(statements: list[Statement], during, strategies: dict, loss: str,
+def build_problem(statements: list[Statement], during, strategies: dict,
                   extra_points=()) -> tuple[RecomputeProblem, list[str]]:
     """The solver's view of a program without recomputation: (problem, variable of each value)."""
-    boundary = backward_start(statements, loss)
-    returned = set(next(s.uses for s in statements if s.kind == "output"))
+    boundary = backward_start(statements)
+    returned = {u for s in statements if s.kind in RETURNS for u in s.uses}  # the caller holds these anyway
     defining: dict[str, list[Statement]] = {}
     for s in statements[:boundary]:
         if s.kind in ("call", "getitem", "move", "constant") and s.defines not in returned:

@@ -5,8 +5,9 @@ share one variable group; an edge inside a group folds into the group's own cost
 group's strategies carry compute and the reshards into them; each pair of groups carries a
 matrix of reshard times. Then the constraints that make the program a training step, one
 function per family: the loss ends replicated, each gradient ends in its parameter's layout
-(its first collective partly hidden under backward, ``Hardware.gradient_overlap``), and
-what the user's constraints rule out costs infinity.
+(its first collective partly hidden under backward, ``Hardware.gradient_overlap``), each
+buffer's new value in its buffer's layout, and what the user's constraints rule out costs
+infinity.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def build_problem(program: Program, ctx: PassContext, allowed: dict) -> Sharding
             builder.price_input_reshards(node)
     _require_replicated_loss(builder, program)
     _require_gradients_in_parameter_layouts(builder, program)
+    _require_buffer_updates_in_buffer_layouts(builder, program)
     _forbid_what_constraints_rule_out(builder, allowed)
     return builder.finish()
 
@@ -142,6 +144,8 @@ class _Builder:
 
 def _require_replicated_loss(builder: _Builder, program: Program) -> None:
     """The loss ends replicated on every rank."""
+    if program.loss is None:
+        return
     group = builder.group_of[program.loss]
     for k, s in enumerate(builder.strategies[program.loss]):
         if not s.out_specs[0].is_replicated():
@@ -162,6 +166,17 @@ def _require_gradients_in_parameter_layouts(builder: _Builder, program: Program)
         if hideable:
             builder.add_edge(grad, param, "hidden sync", lambda a, b, layouts=layouts: cost.async_time(*layouts(a, b)),
                              into=builder.hidden)
+
+
+def _require_buffer_updates_in_buffer_layouts(builder: _Builder, program: Program) -> None:
+    """A buffer's new value (BatchNorm's running statistics) ends in the buffer's layout, where
+    the runtime writes it back."""
+    placeholder = {fqn: ph for ph, fqn in program.buffers.items()}
+    for value, fqn in program.mutated.items():
+        buffer = placeholder[fqn]
+        builder.add_edge(value, buffer, "update", lambda a, b, value=value, buffer=buffer: builder.reshard_time(
+            builder.meta[value][0], builder.strategies[value][a].out_specs[0],
+            builder.strategies[buffer][b].out_specs[0]))
 
 
 def _forbid_what_constraints_rule_out(builder: _Builder, allowed: dict) -> None:

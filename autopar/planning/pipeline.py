@@ -3,8 +3,6 @@ candidate mesh with the fastest plan winning, and package the result as a Plan."
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -15,7 +13,7 @@ from torch import nn
 from autopar.capture.export import program_inputs
 from autopar.capture.module_paths import module_paths
 from autopar.capture.symbolic_shapes import SizeSymbols, size_symbols
-from autopar.errors import AutoparError
+from autopar.errors import AutoparError, user_stacklevel
 from autopar.ir.graph import to_ir
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
@@ -46,13 +44,15 @@ def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware=D
     return run(program, request, model, example_inputs, restrict=restrict, passes=passes, progress=progress)
 
 
-def run(program, request: PlanRequest, model: nn.Module, example_inputs, *, restrict=None, passes=(),
+def run(program, request: PlanRequest, model: nn.Module, example_inputs, *, loss_fn=None, restrict=None, passes=(),
         progress=None) -> Plan:
-    """Plan ``program`` for ``request``: on its mesh, or by searching its candidate meshes."""
+    """Plan ``program`` for ``request``: on its mesh, or by searching its candidate meshes.
+    ``model``, ``example_inputs`` and ``loss_fn``: what was captured, to capture at other sizes
+    (``request.symbolic_dims``)."""
     pipeline(passes)  # a misplaced pass fails here, before any work
     if progress is not None:
         progress("naming each node's module ...")
-    planner = _MeshPlanner(program, model, example_inputs, module_paths(program), tuple(passes), restrict,
+    planner = _MeshPlanner(program, model, example_inputs, loss_fn, module_paths(program), tuple(passes), restrict,
                            progress, _sizes(request, example_inputs))
     if len(request.meshes) == 1:
         plan = planner.plan(request)
@@ -74,6 +74,7 @@ class _MeshPlanner:
     program: object  # the captured Program; each mesh plans a copy with empty side tables
     model: nn.Module
     example_inputs: object
+    loss_fn: Optional[Callable]
     modules: dict  # call node -> module path (the same on every mesh)
     passes: tuple  # the user's passes for this plan
     restrict: Optional[Callable]
@@ -85,7 +86,7 @@ class _MeshPlanner:
         program = dataclasses.replace(self.program, tables={})
         passes = pipeline(self.passes)
         if self.sizes is not None:
-            passes += [SymbolicShapesPass(self.model, program_inputs(self.example_inputs), self.sizes),
+            passes += [SymbolicShapesPass(self.model, program_inputs(self.example_inputs), self.sizes, self.loss_fn),
                        CostFormulaPass(self.sizes)]
         ctx = PassContext(request, progress=self.progress,
                           constraints=from_options(request.pins, self.restrict))
@@ -125,16 +126,7 @@ def warn_if_unproven(mesh: Mesh, solver, time_limit_s: float) -> None:
     distance = "has no proven bound" if solver.gap >= 1.0 else f"is within {solver.gap:.1%} of optimal"
     warnings.warn(f"the sharding solver did not prove its plan optimal on mesh {mesh} in its {time_limit_s:g} s "
                   f"limit per integer program; the plan {distance} (raise solver_time_limit_s to close the gap)",
-                  stacklevel=_caller_outside_autopar())
-
-
-def _caller_outside_autopar() -> int:
-    """The stacklevel of the first frame outside autopar: the user's line that asked for the plan."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    level, frame = 1, sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        level, frame = level + 1, frame.f_back
-    return level
+                  stacklevel=user_stacklevel())
 
 
 def _search_meshes(planner: _MeshPlanner, request: PlanRequest) -> Plan:

@@ -1,42 +1,53 @@
-"""Run an emitted program as an ordinary module on every rank.
+"""Run emitted programs as an ordinary module on every rank.
 
-``ParallelModule(model, plan, rank_mesh, source)`` shards the model's parameters in
-place (the same ``nn.Parameter`` objects now hold local blocks, so optimizers
-made earlier still work) and runs the plan's programs (``source``: the plan emitted
-for torch) as autograd does: calling the module runs the forward program and keeps
-what it saved for backward; ``loss.backward()`` runs the backward program, seeded
-with the loss's incoming gradient, its gradient collectives included (deferred under
-``no_sync()``), and hands each parameter its gradient. Under ``torch.no_grad()``
-nothing is kept.
+``ParallelModule(model, plan, rank_mesh, source)`` shards the model's parameters and
+buffers in place, in the plan's layouts (the same ``nn.Parameter`` objects now hold local
+blocks, so optimizers made earlier still work), and runs the plan's programs (``source``:
+the plan emitted for torch) as the model would run:
+
+- a call in training mode with gradients enabled runs the training step's forward program
+  and keeps what it saved for backward; ``loss.backward()`` runs the backward program, seeded
+  with the loss's incoming gradient, its gradient collectives included (deferred under
+  ``no_sync()``), and hands each parameter its gradient;
+- a call under ``torch.no_grad()`` runs that forward program and keeps nothing;
+- a call in evaluation mode runs a forward-only program captured in evaluation mode.
+
+Every call returns what the model returns (autopar.runtime.program) and writes the buffers
+forward updates (BatchNorm's running statistics) back. A call the loaded programs do not fit
+(another mode, input shapes or structure) gets a program from ``planner``, planned with the
+parameters' layouts pinned; without a planner it is refused.
 """
 from __future__ import annotations
 
 import contextlib
-import types
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
 from autopar.errors import AutoparError, PlanMismatchError
+from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.plan import Plan
+from autopar.runtime.program import RankProgram, check_call_fits, load_program, program_key
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
+__all__ = ["ParallelModule", "load_program"]
 
-def load_program(source: str, name: str = "autopar_generated") -> types.ModuleType:
-    """The emitted torch program as a module with ``forward`` and ``backward``."""
-    module = types.ModuleType(name)
-    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
-    return module
+# (kind, model, call, layouts, global shapes) -> (plan, source): a new program for a call the loaded
+# ones do not fit, with the parameters and buffers in ``layouts`` (name -> placements text); the
+# model holds shards of them, whose whole shapes ``global shapes`` gives by name
+Planner = Callable[[str, nn.Module, FlatCall, dict, dict], tuple[Plan, str]]
 
 
 class _Step(torch.autograd.Function):
-    """The plan's forward program now, its backward program when autograd reaches the loss."""
+    """A training step's forward program now, its backward program when autograd reaches the loss."""
 
     @staticmethod
-    def forward(ctx, parallel: "ParallelModule", args: list, *params):
-        loss, saved = parallel.program.forward(parallel.rt, *args)
+    def forward(ctx, parallel: "ParallelModule", program: RankProgram, args: list, results: dict, *params):
+        loss, saved, results["values"], results["updates"] = program.module.forward(parallel.rt, *args)
         # as DDP: whether this step's backward syncs is decided when its forward runs
-        ctx.parallel, ctx.args, ctx.saved, ctx.sync = parallel, args, saved, parallel.require_gradient_sync
+        ctx.parallel, ctx.program, ctx.args, ctx.saved = parallel, program, args, saved
+        ctx.sync = parallel.require_gradient_sync
         return loss
 
     @staticmethod
@@ -45,36 +56,48 @@ class _Step(torch.autograd.Function):
             raise RuntimeError("autopar's backward program ran for this loss already, and it keeps nothing for a "
                                "second run (retain_graph is not supported): compute the loss again")
         saved, ctx.saved = ctx.saved, None  # the program frees each saved value after its last use
-        parallel = ctx.parallel
+        parallel, program = ctx.parallel, ctx.program
+        unsynced = parallel.unsynced_for(program, ctx.sync)
         with torch.no_grad():
-            grads = parallel.program.backward(parallel.rt, *ctx.args, saved, grad_loss, ctx.sync, parallel.unsynced)
+            grads = program.module.backward(parallel.rt, *ctx.args, saved, grad_loss, ctx.sync, unsynced)
         ctx.args = None
+        none = (None,) * 4
         if not ctx.sync:  # local gradients, before any collective: kept for the next synced backward
             for fqn, grad in grads.items():
-                parallel.unsynced[fqn] = grad if fqn not in parallel.unsynced else parallel.unsynced[fqn] + grad
-            return (None, None) + (None,) * len(parallel.grad_fqns)
-        return (None, None) + tuple(grads.get(fqn) for fqn in parallel.grad_fqns)
+                unsynced[fqn] = grad if fqn not in unsynced else unsynced[fqn] + grad
+            return none + (None,) * len(program.grad_fqns)
+        return none + tuple(grads.get(fqn) for fqn in program.grad_fqns)
 
 
 class ParallelModule(nn.Module):
-    def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str):
+    def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str, *,
+                 planner: Optional[Planner] = None, replan: bool = True):
         super().__init__()
         check_plan_matches(plan, model)
         self.model = model
-        self.plan = plan
         self.rt = rank_mesh
-        self.source = source
-        self.program = load_program(self.source, f"autopar_plan_{plan.hash}")
+        self.planner, self.replan = planner, replan
+        first = RankProgram(plan, source, rank_mesh)
+        self.programs: dict[tuple, RankProgram] = {first.key: first}
+        self.first = first
+        # every later program is planned with the parameters and buffers where the first put them
         graph = plan.graph
-        self.grad_fqns = tuple(dict.fromkeys(graph.grads.values()))  # the parameters backward gives gradients
+        held = {**graph.params, **graph.buffers}
+        self.layouts = {fqn: plan.out_spec(ph).to_json() for ph, fqn in held.items()}
+        self.global_shapes = {fqn: graph.node(ph).outputs[0].shape for ph, fqn in held.items()}
         self.require_gradient_sync = True  # False inside no_sync()
         self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
-        self._placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        self._unsynced_program: Optional[tuple] = None  # the program whose layouts those gradients are in
         with torch.no_grad():
-            for ph, fqn in list(graph.params.items()) + list(graph.buffers.items()):
+            for ph, fqn in held.items():
                 tensor = model.get_parameter(fqn) if ph in graph.params else model.get_buffer(fqn)
                 tensor.data = local_shard(tensor.data, plan.out_spec(ph), plan.mesh, rank_mesh.coords).to(
                     rank_mesh.device)
+
+    @property
+    def plan(self) -> Plan:
+        """The first plan: the one that set the parameters' layouts."""
+        return self.first.plan
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -88,61 +111,62 @@ class ParallelModule(nn.Module):
         finally:
             self.require_gradient_sync = before
 
-    def forward(self, *inputs):
-        # autograd sees _Step alone (it runs the programs with grad mode off), whose inputs are the
-        # parameters that get gradients
-        args = self.arguments(inputs)
-        return _Step.apply(self, args, *(self.model.get_parameter(fqn) for fqn in self.grad_fqns))
+    def forward(self, *args, **kwargs):
+        call = flatten_call(args, kwargs)
+        program = self.program_for(call)
+        arguments = program.arguments(self.model, call)
+        if program.is_step and torch.is_grad_enabled():
+            # autograd sees _Step alone (it runs the programs with grad mode off), whose inputs are the
+            # parameters that get gradients
+            results: dict = {}
+            params = (self.model.get_parameter(fqn) for fqn in program.grad_fqns)
+            loss = _Step.apply(self, program, arguments, results, *params)
+            values, updates = results["values"], results["updates"]
+        else:
+            with torch.no_grad():
+                loss, _, values, updates = program.module.forward(self.rt, *arguments)
+        program.write_buffers(self.model, updates)
+        return program.output(loss, values)
 
-    def arguments(self, inputs) -> list:
-        """The programs' arguments for a call with ``inputs``: parameters, buffers and this rank's
-        block of each input, in the plan's placeholder order (refused where the plan does not fit)."""
-        graph, plan = self.plan.graph, self.plan
-        if len(inputs) != len(graph.inputs):
-            raise TypeError(f"the plan was made for {len(graph.inputs)} inputs, got {len(inputs)}")
-        _check_inputs_fit(plan, inputs)
-        _check_mode(plan, self.model)
-        user = dict(zip(graph.inputs, inputs))
-        args = []
-        for node in self._placeholders:
-            if node.name in graph.params:
-                args.append(self.model.get_parameter(graph.params[node.name]).detach())
-            elif node.name in graph.buffers:
-                args.append(self.model.get_buffer(graph.buffers[node.name]))
-            else:
-                value = user[node.name]
-                if isinstance(value, torch.Tensor):
-                    value = local_shard(value.to(self.rt.device), plan.out_spec(node.name), plan.mesh,
-                                        self.rt.coords)
-                args.append(value)
-        return args
+    def program_for(self, call: FlatCall) -> RankProgram:
+        """The program for this call in the model's mode: a training step's (whose forward also
+        serves calls under no_grad) or a forward alone's; planned now where none fits."""
+        training, signature = self.model.training, call.signature
+        step = self.programs.get(program_key("step", training, signature))
+        if step is not None and (training or not torch.is_grad_enabled()):
+            return step
+        kind = "step" if training and torch.is_grad_enabled() else "forward"
+        found = self.programs.get(program_key(kind, training, signature))
+        return found if found is not None else self._new_program(kind, call)
 
+    def _new_program(self, kind: str, call: FlatCall) -> RankProgram:
+        known = {key[2] for key in self.programs}
+        if self.planner is None or (not self.replan and call.signature not in known):
+            check_call_fits(self.plan, call)  # names the shape or structure that differs
+            raise PlanMismatchError(self._no_program_message(kind))
+        plan, source = self.planner(kind, self.model, call, dict(self.layouts), dict(self.global_shapes))
+        program = RankProgram(plan, source, self.rt)
+        self.programs[program.key] = program
+        return program
 
-def _check_mode(plan: Plan, model: nn.Module) -> None:
-    if model.training != plan.graph.training:
-        mode = "training" if plan.graph.training else "evaluation"
-        raise AutoparError(f"plan {plan.hash} was captured in {mode} mode and the model is now in "
-                           f"{'training' if model.training else 'evaluation'} mode: autopar does not run "
-                           f"an evaluation program yet (dropout and the like would run as in {mode}); set the "
-                           f"mode back, or evaluate the eager model")
+    def _no_program_message(self, kind: str) -> str:
+        mode = "training" if self.model.training else "evaluation"
+        what = "a training step" if kind == "step" else f"a forward program in {mode} mode"
+        return (f"this call needs {what}, which plan {self.plan.hash} does not hold (it is a "
+                f"{'training step' if self.first.is_step else 'forward program'} in "
+                f"{'training' if self.plan.graph.training else 'evaluation'} mode); run the model through "
+                f"autopar.autoparallelize, which plans one, or call it as the plan was made")
 
-
-def _check_inputs_fit(plan: Plan, inputs) -> None:
-    """Refuse inputs of other shapes or dtypes than the plan's: a plan fixes them (a loss's mean
-    divides by the planned count, views reshape to the planned sizes), so running it on others
-    would compute something else."""
-    graph = plan.graph
-    names = graph.input_names or tuple(f"input {i}" for i in range(len(graph.inputs)))
-    for name, ph, value in zip(names, graph.inputs, inputs):
-        planned = graph.node(ph).outputs[0]
-        if not isinstance(value, torch.Tensor) or planned is None:
-            continue
-        given = (list(value.shape), str(value.dtype).removeprefix("torch."))
-        if given != (list(planned.shape), planned.dtype):
-            raise PlanMismatchError(
-                f"input {name!r} has shape {given[0]} and dtype {given[1]}, but plan {plan.hash} was made for shape "
-                f"{list(planned.shape)} and dtype {planned.dtype}: a plan fixes its inputs' shapes; plan again with "
-                f"inputs of this shape (autopar.plan, or a new autoparallelize wrapper)")
+    def unsynced_for(self, program: RankProgram, sync: bool) -> dict:
+        """The gradients no_sync() left for ``program``'s backward: a program of other layouts
+        cannot add them to its own."""
+        if self.unsynced and self._unsynced_program != program.key:
+            raise AutoparError("the micro-batches under no_sync() ran another program (other input shapes, or "
+                               "another mode) than this backward's: their local gradients lie in other layouts; "
+                               "accumulate micro-batches of one shape, or sync each one")
+        if not sync:
+            self._unsynced_program = program.key
+        return self.unsynced
 
 
 def check_plan_matches(plan: Plan, model: nn.Module) -> None:
@@ -150,12 +174,11 @@ def check_plan_matches(plan: Plan, model: nn.Module) -> None:
     named = dict(model.named_parameters())
     named_buffers = dict(model.named_buffers())
     for ph, fqn in plan.graph.params.items():
-        fqn_local = fqn
         shape = plan.graph.node(ph).outputs[0].shape
-        p = named.get(fqn_local)
+        p = named.get(fqn)
         if p is None or tuple(p.shape) != tuple(shape):
             raise PlanMismatchError(
-                f"plan {plan.hash} (graph {plan.fingerprint}) expects parameter {fqn_local!r} of shape {list(shape)}, "
+                f"plan {plan.hash} (graph {plan.fingerprint}) expects parameter {fqn!r} of shape {list(shape)}, "
                 f"but the model has {'none' if p is None else list(p.shape)}; re-plan this model with autopar.plan")
     for ph, fqn in plan.graph.buffers.items():
         if fqn not in named_buffers:

@@ -1,5 +1,5 @@
 # autopar: per-rank training step for torch.distributed (generated; do not edit)
-# plan 44eb3c0b948c | graph bd83370a3900c783 | mesh (tp=2) | hardware h100-sxm
+# plan bd5cfeb7f128 | graph 8821767ce4224930 | mesh (tp=2) | hardware h100-sxm
 # predicted step 0.1920 ms = compute 0.1920 ms + communication 0.0000 ms
 # passes:
 #   shapes: 309 nodes
@@ -9,15 +9,17 @@
 #   collectives: 0 redistributions, 0 collectives
 #   recompute: peak 10.9 MB per device at _log_softmax_backward_data
 #   predict: step 0.1920 ms (compute 0.1920, communication 0.0000 + 0.0000 hidden), 0% of FLOPs sharded
-# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved)
-# backward(rt, parameters..., buffers..., inputs..., saved) -> {parameter name: gradient}
-# all on this rank's local shards; saved: the values forward keeps for backward.
+# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved, values, {buffer name: new value})
+# backward(rt, parameters..., buffers..., inputs..., saved, grad_loss, sync, unsynced)
+#     -> {parameter name: gradient}
+# all on this rank's local shards; saved: the values forward keeps for backward;
+# values: the model's other outputs, in their planned layouts.
 import torch
 
 aten = torch.ops.aten
 
-PLAN_HASH = '44eb3c0b948c'
-GRAPH_FINGERPRINT = 'bd83370a3900c783'
+PLAN_HASH = 'bd5cfeb7f128'
+GRAPH_FINGERPRINT = '8821767ce4224930'
 PLACEHOLDERS = [
     'wte_weight', 'wpe_weight', 'blocks_0_ln1_weight', 'blocks_0_ln1_bias', 'blocks_0_attn_q_weight',
     'blocks_0_attn_q_bias', 'blocks_0_attn_k_weight', 'blocks_0_attn_k_bias', 'blocks_0_attn_v_weight',
@@ -302,12 +304,17 @@ def forward(
     del nll_loss_forward_default
     div_tensor = aten.div.Tensor(getitem_42, getitem_43)  # [] -> local [] (R)
     del getitem_42
-    return div_tensor, [
-        arange, add, getitem_1, getitem_2, view, transpose, view_3, transpose_1, view_6, transpose_2, getitem_4, detach,
-        view_10, add_1, getitem_6, getitem_7, view_12, view_13, view_14, add_2, getitem_9, getitem_10, view_16, transpose_4,
-        view_19, transpose_5, view_22, transpose_6, getitem_12, detach_1, view_26, add_3, getitem_14, getitem_15, view_28,
-        view_29, view_30, add_4, getitem_17, getitem_18, view_32, view_34, _log_softmax, detach_2, getitem_43, div_tensor,
-    ]
+    return (
+        div_tensor,
+        [
+            arange, add, getitem_1, getitem_2, view, transpose, view_3, transpose_1, view_6, transpose_2, getitem_4, detach,
+            view_10, add_1, getitem_6, getitem_7, view_12, view_13, view_14, add_2, getitem_9, getitem_10, view_16, transpose_4,
+            view_19, transpose_5, view_22, transpose_6, getitem_12, detach_1, view_26, add_3, getitem_14, getitem_15, view_28,
+            view_29, view_30, add_4, getitem_17, getitem_18, view_32, view_34, _log_softmax, detach_2, getitem_43, div_tensor,
+        ],  # saved for backward
+        [],  # the model's other outputs
+        {},  # the buffers' new values
+    )
 
 
 def backward(
@@ -331,6 +338,7 @@ def backward(
     # ---- backward ----
     # <model>
     ones_like_default = grad_loss  # d(loss)/d(loss): what autograd hands backward (1 for loss.backward())
+    del div_tensor
     nll_loss_backward = aten.nll_loss_backward.default(ones_like_default, _log_softmax, view_34, None, 1, -100, getitem_43)  # [256, 256] -> local [256, 256] (R)
     del view_34, _log_softmax, getitem_43, ones_like_default
     detach_3 = aten.detach.default(detach_2)  # [256, 256] -> local [256, 256] (R)

@@ -1,5 +1,5 @@
 # autopar: per-rank training step for torch.distributed (generated; do not edit)
-# plan f93fca38dc89 | graph c6193de1faeb6495 | mesh (tp=2) | hardware h100-sxm
+# plan 806b01ff0f42 | graph ad5ce212c7690e05 | mesh (tp=2) | hardware h100-sxm
 # predicted step 0.0439 ms = compute 0.0398 ms + communication 0.0041 ms
 # passes:
 #   shapes: 29 nodes
@@ -9,15 +9,17 @@
 #   collectives: 2 redistributions, 1 collectives
 #   recompute: peak 67.3 MB per device at sum_2
 #   predict: step 0.0439 ms (compute 0.0398, communication 0.0041 + 0.0000 hidden), 100% of FLOPs sharded
-# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved)
-# backward(rt, parameters..., buffers..., inputs..., saved) -> {parameter name: gradient}
-# all on this rank's local shards; saved: the values forward keeps for backward.
+# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved, values, {buffer name: new value})
+# backward(rt, parameters..., buffers..., inputs..., saved, grad_loss, sync, unsynced)
+#     -> {parameter name: gradient}
+# all on this rank's local shards; saved: the values forward keeps for backward;
+# values: the model's other outputs, in their planned layouts.
 import torch
 
 aten = torch.ops.aten
 
-PLAN_HASH = 'f93fca38dc89'
-GRAPH_FINGERPRINT = 'c6193de1faeb6495'
+PLAN_HASH = '806b01ff0f42'
+GRAPH_FINGERPRINT = 'ad5ce212c7690e05'
 PLACEHOLDERS = ['fc1_weight', 'fc1_bias', 'fc2_weight', 'fc2_bias', 'x', 'y']
 
 
@@ -51,7 +53,12 @@ def forward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     del pow_1
     div_scalar = aten.div.Scalar(sum_dim_int_list, 8192)  # [] -> local [] (R)
     del sum_dim_int_list
-    return div_scalar, [addmm, gelu, addmm_1__r1, div_scalar]
+    return (
+        div_scalar,
+        [addmm, gelu, addmm_1__r1, div_scalar],  # saved for backward
+        [],  # the model's other outputs
+        {},  # the buffers' new values
+    )
 
 
 def backward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved, grad_loss, sync, unsynced):
@@ -61,6 +68,7 @@ def backward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved, grad_l
     # ---- backward ----
     # <model>
     ones_like_default = grad_loss  # d(loss)/d(loss): what autograd hands backward (1 for loss.backward())
+    del div_scalar
     # fc2
     sub_1 = aten.sub.Tensor(addmm_1__r1, y)  # [8, 1024] -> local [8, 1024] (R)
     del addmm_1__r1

@@ -24,14 +24,16 @@ from autopar.lowering.schedule import Statement, programs
 
 def emit_jax(plan) -> str:
     """The module's source; an op without a translation is an AutoparError naming it and its node."""
+    _refuse_what_jax_does_not_return(plan)
     named = readable(plan)  # printed with readable names; the hash is the plan's
     program = programs(named)
     printer, sections = _Printer(named), Sections(named)
-    forward = [line for s in program.forward for line in sections.before(s) + printer.lines(s)]
-    backward = [line for s in program.backward for line in sections.before(s) + printer.lines(s)]
+    # forward's last statement returns the model's other outputs too, which train_step leaves out
+    forward = [line for s in program.forward[:-1] for line in sections.before(s, "forward") + printer.lines(s)]
+    backward = [line for s in program.backward for line in sections.before(s, "backward") + printer.lines(s)]
     g = named.graph
     placeholders = [n.name for n in g.nodes if n.op == "placeholder"]
-    outputs = [("loss", None)] + [("grad", g.grads[name]) for name in g.outputs[1:] if name is not None]
+    outputs = [("loss", None)] + [("grad", g.grads[name]) for name in g.gradients]
     lines = header(plan, "autopar: training step as a sharded JAX program (generated; do not edit)")
     lines += _PRELUDE.splitlines()
     lines += [
@@ -65,6 +67,18 @@ def emit_jax(plan) -> str:
                        f"return (loss,) + backward_local({', '.join(placeholders + ['saved'])})"])
     lines += _EPILOGUE.splitlines()
     return "\n".join(lines) + "\n"
+
+
+def _refuse_what_jax_does_not_return(plan) -> None:
+    """The JAX module is a training step returning the loss and the gradients: a forward alone,
+    or a forward that updates buffers, would lose what it computes."""
+    if plan.graph.kind != "step":
+        raise AutoparError(f"plan {plan.hash} is of a forward alone (an evaluation program); the JAX backend emits "
+                           f"training steps: emit this plan for torch")
+    if plan.graph.mutated:
+        raise AutoparError(f"the model's forward updates {', '.join(sorted(plan.graph.mutated.values()))} "
+                           f"(running statistics); the JAX program does not return new buffer values yet: emit the "
+                           f"torch program, or use a norm without running statistics")
 
 
 class _Printer:
@@ -119,8 +133,8 @@ class _Printer:
     def wait(self, s: Statement) -> str:
         return f"{s.defines} = {s.uses[0]}"
 
-    def output(self, s: Statement) -> str:  # the loss comes first in the uses: forward returns it
-        return f"return ({', '.join(s.uses[1:])},)"
+    def output(self, s: Statement) -> str:
+        return f"return ({', '.join(s.uses)},)"
 
 
 # one collective step in JAX, on the named axis (x: the variable, p: the axis size)

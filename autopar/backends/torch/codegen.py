@@ -2,9 +2,11 @@
 
 Every rank runs the same ``forward`` and ``backward`` on its local shards: one ATen call per
 line, a trailing comment with global shape, local shape and placement, and each collective on
-its own line through the runtime object ``rt``. ``forward`` returns the loss and the values
-backward reads (``saved``); ``backward`` takes them back and returns each parameter's gradient
-by name. A gradient's first all-reduce / reduce-scatter starts asynchronously right after the
+its own line through the runtime object ``rt``. ``forward`` returns the loss, the values
+backward reads (``saved``), the model's other outputs (in their planned layouts) and the
+buffers' new values; ``backward`` takes the saved values back and returns each parameter's
+gradient by name. A plan of a forward alone (evaluation) has no ``backward``. A gradient's
+first all-reduce / reduce-scatter starts asynchronously right after the
 gradient is computed and is waited for at the return, so it overlaps the rest of backward.
 Each variable is deleted after its last use, so memory is freed as the memory model
 (autopar.lowering.memory) assumes. The order comes from autopar.lowering.schedule.
@@ -24,9 +26,13 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     placeholders = [n.name for n in named.graph.nodes if n.op == "placeholder"]
     lines = header(plan, "autopar: per-rank training step for torch.distributed (generated; do not edit)")
     lines += [
-        "# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved)",
-        "# backward(rt, parameters..., buffers..., inputs..., saved) -> {parameter name: gradient}",
-        "# all on this rank's local shards; saved: the values forward keeps for backward.",
+        "# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved, values, {buffer name: new value})",
+    ] + ([
+        "# backward(rt, parameters..., buffers..., inputs..., saved, grad_loss, sync, unsynced)",
+        "#     -> {parameter name: gradient}",
+    ] if plan.graph.kind == "step" else []) + [
+        "# all on this rank's local shards; saved: the values forward keeps for backward;",
+        "# values: the model's other outputs, in their planned layouts.",
         "import torch",
         "",
         "aten = torch.ops.aten",
@@ -38,14 +44,30 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     program = programs(named)
     printer, sections = _Printer(named), Sections(named)
     lines += ["", ""] + wrapped("def forward(", ["rt"] + placeholders, "):")
-    for s in program.forward:
-        lines += indented(sections.before(s) + printer.lines(s))
-    lines += indented(wrapped(f"return {named.graph.loss}, [", list(program.saved), "]"))
-    lines += ["", ""] + wrapped("def backward(", ["rt"] + placeholders + ["saved", "grad_loss", "sync", "unsynced"],
-                                "):")
-    lines += indented(_Backward(named, printer, sections).lines(program))
-    lines += ["", "", *_ACCUMULATE.splitlines()]
+    for s in program.forward[:-1]:
+        lines += indented(sections.before(s, "forward") + printer.lines(s))
+    lines += indented(_forward_return(named.graph, program.forward[-1], program.saved))
+    if named.graph.kind == "step":
+        lines += ["", ""] + wrapped("def backward(", ["rt"] + placeholders + ["saved", "grad_loss", "sync", "unsynced"],
+                                    "):")
+        lines += indented(_Backward(named, printer, sections).lines(program))
+        lines += ["", "", *_ACCUMULATE.splitlines()]
     return "\n".join(lines) + "\n"
+
+
+def _forward_return(graph, statement: Statement, saved) -> list[str]:
+    """``return loss, [saved...], [values...], {buffer: new value}`` (the statement's uses come in
+    GraphIR.forward_outputs' order)."""
+    uses = list(statement.uses)
+    loss = uses.pop(0) if graph.loss is not None else "None"
+    values, updates = uses[:len(graph.values)], uses[len(graph.values):]
+    buffers = [f"{fqn!r}: {var}" for fqn, var in zip(graph.mutated.values(), updates)]
+    if not saved and not values and not buffers:
+        return [f"return {loss}, [], [], {{}}"]
+    return (["return ("] + indented([f"{loss},"] + wrapped("[", list(saved), "],  # saved for backward")
+                                   + wrapped("[", values, "],  # the model's other outputs")
+                                   + wrapped("{", buffers, "},  # the buffers' new values"))
+            + [")"])
 
 
 _ACCUMULATE = '''def accumulate(grad, unsynced, name):
@@ -67,7 +89,7 @@ class _Backward:
         # cannot wait for the last micro-batch
         self.shared = sorted({plan.graph.grads[r.value] for r in plan.redistributions
                               if r.value in plan.graph.grads and "output" in r.consumers and r.id not in self.syncs})
-        self.local = [o for o in plan.graph.outputs[1:] if o is not None]  # each gradient before its sync
+        self.local = plan.graph.gradients  # each gradient before its sync
         self.begun: set[str] = set()
         self.returned_local = False
 
@@ -81,7 +103,7 @@ class _Backward:
             if program.saved else []
         out += ["saved.clear()  # held here alone now: each is freed after its last use"]
         for s in program.backward:
-            out += self.sections.before(s) + self.statement(s)
+            out += self.sections.before(s, "backward") + self.statement(s)
         return out
 
     def statement(self, s: Statement) -> list[str]:
@@ -120,7 +142,7 @@ class _Backward:
     def output(self, s: Statement) -> str:
         """``return {parameter name: gradient}``: a gradient without collectives adds the unsynced part here."""
         g = self.plan.graph
-        values = dict(zip([o for o in g.outputs if o is not None], s.uses))
+        values = dict(zip(g.gradients, s.uses))
         grads = [f"    {g.grads[o]!r}: {values[o] if values[o] != o else f'accumulate({o}, unsynced, {g.grads[o]!r})'},"
                  for o in self.local]
         return "\n".join(["return {"] + grads + ["}"])

@@ -1,0 +1,123 @@
+"""One plan's emitted programs, loaded on this rank: the arguments a call gives them, and their
+results turned back into what the model returns.
+
+The model's other outputs (logits, hidden states) come back as DTensors in the layout the plan
+gave them: no communication is spent on a value the caller may never read, and
+``value.full_tensor()`` gathers it where it is wanted. The loss is a plain tensor, the same on
+every rank.
+"""
+from __future__ import annotations
+
+import types
+import warnings
+
+import torch
+from torch import nn
+
+from autopar.errors import PlanMismatchError, user_stacklevel
+from autopar.ir.call import FlatCall
+from autopar.ir.plan import Plan
+from autopar.runtime.rank_mesh import RankMesh, local_shard
+
+
+def load_program(source: str, name: str = "autopar_generated") -> types.ModuleType:
+    """The emitted torch program as a module with ``forward`` (and ``backward``, for a training step)."""
+    module = types.ModuleType(name)
+    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    return module
+
+
+def plan_signature(plan: Plan) -> tuple:
+    """The call a plan was made for, as autopar.ir.call.FlatCall.signature words it."""
+    graph = plan.graph
+    return (graph.input_structure,) + tuple((tuple(graph.node(ph).outputs[0].shape), graph.node(ph).outputs[0].dtype)
+                                            for ph in graph.inputs)
+
+
+def program_key(kind: str, training: bool, signature: tuple) -> tuple:
+    """What a program serves: a training step or a forward alone, in one mode, for one call signature."""
+    return kind, training, signature
+
+
+class RankProgram:
+    def __init__(self, plan: Plan, source: str, rank_mesh: RankMesh):
+        self.plan, self.rt = plan, rank_mesh
+        self.module = load_program(source, f"autopar_plan_{plan.hash}")
+        graph = plan.graph
+        self.key = program_key(graph.kind, graph.training, plan_signature(plan))
+        self.grad_fqns = tuple(dict.fromkeys(graph.grads.values()))  # the parameters backward gives gradients
+        self._placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
+        self._warned_dropped = False
+
+    @property
+    def is_step(self) -> bool:
+        return self.plan.graph.kind == "step"
+
+    def arguments(self, model: nn.Module, call: FlatCall) -> list:
+        """The programs' arguments: parameters, buffers and this rank's block of each input, in the
+        plan's placeholder order."""
+        graph, plan = self.plan.graph, self.plan
+        given = dict(zip(graph.inputs, call.tensors))
+        args = []
+        for name in self._placeholders:
+            if name in graph.params:
+                args.append(model.get_parameter(graph.params[name]).detach())
+            elif name in graph.buffers:
+                args.append(model.get_buffer(graph.buffers[name]))
+            else:
+                args.append(local_shard(given[name].to(self.rt.device), plan.out_spec(name), plan.mesh,
+                                        self.rt.coords))
+        return args
+
+    def write_buffers(self, model: nn.Module, updates: dict) -> None:
+        """Forward's new buffer values (running statistics), each already in its buffer's layout."""
+        with torch.no_grad():
+            for fqn, value in updates.items():
+                model.get_buffer(fqn).copy_(value)
+
+    def output(self, loss, values: list):
+        """What the model returns, with ``loss`` and the values (as DTensors) in their places."""
+        tree = self.plan.graph.output_tree
+        if tree.dropped and not self._warned_dropped:
+            self._warned_dropped = True
+            warnings.warn(f"the model's output holds {', '.join(sorted(set(tree.dropped)))}, which autopar's programs "
+                          f"do not return: it comes back as None (for a Hugging Face model, pass use_cache=False)",
+                          stacklevel=user_stacklevel())
+        return tree.rebuild(loss, [self._dtensor(name, value) for name, value in zip(self.plan.graph.values, values)])
+
+    def _dtensor(self, name: str, local: torch.Tensor):
+        from torch.distributed.tensor import DTensor
+
+        meta = self.plan.graph.node(name).outputs[0]
+        spec = self.plan.out_spec(name)
+        return DTensor.from_local(local, self.rt.device_mesh, spec.to_dtensor(), run_check=False,
+                                  shape=torch.Size(meta.shape), stride=_contiguous_strides(meta.shape))
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def check_call_fits(plan: Plan, call: FlatCall) -> None:
+    """Refuse a call of another structure, or with inputs of other shapes or dtypes, than the
+    plan's: a plan fixes them (a loss's mean divides by the planned count, views reshape to the
+    planned sizes), so running it on others would compute something else."""
+    graph = plan.graph
+    if call.structure != graph.input_structure or len(call.tensors) != len(graph.inputs):
+        raise PlanMismatchError(
+            f"the model is called with other arguments than plan {plan.hash} was made for (planned: "
+            f"{graph.input_structure}; given: {call.structure}): plan again with this call (autopar.plan, or "
+            f"autoparallelize with replan=True)")
+    names = graph.input_names or tuple(f"input {i}" for i in range(len(graph.inputs)))
+    for name, ph, value in zip(names, graph.inputs, call.tensors):
+        planned = graph.node(ph).outputs[0]
+        given = (list(value.shape), str(value.dtype).removeprefix("torch."))
+        if given != (list(planned.shape), planned.dtype):
+            raise PlanMismatchError(
+                f"input {name!r} has shape {given[0]} and dtype {given[1]}, but plan {plan.hash} was made for shape "
+                f"{list(planned.shape)} and dtype {planned.dtype}: a plan fixes its inputs' shapes; plan again with "
+                f"inputs of this shape (autopar.plan, or autoparallelize with replan=True)")
