@@ -9,10 +9,11 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from autopar.capture.export import loss_of, program_inputs
-from autopar.errors import MeshError
+from autopar.capture.export import find_loss, program_inputs
+from autopar.errors import AutoparError, MeshError
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
+from autopar.ir.program import STEP
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.parallelize import check_plan_is_for
 from autopar.runtime.local_cluster import get_cluster
@@ -86,7 +87,7 @@ def train(model: nn.Module, step, steps: int, lr: float, loss_fn=None):
         torch.manual_seed(SEED + i)  # the same random state (dropout masks) as the other side of the comparison
         opt.zero_grad()
         output = step()
-        loss = loss_of(output, loss_fn)
+        loss = find_loss(output, loss_fn)
         loss.backward()
         losses.append(loss.item())
         if i == 0:
@@ -135,7 +136,7 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     if plan is not None and mesh is not None and Mesh.parse(mesh) != plan.mesh:
         raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.mesh}")
     mesh = Mesh.parse(mesh) if plan is None else plan.mesh
-    if plan is not None and plan.graph.kind != "step":
+    if plan is not None and plan.graph.kind != STEP:
         raise ValueError(f"check compares training steps, and plan {plan.hash} is a forward program alone; check "
                          f"the training step's plan (the forward program runs the same statements without backward)")
     if plan is None:
@@ -222,8 +223,11 @@ def _autopar_loss(output):
     (the user's loss_fn need not be picklable to reach the workers)."""
     from torch.distributed.tensor import DTensor
 
-    return next(leaf for leaf in pytree.tree_leaves(output)
-                if isinstance(leaf, torch.Tensor) and not isinstance(leaf, DTensor))
+    plain = [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor)
+             and not isinstance(leaf, DTensor)]
+    if len(plain) != 1:
+        raise AutoparError(f"autopar's output holds {len(plain)} plain tensors where its loss is the one expected")
+    return plain[0]
 
 
 def _measure_peak_memory(model: nn.Module, step) -> float:

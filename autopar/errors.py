@@ -8,11 +8,16 @@ import torch
 _LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (__file__, torch.__file__))
 
 
+def in_library(filename: str) -> bool:
+    """Whether a frame's file is autopar's or torch's: not the user's line."""
+    return os.path.abspath(filename).startswith(_LIBRARY_DIRS)
+
+
 def user_stacklevel() -> int:
     """The ``stacklevel`` for a warning given by the caller of this function that points at the
     first frame outside autopar and torch: the user's line that led to it."""
     level, frame = 1, sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
+    while frame is not None and in_library(frame.f_code.co_filename):
         level, frame = level + 1, frame.f_back
     return level
 

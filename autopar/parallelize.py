@@ -36,6 +36,7 @@ from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
+from autopar.ir.program import FORWARD, STEP
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.passes.registry import pipeline
 
@@ -102,13 +103,13 @@ class _Runner:
         layouts are the ones training runs in. A call without a loss gets its forward program."""
         with _in_training_mode(model):
             try:
-                return self._plan(model, call, "step", {}, {})
+                return self._plan(model, call, STEP, {}, {})
             except NoLossError:
                 pass
         warnings.warn("the first call's output holds no loss, so the parameters' layouts are chosen for its forward "
                       "program alone; training steps are planned around them (make the first call a training "
                       "call to lay the parameters out for training)", stacklevel=user_stacklevel())
-        return self._plan(model, call, "forward", {}, {})
+        return self._plan(model, call, FORWARD, {}, {})
 
     def _planner(self, kind: str, model: nn.Module, call: FlatCall, pins: dict, shapes: dict) -> tuple[Plan, str]:
         """ParallelModule's planner: every rank asks, rank 0 plans, every rank gets the plan."""
@@ -120,10 +121,9 @@ class _Runner:
         from autopar.planning.request import resolve
 
         args, kwargs = call.rebuild(call.tensors)
-        program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == "step",
+        program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP,
                           global_shapes=shapes)
-        present = set(program.params.values()) | set(program.buffers.values())  # eval may not use them all
-        request = resolve(self.mesh, self.hardware, pin={k: v for k, v in pins.items() if k in present})
+        request = resolve(self.mesh, self.hardware, pin=pins)
         return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
 
 
@@ -147,18 +147,25 @@ def _planned_on_rank0(make_plan: Callable[[], Plan]) -> Plan:
 
 @contextlib.contextmanager
 def _in_training_mode(model: nn.Module):
-    was = model.training
+    """The model as ``model.train()`` leaves it, where it is in evaluation mode; each module's
+    own mode afterwards (a model in training mode is left as it is: a submodule kept in eval
+    mode, a frozen BatchNorm, stays so)."""
+    if model.training:
+        yield
+        return
+    modes = [(m, m.training) for m in model.modules()]
     model.train()
     try:
         yield
     finally:
-        model.train(was)
+        for m, training in modes:
+            m.training = training
 
 
 def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Optional[Callable] = None, **kwargs) -> None:
     """Refuse a plan of another computation before it runs: one made for another forward, or
     for inputs of other shapes, has the same parameters but would compute something else."""
-    program = capture(model, args, kwargs=kwargs, loss_fn=loss_fn, training_step=plan.graph.kind == "step")
+    program = capture(model, args, kwargs=kwargs, loss_fn=loss_fn, training_step=plan.graph.kind == STEP)
     fingerprint = fingerprint_of(program)
     if fingerprint != plan.fingerprint:
         raise PlanMismatchError(

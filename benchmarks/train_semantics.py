@@ -10,8 +10,8 @@ Per round, in alternating order (the machine is shared and noisy):
   (the statements of the joint program the runtime ran before the split);
 - accumulation of 4 micro-batches (each of the step's batch, data parallel on dp=4) with and
   without ``no_sync()``: time and bytes moved;
-- a call under ``torch.no_grad()`` in training mode (the step's forward program, nothing kept)
-  and in evaluation mode (the forward program planned for eval, with the same parameter layouts).
+- a call under ``torch.no_grad()`` in training mode and in evaluation mode: each runs a forward
+  program planned for its mode, with the step's parameter layouts.
 
 Peak memory (torch's MemTracker, one step) for split and joint. The last line reads
 ``split/joint step time: X.XX``.
@@ -41,10 +41,10 @@ def measure(rank, world_size, model_bytes, inputs, plans_json, steps):
     from autopar.runtime.module import ParallelModule
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    plan, evaluation = (autopar.Plan.from_json(text) for text in plans_json)
+    plan, *forwards = (autopar.Plan.from_json(text) for text in plans_json)
+    by_mode = {f.graph.training: (f, f.emit("torch")) for f in forwards}
     rt = rank_mesh_for(plan.mesh)
-    parallel = ParallelModule(model, plan, rt, plan.emit("torch"),
-                              planner=lambda *_: (evaluation, evaluation.emit("torch")))
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"), planner=lambda kind, m, *_: by_mode[m.training])
     modes = {
         "split": lambda: parallel(*inputs).backward(),
         "joint": lambda: _joint(parallel, inputs),
@@ -59,8 +59,7 @@ def measure(rank, world_size, model_bytes, inputs, plans_json, steps):
 
 
 def _forward(parallel, inputs, training: bool) -> None:
-    """A call under no_grad: the training step's forward program in training mode, the
-    evaluation plan's forward program in evaluation mode."""
+    """A call under no_grad: the forward program of the mode."""
     parallel.train(training)
     with torch.no_grad():
         parallel(*inputs)
@@ -110,14 +109,14 @@ def _timed(rt, step, steps: int) -> dict:
     return {"seconds": statistics.median(times[1:]), "bytes": sum(rt.bytes_moved.values())}
 
 
-def _evaluation_plan(model, inputs, plan):
-    """The forward program in evaluation mode, its parameters where ``plan`` put them (as
-    autoparallelize plans it on the first call after model.eval())."""
+def _forward_plan(model, inputs, plan, training: bool):
+    """The forward program in one mode, its parameters where ``plan`` put them (as
+    autoparallelize plans it on the first call under no_grad in that mode)."""
     from autopar.api import plan_program
     from autopar.capture import capture
     from autopar.planning.request import resolve
 
-    model.eval()
+    model.train(training)
     program = capture(model, inputs, training_step=False)
     model.train()
     layouts = {fqn: plan.out_spec(ph).to_json() for ph, fqn in plan.graph.params.items()}
@@ -142,14 +141,14 @@ def main() -> None:
     args = parser.parse_args()
     model, inputs = gpt2.make(args.size)
     plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", cache=False)
-    evaluation = _evaluation_plan(model, inputs, plan)
+    forwards = [_forward_plan(model, inputs, plan, training) for training in (True, False)]
     micro_plan = _data_parallel(model, inputs)
     buffer = io.BytesIO()
     torch.save(model, buffer)
     cluster = get_cluster(4)
     rounds: dict = {}
     for r in range(args.rounds):
-        jobs = [(measure, inputs, (plan.to_json(), evaluation.to_json())), (accumulate, inputs, micro_plan.to_json())]
+        jobs = [(measure, inputs, [p.to_json() for p in [plan, *forwards]]), (accumulate, inputs, micro_plan.to_json())]
         for job, job_inputs, job_plans in (jobs if r % 2 == 0 else jobs[::-1]):
             result = cluster.run(job, buffer.getvalue(), job_inputs, job_plans, args.steps)[0]
             for mode, figures in result.items():

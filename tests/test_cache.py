@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 import autopar
 from autopar.cli import main as cli
@@ -70,6 +71,60 @@ def test_anything_that_decides_the_plan_is_a_miss(first, model_and_inputs, tmp_p
     options = {"mesh": "tp=2", "hardware": FAST, **change}
     with pytest.raises(Solved):
         autopar.plan(model, inputs, cache_dir=str(tmp_path), **options)
+
+
+@pytest.mark.parametrize("change", ["eval mode", "frozen parameter", "keyword call"])
+def test_what_the_graph_alone_does_not_show_is_a_miss(first, model_and_inputs, tmp_path, no_solving, change):
+    """The same ATen graph from another mode (an MLP has no dropout), with a parameter frozen, or
+    from another call structure is another plan: a cached one would run in the wrong mode, give a
+    frozen parameter a gradient, or take the call apart wrongly."""
+    import copy
+
+    model, (x, y) = model_and_inputs
+    model = copy.deepcopy(model)
+    args, kwargs = (x, y), {}
+    if change == "eval mode":
+        model.eval()
+    elif change == "frozen parameter":
+        model.fc2.bias.requires_grad_(False)
+    else:
+        args, kwargs = (x,), {"y": y}
+    with pytest.raises(Solved):
+        autopar.plan(model, args, kwargs=kwargs, mesh="tp=2", hardware=FAST, cache_dir=str(tmp_path))
+
+
+class _AThenB(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).pow(2).mean()
+
+
+class _BThenA(torch.nn.Module):
+    """_AThenB's graph exactly, its parameters registered and named the other way round."""
+
+    def __init__(self):
+        super().__init__()
+        self.b, self.a = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.a(torch.relu(self.b(x))).pow(2).mean()
+
+
+def test_the_same_graph_with_other_parameter_names_is_a_miss(tmp_path, monkeypatch):
+    """A cache hit would hand b's weights to the op that reads a's."""
+    x = torch.randn(4, 16)
+    first = autopar.plan(_AThenB(), (x,), mesh="tp=2", hardware=FAST, cache_dir=str(tmp_path))
+    assert sorted(first.graph.params.values()) == ["a.bias", "a.weight", "b.bias", "b.weight"]
+
+    def solve(*args, **kwargs):
+        raise Solved
+
+    monkeypatch.setattr(autopar.api, "run", solve)
+    with pytest.raises(Solved):
+        autopar.plan(_BThenA(), (x,), mesh="tp=2", hardware=FAST, cache_dir=str(tmp_path))
 
 
 def test_other_autopar_code_is_a_miss(first, model_and_inputs, tmp_path, no_solving, monkeypatch):

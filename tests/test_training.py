@@ -213,9 +213,10 @@ def test_batch_norm_running_statistics_are_written_back_as_eager_updates_them():
 
 
 def test_a_model_with_dropout_trains_after_a_first_no_grad_call_and_evaluates_as_eager():
-    """The first call, under no_grad, plans the training step (its forward serves the call, with
-    dropout on as eager's); evaluation gets its own forward program in eval mode (no dropout);
-    training resumes after it. Every output, the logits included, equals eager's."""
+    """The first call, under no_grad, plans the training step (which lays the parameters out),
+    then runs a forward program in training mode (dropout on, as eager's); evaluation gets its
+    own forward program in eval mode (no dropout); training resumes after it. Every output, the
+    logits included, equals eager's."""
     torch.manual_seed(0)
     model = _DropoutClassifier()
     g = torch.Generator().manual_seed(2)
@@ -226,7 +227,8 @@ def test_a_model_with_dropout_trains_after_a_first_no_grad_call_and_evaluates_as
     for rank in got:
         assert rank["error"] is None, rank["error"]
         _assert_same(rank["results"], want)
-        assert rank["programs"] == [("forward", False), ("step", True)]  # the second eval reused its program
+        # no_grad ran a forward program in training mode; the second eval reused its program
+        assert rank["programs"] == [("forward", False), ("forward", True), ("step", True)]
     assert not torch.equal(want[0]["tensors"]["['logits']"], want[3]["tensors"]["['logits']"])  # dropout mattered
 
 
@@ -361,3 +363,99 @@ def test_no_sync_is_refused_where_backward_reads_a_synced_gradient():
     placeholders = [None] * len(program.PLACEHOLDERS)
     with pytest.raises(RuntimeError, match=f"cannot defer the gradient sync of {plan.graph.grads[sync.value]}"):
         program.backward(None, *placeholders, [], None, False, {})
+
+
+class _FrozenNorm(torch.nn.Module):
+    """A BatchNorm kept in evaluation mode (frozen statistics) inside a model that trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.out = torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4)
+        self.bn.running_mean.fill_(0.5)
+        self.bn.eval()
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.out(self.bn(self.fc(x))), y)
+
+
+def test_submodule_modes_and_frozen_parameters_select_the_program():
+    """A BatchNorm left in eval mode inside a training model runs as eager runs it (its running
+    statistics, not the batch's; the first plan left it in eval mode on every rank); training in eval mode
+    with gradients enabled is a training step; a parameter frozen at first and unfrozen later
+    gets its gradient from a step planned for it."""
+    torch.manual_seed(0)
+    model = _FrozenNorm()
+    g = torch.Generator().manual_seed(7)
+    batch = (torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+    script = [("requires_grad", ("fc.weight", False), {}), ("train", batch, {}), ("train", batch, {}),
+              ("requires_grad", ("fc.weight", True), {}), ("train", batch, {}), ("train_in_eval", batch, {})]
+    got, want, eager = _played(model, script)
+    for rank in got:
+        assert rank["error"] is None, rank["error"]
+        _assert_same(rank["results"], want)
+        for name, value in eager.named_buffers():  # the frozen statistics stayed as they were
+            torch.testing.assert_close(rank["buffers"][name], value, msg=name)
+        assert [kind for kind, _ in rank["programs"]] == ["step", "step", "step"]  # frozen, unfrozen, eval mode
+    assert eager.bn.running_mean[0].item() == 0.5  # eval-mode BatchNorm never updated its statistics
+
+
+class _StepScale(torch.nn.Module):
+    """A buffer read for the gradient (through a copy) and then updated in place by forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self.register_buffer("scale", torch.ones(16))
+
+    def forward(self, x, y):
+        h = self.fc(x) * self.scale.clone()
+        self.scale.mul_(0.5)
+        return torch.nn.functional.mse_loss(h, y), self.scale
+
+
+def test_backward_reads_a_buffer_as_it_was_before_forward_updated_it():
+    """Recomputing the copy in backward reads the buffer itself, which the runtime has updated by
+    then: backward is given the value from before the update (the gradients were half of eager's).
+    The updated buffer, returned by forward too, comes back as a value."""
+    torch.manual_seed(0)
+    model = _StepScale()
+    inputs = (torch.randn(8, 16), torch.randn(8, 16))
+    plan = autopar.plan(model, inputs, mesh="dp=2", hardware=workers.FAST, recompute="full", cache=False)
+    backward = plan.emit("torch").split("def backward", 1)[1]
+    assert "(scale" in backward or "scale)" in backward or "scale," in backward  # backward reads the buffer
+    report = autopar.check(model, inputs, plan=plan, steps=3)
+    assert report.ok, str(report)
+
+
+def test_a_buffer_reassigned_in_forward_and_layer_outputs_of_copied_layers_are_not_lost():
+    """Assigning a new tensor to a buffer is refused (the graph does not carry it); a model that
+    returns each of its repeated layers' outputs is traced in full, not from five copied layers."""
+    from autopar.capture import capture
+
+    class Reassigns(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.register_buffer("scale", torch.ones(4))
+
+        def forward(self, x):
+            self.scale = self.scale * 0.5
+            return (self.fc(x) * self.scale).sum()
+
+    with pytest.raises(autopar.CaptureError, match="assigns a new tensor to buffer scale"):
+        capture(Reassigns(), (torch.randn(2, 4),))
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(10))
+
+        def forward(self, x):
+            hidden = []
+            for layer in self.layers:
+                x = torch.tanh(layer(x))
+                hidden.append(x)
+            return x.pow(2).mean(), tuple(hidden)
+
+    program = capture(Stack(), (torch.randn(4, 8),))
+    assert program.expanded_from is None and len(program.values) == 10

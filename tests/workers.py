@@ -166,21 +166,31 @@ def accumulate_micro_batches(rank, world_size, plan_json, micro_batches, defer):
 
 def play(model, script, lr=0.1):
     """Run ``script`` on ``model``: each entry ``(what, args, kwargs)`` is "train" (an SGD step
-    on the call's loss), "no_grad" (a call under torch.no_grad()) or "eval" (the call under
-    no_grad in evaluation mode, then back to training mode). Per entry: the output's type and
-    every tensor in it, whole (a DTensor gathered), by its place in the output."""
-    from autopar.capture.export import loss_of
+    on the call's loss), "train_in_eval" (the same in evaluation mode), "no_grad" (a call under
+    torch.no_grad()), "eval" (the call under no_grad in evaluation mode, then back to training
+    mode) or "requires_grad" (``args``: a parameter's name and the flag to set; no call). Per
+    call: the output's type and every tensor in it, whole (a DTensor gathered), by its place in
+    the output."""
+    from autopar.capture.export import find_loss
     from autopar.check import output_values
 
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     results = []
     for i, (what, args, kwargs) in enumerate(script):
         torch.manual_seed(100 + i)  # dropout draws alike on every rank and in eager
-        if what == "train":
+        if what == "requires_grad":  # by the name in the user's model (a wrapper's names have a prefix)
+            next(p for n, p in model.named_parameters() if n == args[0] or n.endswith("." + args[0])).requires_grad_(
+                args[1])
+            continue
+        if what in ("train", "train_in_eval"):
+            if what == "train_in_eval":
+                model.eval()
             opt.zero_grad()
             output = model(*args, **kwargs)
-            loss_of(output).backward()
+            find_loss(output).backward()
             opt.step()
+            if what == "train_in_eval":
+                model.train()
         else:
             model.train(what != "eval")
             with torch.no_grad():
@@ -216,5 +226,6 @@ def play_autoparallelized(rank, world_size, model_bytes, script, mesh, options):
         buffers[fqn] = DTensor.from_local(local, parallel.rt.device_mesh, plan.out_spec(placeholder[fqn]).to_dtensor(),
                                           shape=torch.Size(meta.shape), stride=torch.empty(meta.shape).stride(),
                                           run_check=False).full_tensor()
-    return {"results": results, "buffers": buffers, "programs": sorted((key[0], key[1]) for key in parallel.programs),
+    programs = sorted((p.plan.graph.kind, p.plan.graph.training) for p in parallel.programs.values())
+    return {"results": results, "buffers": buffers, "programs": programs,
             "warnings": [(str(w.message), w.filename) for w in warned], "error": None}

@@ -29,15 +29,15 @@ class Sections:
         self.phase: str | None = None
         self.module: str | None = None
 
-    def before(self, statement, program: str) -> list[str]:
-        """The comments before ``statement`` of the ``program`` ("forward" or "backward")."""
+    def before(self, statement, phase: str) -> list[str]:
+        """The comments before ``statement``, which the ``phase`` program ("forward" or "backward") runs."""
         node = statement.node
         if node is None or node.op == "placeholder":
             return []
         lines = []
-        if program != self.phase:
-            self.phase, self.module = program, None
-            lines += ["", f"# ---- {program} ----"]
+        if phase != self.phase:
+            self.phase, self.module = phase, None
+            lines += ["", f"# ---- {phase} ----"]
         module = self.plan.modules.get(node.name)
         if module is not None and module != self.module:
             self.module = module

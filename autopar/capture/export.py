@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import os
 import traceback
 import types
 from collections.abc import Mapping
@@ -48,14 +47,12 @@ from autopar.capture.layer_expansion import (
     repeated_layers,
     shortened,
 )
-from autopar.errors import CaptureError, NoLossError
-from autopar.ir.call import FlatCall, flatten_call, key_name, unsupported_leaves
+from autopar.errors import CaptureError, NoLossError, in_library
+from autopar.ir.call import FlatCall, flatten_call, frozen_parameters, key_name, module_modes, unsupported_leaves
 from autopar.ir.outputs import JSON_LEAVES, OutputTree
-from autopar.ir.program import Program
+from autopar.ir.program import FORWARD, STEP, Program
 
 _MAX_CONSTANT_ELEMENTS = 1 << 16  # constants travel inside the plan's JSON
-# frames inside torch or autopar are not the user's line that stopped the capture
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _Traced(nn.Module):
@@ -78,7 +75,13 @@ class _Traced(nn.Module):
 
     def forward(self, *tensors):
         args, kwargs = self._call.rebuild(tensors)
+        buffers = {name: id(b) for name, b in self.model.named_buffers()}
         output = self.model.forward(*args, **kwargs)  # forward, not __call__: autoparallelize routes that
+        reassigned = sorted(name for name, b in self.model.named_buffers() if buffers.get(name) != id(b))
+        if reassigned:
+            raise CaptureError(f"the model's forward assigns a new tensor to buffer {', '.join(reassigned)}, which "
+                               f"the captured graph does not carry; update it in place (self.buf.mul_(0.5), "
+                               f"self.buf.copy_(...)) so the programs write it back")
         loss = find_loss(output, self._loss_fn, self._needs_loss)
         leaves, spec = pytree.tree_flatten_with_path(output)
         described, values = [], []
@@ -113,11 +116,6 @@ def find_loss(output, loss_fn: Optional[Callable] = None, required: bool = True)
         raise CaptureError(f"the loss must be a scalar floating-point tensor (e.g. F.cross_entropy(logits, targets)); "
                            f"{'loss_fn returned' if loss_fn is not None else 'the model returned'} {what}")
     return loss
-
-
-def loss_of(output, loss_fn: Optional[Callable] = None):
-    """The loss of an eager model's output (see find_loss)."""
-    return find_loss(output, loss_fn)
 
 
 def _loss_in(output):
@@ -163,17 +161,19 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = Non
     # a call whose dropout masks every rank then draws alike; a call under no_grad still plans its
     # step, and a forward alone asks no gradient
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        program = _capture(traced, fake_call.tensors, fake_mode, tied, expand_layers and training_step,
-                           training_step)
-    program.kind = "step" if training_step else "forward"
+        program = _capture(traced, fake_call.tensors, fake_mode, tied, expand_layers=expand_layers and training_step,
+                           training_step=training_step)
+    program.kind = STEP if training_step else FORWARD
     program.training = model.training
+    program.modes = module_modes(model)
+    program.frozen = frozen_parameters(model)
     program.input_names = _input_names(model, call)
     program.input_structure = call.structure
     program.output_tree = traced.outputs
     return program
 
 
-def _capture(traced: "_Traced", fake_inputs: tuple, fake_mode, tied: dict, expand_layers: bool,
+def _capture(traced: "_Traced", fake_inputs: tuple, fake_mode, tied: dict, *, expand_layers: bool,
              training_step: bool) -> Program:
     program = _capture_expanded(traced, fake_inputs, fake_mode, tied) if expand_layers else None
     if program is None:
@@ -219,7 +219,8 @@ def _trace_joint(traced: _Traced, fake_inputs: tuple, fake_mode: FakeTensorMode,
     except CaptureError:  # ours, already saying what to do
         raise
     except Exception as exc:  # torch raises many types here; all mean "could not capture"
-        raise CaptureError(_explain_capture_failure(exc)) from exc
+        what = "training step" if training_step else "forward"
+        raise CaptureError(_explain_capture_failure(exc, what)) from exc
     return joint.graph_module
 
 
@@ -290,8 +291,8 @@ def _unused_parameters(exported) -> set[str]:
             if not graph_inputs[ph].users}
 
 
-def _explain_capture_failure(exc: Exception) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_LIBRARY_DIRS)]
+def _explain_capture_failure(exc: Exception, what: str) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not in_library(f.filename)]
     where = ""
     if frames:
         f = frames[-1]
@@ -302,7 +303,7 @@ def _explain_capture_failure(exc: Exception) -> str:
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__ or "Could not guard" in text:
         hint = (" The model branches on a tensor's value, which one static graph cannot hold: "
                 "compute both branches and select with torch.where, or move the decision out of forward().")
-    return f"could not capture the model's training step{where}: {type(exc).__name__}: {first_line}.{hint}"
+    return f"could not capture the model's {what}{where}: {type(exc).__name__}: {first_line}.{hint}"
 
 
 def _to_program(gm: fx.GraphModule, has_loss: bool) -> Program:
@@ -316,9 +317,13 @@ def _to_program(gm: fx.GraphModule, has_loss: bool) -> Program:
     mutated = _buffer_updates(pairs)
     returned = [a for _, a in sorted(((d.idx, a) for a, d in pairs if isinstance(d, PlainAOTOutput)),
                                      key=lambda pair: pair[0])]
+    if not returned and not mutated:
+        raise CaptureError("the model's forward returns no tensor and updates no buffer: there is nothing to run")
     loss = returned[0] if has_loss else None
     values = returned[1:] if has_loss else returned
-    _seed_backward(graph, placeholders, loss, after=_last(graph, returned + list(mutated)))
+    tangents = [n for n in placeholders if isinstance(n.meta["desc"], TangentAOTInput)]
+    _forward_outputs_before_backward(graph, returned + list(mutated), tangents)
+    _seed_backward(graph, tangents, loss, after=_last(graph, returned + list(mutated)))
     output_node.args = (tuple(a for a, _ in pairs),)
     desc = {n.name: n.meta["desc"] for n in placeholders}
     by_kind = {kind: {name: d for name, d in desc.items() if isinstance(d, kind)}
@@ -357,15 +362,50 @@ def _buffer_updates(pairs) -> dict:
     return updates
 
 
+def _forward_outputs_before_backward(graph: fx.Graph, outputs: list, tangents: list) -> None:
+    """Move forward outputs that AOTAutograd placed after backward began (a value aliasing a buffer
+    forward updates is regenerated at the end), with what they read from there, to just before
+    backward's first op: the forward program returns them."""
+    backward = set()
+    for tangent in tangents:
+        backward |= _descendants(tangent)
+    order = list(graph.nodes)
+    first = next((n for n in order if n in backward and n.op != "placeholder"), None)
+    if first is None:
+        return
+    start = order.index(first)
+    late = {n for n in outputs if order.index(n) > start}
+    stack = list(late)
+    while stack:
+        for arg in stack.pop().all_input_nodes:
+            if arg not in late and order.index(arg) > start:
+                late.add(arg)
+                stack.append(arg)
+    if late & backward:
+        raise CaptureError("the model returns a value computed from gradients; return forward values only")
+    for node in (n for n in order if n in late):
+        first.prepend(node)
+
+
+def _descendants(node: fx.Node) -> set:
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.users)
+    return seen
+
+
 def _last(graph: fx.Graph, nodes: list) -> fx.Node:
     order = {n: i for i, n in enumerate(graph.nodes)}
     return max(nodes, key=order.__getitem__)
 
 
-def _seed_backward(graph: fx.Graph, placeholders: list[fx.Node], loss: Optional[fx.Node], after: fx.Node) -> None:
+def _seed_backward(graph: fx.Graph, tangents: list[fx.Node], loss: Optional[fx.Node], after: fx.Node) -> None:
     """The joint graph takes d(loss)/d(loss) as an input; a training step starts it at one,
     right after forward's last output (backward begins there)."""
-    for tangent in (n for n in placeholders if isinstance(n.meta["desc"], TangentAOTInput)):
+    for tangent in tangents:
         if tangent.users:
             with graph.inserting_after(after):
                 seed = graph.call_function(torch.ops.aten.ones_like.default, (loss,), {"pin_memory": False})

@@ -25,7 +25,7 @@ from typing import Optional
 
 from torch import fx
 
-from autopar.ir.program import Program, TensorMeta, forward_outputs, output_metas, tensor_inputs
+from autopar.ir.program import FORWARD, Program, TensorMeta, forward_outputs, output_metas, tensor_inputs
 
 LAYER_NAME = re.compile(r"^(.*?)\.(\d+)\.(.+)$")
 
@@ -105,7 +105,7 @@ def layer_blocks(program: Program, run: LayerRun) -> Optional[LayerBlocks]:
     outputs = set(forward_outputs(program))
     forward_end = max(k for k, n in enumerate(calls) if n.name in outputs)
     phases = {"f": calls[:forward_end + 1], "b": calls[forward_end + 1:]}
-    if program.kind == "forward":
+    if program.kind == FORWARD:
         del phases["b"]
     input_of = {ph: (layer, rest) for layer in run.layers for rest, ph in run.inputs[layer].items()}
     marks = _derived_from_one_layer(phases["f"], input_of)

@@ -96,6 +96,9 @@ def expand(program: Program, prefix: str, n_layers: int) -> Program:
     found = layer_blocks(program, run)
     if found is None:
         raise CannotExpand("the layers do not run in order")
+    if any(value in found.where for value in program.values):
+        raise CannotExpand("the model returns a value made inside its layers (say, each layer's hidden state): "
+                           "copied layers would not return theirs")
     for phase in ("f", "b"):
         if found.signature(phase, 2, program.constants) != found.signature(phase, 3, program.constants):
             raise CannotExpand("layers 2 and 3 are not the same computation")

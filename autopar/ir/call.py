@@ -1,4 +1,5 @@
-"""A model call as the programs take it: its tensors in order, and the structure around them.
+"""A model call as the programs take it: its tensors in order, and the structure around them;
+and the state of the model that, with the call, selects a program (modes, frozen parameters).
 
 ``model(x, y)``, ``model(input_ids=..., labels=...)`` and ``model({"x": x}, mask=None)`` all
 flatten (torch's pytree) into a list of tensors and a structure: the tree of tuples, lists
@@ -29,13 +30,29 @@ class FlatCall:
     @property
     def signature(self) -> tuple:
         """What a program is planned for: the structure and each tensor's shape and dtype."""
-        return (self.structure,) + tuple((tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in self.tensors)
+        return call_signature(self.structure, [(t.shape, str(t.dtype).removeprefix("torch.")) for t in self.tensors])
 
     def rebuild(self, tensors) -> tuple[tuple, dict]:
         """(args, kwargs) with ``tensors`` in place of this call's tensors."""
         replacement = iter(tensors)
         leaves = [next(replacement) if isinstance(leaf, torch.Tensor) else leaf for leaf in self.leaves]
         return pytree.tree_unflatten(leaves, self.spec)
+
+
+def call_signature(structure: str, tensors) -> tuple:
+    """A call's structure and its tensors' (shape, dtype name) pairs, as one key."""
+    return (structure,) + tuple((tuple(int(d) for d in shape), dtype) for shape, dtype in tensors)
+
+
+def module_modes(model) -> str:
+    """Each module's training flag, in ``model.modules()`` order ("1": training): a frozen
+    BatchNorm in eval mode inside a training model makes another program."""
+    return "".join("1" if m.training else "0" for m in model.modules())
+
+
+def frozen_parameters(model) -> tuple[str, ...]:
+    """The parameters that take no gradient (requires_grad False): unfreezing one changes the step."""
+    return tuple(name for name, p in model.named_parameters() if not p.requires_grad)
 
 
 def flatten_call(args: tuple, kwargs: dict | None = None) -> FlatCall:

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from autopar.ir.outputs import OutputTree
-from autopar.ir.program import Program, TensorMeta, forward_nodes, shape_table
+from autopar.ir.program import STEP, Program, TensorMeta, forward_nodes, forward_outputs, shape_table
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,9 @@ class GraphIR:
     outputs: tuple[Optional[str], ...]
     input_names: tuple[str, ...] = ()  # forward's argument name of each user input (plans of old files: none)
     training: bool = True  # the model's mode when captured
-    kind: str = "step"  # "step": forward and backward; "forward": forward alone
+    kind: str = STEP  # STEP: forward and backward; FORWARD: forward alone
+    modes: str = ""  # each module's training flag when captured (Program.modes)
+    frozen: tuple[str, ...] = ()  # the parameters that took no gradient
     values: tuple[str, ...] = ()  # the model's other output tensors, which forward returns
     mutated: dict = field(default_factory=dict)  # node -> the buffer it is forward's new value of
     input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call)
@@ -66,7 +68,8 @@ class GraphIR:
         """Identifies the computation: same model structure, shapes and dtypes, same call and output
         structure -> same hash."""
         body = [[n.op, n.target, n.args, n.kwargs, [_meta_json(m) for m in n.outputs]] for n in self.nodes]
-        body += [self.kind, list(self.values), self.mutated, self.input_structure,
+        body += [self.kind, self.training, self.modes, list(self.frozen), self.params, self.buffers, self.grads,
+                 list(self.values), self.mutated, self.input_structure,
                  None if self.output_tree is None else self.output_tree.to_json()]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -79,7 +82,8 @@ class GraphIR:
             ],
             "params": self.params, "buffers": self.buffers, "inputs": list(self.inputs), "loss": self.loss,
             "grads": self.grads, "outputs": list(self.outputs), "input_names": list(self.input_names),
-            "training": self.training, "kind": self.kind, "values": list(self.values), "mutated": self.mutated,
+            "training": self.training, "kind": self.kind, "modes": self.modes, "frozen": list(self.frozen),
+            "values": list(self.values), "mutated": self.mutated,
             "input_structure": self.input_structure,
             "output_tree": None if self.output_tree is None else self.output_tree.to_json(),
         }
@@ -94,7 +98,8 @@ class GraphIR:
         )
         return GraphIR(nodes, dict(d["params"]), dict(d["buffers"]), tuple(d["inputs"]), d["loss"],
                        dict(d["grads"]), tuple(d["outputs"]), tuple(d.get("input_names", ())),
-                       d.get("training", True), d.get("kind", "step"), tuple(d.get("values", ())),
+                       d.get("training", True), d.get("kind", STEP), d.get("modes", ""), tuple(d.get("frozen", ())),
+                       tuple(d.get("values", ())),
                        dict(d.get("mutated", {})), d.get("input_structure", ""),
                        OutputTree.from_json(d.get("output_tree")))
 
@@ -113,9 +118,8 @@ class GraphIR:
             mutated={new(k): v for k, v in self.mutated.items()})
 
     @property
-    def forward_outputs(self) -> tuple[str, ...]:
-        """What the forward program returns: the loss, the other values, the buffers' new values."""
-        return ((self.loss,) if self.loss is not None else ()) + self.values + tuple(self.mutated)
+    def forward_outputs(self) -> list[str]:
+        return forward_outputs(self)
 
     @property
     def gradients(self) -> list[str]:
@@ -201,7 +205,8 @@ def to_ir(program: Program, meta: dict | None = None) -> GraphIR:
         ))
     return GraphIR(tuple(nodes), dict(program.params), dict(program.buffers), tuple(program.user_inputs),
                    program.loss, dict(program.grads), tuple(program.outputs), tuple(program.input_names),
-                   program.training, program.kind, tuple(program.values), dict(program.mutated),
+                   program.training, program.kind, program.modes, tuple(program.frozen), tuple(program.values),
+                   dict(program.mutated),
                    program.input_structure, program.output_tree)
 
 

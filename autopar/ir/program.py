@@ -16,6 +16,9 @@ from torch import fx
 from autopar.errors import AutoparError
 from autopar.ir.outputs import OutputTree
 
+STEP = "step"  # a program kind: a training step, forward and backward
+FORWARD = "forward"  # a program kind: forward alone (evaluation, or a call under no_grad)
+
 
 @dataclass(frozen=True)
 class TensorMeta:
@@ -60,7 +63,9 @@ class Program:
     expanded_from: Optional[str] = None  # how capture copied repeated layers (layer_expansion)
     input_names: list[str] = field(default_factory=list)  # forward's argument name of each user input
     training: bool = True  # the model's mode when captured (dropout on, ...)
-    kind: str = "step"  # "step": forward and backward; "forward": forward alone
+    kind: str = STEP  # STEP: forward and backward; FORWARD: forward alone
+    modes: str = ""  # each module's training flag when captured, in model.modules() order ("1": training)
+    frozen: tuple[str, ...] = ()  # the parameters that took no gradient (requires_grad False)
     input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call.FlatCall)
     output_tree: Optional[OutputTree] = None  # how the programs' results become the model's output
     # while a pass runs, the side tables it declared (requires, provides, optional): the only ones
@@ -133,8 +138,9 @@ def producer_of(arg: fx.Node) -> tuple[fx.Node, int]:
     return arg, 0
 
 
-def forward_outputs(program: Program) -> list[str]:
-    """What the forward program returns: the loss, the other values, the buffers' new values."""
+def forward_outputs(program) -> list[str]:
+    """What the forward program returns, in order: the loss, the other values, the buffers' new
+    values (``program``: a Program or a GraphIR)."""
     return ([program.loss] if program.loss is not None else []) + list(program.values) + list(program.mutated)
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 from autopar.ir.graph import GraphIR, IRNode, resolve_target
 from autopar.ir.mesh import Mesh
+from autopar.ir.program import STEP
 from autopar.ops.table import rule_for
 
 # per collective kind, the local size of its result, and per library the extra bytes it holds
@@ -129,7 +130,7 @@ class _Scheduler:
                     self.start(node.name)
             if node.name == self.forward_end:
                 self.forward_return()
-            if node.op == "output" and self.graph.kind == "step":
+            if node.op == "output" and self.graph.kind == STEP:
                 self.finish()
         _mark_frees(self.out)
         return self.out
@@ -213,7 +214,7 @@ class _Scheduler:
         """Forward's return, once its last output is computed: the loss, the values, and each
         buffer's new value moved into the buffer's layout."""
         g = self.graph
-        uses = tuple(self.available(v) for v in g.forward_outputs if v not in g.mutated)
+        uses = tuple(self.available(v) for v in ([g.loss] if g.loss is not None else []) + list(g.values))
         uses += tuple(self.moved(v, self.update_dst[v]) for v in g.mutated)
         self.out.append(Statement("forward_output", None, uses))
         self.backward = True

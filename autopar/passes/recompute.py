@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
-from autopar.ir.program import Program
+from autopar.ir.program import STEP, Program
 from autopar.lowering.memory import MemoryEstimate, simulate
 from autopar.lowering.schedule import RETURNS, Statement, backward_start, recomputed_name, schedule
 from autopar.passes.base import Pass, PassContext, side_table
@@ -102,7 +102,7 @@ def check_mode(mode: str) -> str:
 
 def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: float, mode: str | None = None) -> Fit:
     """The memory of this solution, and the recomputation it takes to fit ``budget``."""
-    mode = check_mode(mode or ctx.request.recompute) if graph.kind == "step" else "none"  # no backward to recompute in
+    mode = check_mode(mode or ctx.request.recompute) if graph.kind == STEP else "none"  # no backward to recompute in
     fitter = _Fitter(graph, strategies, redistributions, ctx, budget)
     plain = fitter.plain
     if mode == "none" or (mode == "auto" and plain.peak_bytes <= budget):

@@ -5,17 +5,19 @@ buffers in place, in the plan's layouts (the same ``nn.Parameter`` objects now h
 blocks, so optimizers made earlier still work), and runs the plan's programs (``source``:
 the plan emitted for torch) as the model would run:
 
-- a call in training mode with gradients enabled runs the training step's forward program
-  and keeps what it saved for backward; ``loss.backward()`` runs the backward program, seeded
-  with the loss's incoming gradient, its gradient collectives included (deferred under
-  ``no_sync()``), and hands each parameter its gradient;
-- a call under ``torch.no_grad()`` runs that forward program and keeps nothing;
-- a call in evaluation mode runs a forward-only program captured in evaluation mode.
+- a call with gradients enabled runs a training step's forward program and keeps what it
+  saved for backward; ``loss.backward()`` runs the backward program, seeded with the loss's
+  incoming gradient, its gradient collectives included (deferred under ``no_sync()``), and
+  hands each parameter its gradient;
+- a call under ``torch.no_grad()`` runs a forward program alone, which keeps nothing (without
+  a planner to make one, the training step's forward serves, dropping what it saved).
 
-Every call returns what the model returns (autopar.runtime.program) and writes the buffers
-forward updates (BatchNorm's running statistics) back. A call the loaded programs do not fit
-(another mode, input shapes or structure) gets a program from ``planner``, planned with the
-parameters' layouts pinned; without a planner it is refused.
+Each program was captured with the model's modules in the modes they are in now (train or
+eval, submodule by submodule) and the same parameters frozen. Every call returns what the model
+returns (autopar.runtime.program) and writes the buffers forward updates (BatchNorm's running
+statistics) back. A call the loaded programs do not fit (other modes, input shapes or
+structure) gets a program from ``planner``, planned with the parameters' layouts pinned;
+without a planner it is refused.
 """
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from autopar.errors import AutoparError, PlanMismatchError
+from autopar.errors import AutoparError, NoLossError, PlanMismatchError
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.plan import Plan
+from autopar.ir.program import FORWARD, STEP
 from autopar.runtime.program import RankProgram, check_call_fits, load_program, program_key
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
@@ -44,6 +47,8 @@ class _Step(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, parallel: "ParallelModule", program: RankProgram, args: list, results: dict, *params):
+        # autograd sees the loss alone; the other values and the buffers' new values, which need no
+        # gradient, come back through ``results``
         loss, saved, results["values"], results["updates"] = program.module.forward(parallel.rt, *args)
         # as DDP: whether this step's backward syncs is decided when its forward runs
         ctx.parallel, ctx.program, ctx.args, ctx.saved = parallel, program, args, saved
@@ -86,6 +91,7 @@ class ParallelModule(nn.Module):
         self.layouts = {fqn: plan.out_spec(ph).to_json() for ph, fqn in held.items()}
         self.global_shapes = {fqn: graph.node(ph).outputs[0].shape for ph, fqn in held.items()}
         self.require_gradient_sync = True  # False inside no_sync()
+        self._lossless: set = set()  # step keys whose calls hold no loss: their forward programs serve them
         self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
         self._unsynced_program: Optional[tuple] = None  # the program whose layouts those gradients are in
         with torch.no_grad():
@@ -129,18 +135,25 @@ class ParallelModule(nn.Module):
         return program.output(loss, values)
 
     def program_for(self, call: FlatCall) -> RankProgram:
-        """The program for this call in the model's mode: a training step's (whose forward also
-        serves calls under no_grad) or a forward alone's; planned now where none fits."""
-        training, signature = self.model.training, call.signature
-        step = self.programs.get(program_key("step", training, signature))
-        if step is not None and (training or not torch.is_grad_enabled()):
-            return step
-        kind = "step" if training and torch.is_grad_enabled() else "forward"
-        found = self.programs.get(program_key(kind, training, signature))
-        return found if found is not None else self._new_program(kind, call)
+        """The program for this call: a training step's when gradients are enabled (a forward's
+        where the call's output holds no loss), a forward's under no_grad; planned now where
+        none is loaded."""
+        step_key = program_key(STEP, self.model, call)
+        if torch.is_grad_enabled() and step_key not in self._lossless:
+            found = self.programs.get(step_key)
+            if found is not None:
+                return found
+            try:
+                return self._new_program(STEP, call)
+            except NoLossError:  # as in eager: nothing to differentiate, the forward serves
+                self._lossless.add(step_key)
+        found = self.programs.get(program_key(FORWARD, self.model, call))
+        if found is None and self.planner is None:
+            found = self.programs.get(step_key)  # its forward, dropping what it saves for backward
+        return found if found is not None else self._new_program(FORWARD, call)
 
     def _new_program(self, kind: str, call: FlatCall) -> RankProgram:
-        known = {key[2] for key in self.programs}
+        known = {key[-1] for key in self.programs}
         if self.planner is None or (not self.replan and call.signature not in known):
             check_call_fits(self.plan, call)  # names the shape or structure that differs
             raise PlanMismatchError(self._no_program_message(kind))
@@ -150,11 +163,9 @@ class ParallelModule(nn.Module):
         return program
 
     def _no_program_message(self, kind: str) -> str:
-        mode = "training" if self.model.training else "evaluation"
-        what = "a training step" if kind == "step" else f"a forward program in {mode} mode"
-        return (f"this call needs {what}, which plan {self.plan.hash} does not hold (it is a "
-                f"{'training step' if self.first.is_step else 'forward program'} in "
-                f"{'training' if self.plan.graph.training else 'evaluation'} mode); run the model through "
+        wanted = "a training step" if kind == STEP else "a forward program"
+        return (f"this call needs {wanted} for the model's current modes (train/eval, per module) and frozen "
+                f"parameters, which plan {self.plan.hash} was not made for; run the model through "
                 f"autopar.autoparallelize, which plans one, or call it as the plan was made")
 
     def unsynced_for(self, program: RankProgram, sync: bool) -> dict:

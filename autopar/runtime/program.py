@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from autopar.errors import PlanMismatchError, user_stacklevel
-from autopar.ir.call import FlatCall
+from autopar.ir.call import FlatCall, call_signature, frozen_parameters, module_modes
 from autopar.ir.plan import Plan
+from autopar.ir.program import STEP
+from autopar.lowering.schedule import programs
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
 
@@ -27,16 +29,17 @@ def load_program(source: str, name: str = "autopar_generated") -> types.ModuleTy
     return module
 
 
-def plan_signature(plan: Plan) -> tuple:
-    """The call a plan was made for, as autopar.ir.call.FlatCall.signature words it."""
+def program_key(kind: str, model: nn.Module, call: FlatCall) -> tuple:
+    """What a program serves: a training step or a forward alone, with the model's modules in
+    their modes and its frozen parameters, for one call signature."""
+    return kind, module_modes(model), frozen_parameters(model), call.signature
+
+
+def plan_key(plan: Plan) -> tuple:
+    """The program_key of the calls a plan was made for."""
     graph = plan.graph
-    return (graph.input_structure,) + tuple((tuple(graph.node(ph).outputs[0].shape), graph.node(ph).outputs[0].dtype)
-                                            for ph in graph.inputs)
-
-
-def program_key(kind: str, training: bool, signature: tuple) -> tuple:
-    """What a program serves: a training step or a forward alone, in one mode, for one call signature."""
-    return kind, training, signature
+    inputs = [(graph.node(ph).outputs[0].shape, graph.node(ph).outputs[0].dtype) for ph in graph.inputs]
+    return graph.kind, graph.modes, tuple(graph.frozen), call_signature(graph.input_structure, inputs)
 
 
 class RankProgram:
@@ -44,14 +47,15 @@ class RankProgram:
         self.plan, self.rt = plan, rank_mesh
         self.module = load_program(source, f"autopar_plan_{plan.hash}")
         graph = plan.graph
-        self.key = program_key(graph.kind, graph.training, plan_signature(plan))
+        self.key = plan_key(plan)
         self.grad_fqns = tuple(dict.fromkeys(graph.grads.values()))  # the parameters backward gives gradients
         self._placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
+        self._keep_old = _buffers_backward_reads_before_update(plan)
         self._warned_dropped = False
 
     @property
     def is_step(self) -> bool:
-        return self.plan.graph.kind == "step"
+        return self.plan.graph.kind == STEP
 
     def arguments(self, model: nn.Module, call: FlatCall) -> list:
         """The programs' arguments: parameters, buffers and this rank's block of each input, in the
@@ -63,7 +67,8 @@ class RankProgram:
             if name in graph.params:
                 args.append(model.get_parameter(graph.params[name]).detach())
             elif name in graph.buffers:
-                args.append(model.get_buffer(graph.buffers[name]))
+                buffer = model.get_buffer(graph.buffers[name])
+                args.append(buffer.clone() if name in self._keep_old else buffer)
             else:
                 args.append(local_shard(given[name].to(self.rt.device), plan.out_spec(name), plan.mesh,
                                         self.rt.coords))
@@ -92,6 +97,16 @@ class RankProgram:
         spec = self.plan.out_spec(name)
         return DTensor.from_local(local, self.rt.device_mesh, spec.to_dtensor(), run_check=False,
                                   shape=torch.Size(meta.shape), stride=_contiguous_strides(meta.shape))
+
+
+def _buffers_backward_reads_before_update(plan: Plan) -> set[str]:
+    """The placeholders of buffers forward updates that backward reads too: backward must see the
+    value before the update, which the runtime writes into the buffer once forward returns."""
+    graph = plan.graph
+    updated = {ph for ph, fqn in graph.buffers.items() if fqn in set(graph.mutated.values())}
+    if not updated or graph.kind != STEP:
+        return set()
+    return updated & {u for s in programs(plan).backward for u in s.uses}
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:

@@ -1,5 +1,5 @@
 # autopar: per-rank training step for torch.distributed (generated; do not edit)
-# plan be803db320ad | graph 8821767ce4224930 | mesh (dp=2, tp=2) | hardware h100-sxm
+# plan f6a976a7bf90 | graph 6d97ab77c17ffb6f | mesh (dp=2, tp=2) | hardware h100-sxm
 # predicted step 0.1920 ms = compute 0.1920 ms + communication 0.0000 ms
 # passes:
 #   shapes: 309 nodes
@@ -18,8 +18,8 @@ import torch
 
 aten = torch.ops.aten
 
-PLAN_HASH = 'be803db320ad'
-GRAPH_FINGERPRINT = '8821767ce4224930'
+PLAN_HASH = 'f6a976a7bf90'
+GRAPH_FINGERPRINT = '6d97ab77c17ffb6f'
 PLACEHOLDERS = [
     'wte_weight', 'wpe_weight', 'blocks_0_ln1_weight', 'blocks_0_ln1_bias', 'blocks_0_attn_q_weight',
     'blocks_0_attn_q_bias', 'blocks_0_attn_k_weight', 'blocks_0_attn_k_bias', 'blocks_0_attn_v_weight',

@@ -1,5 +1,5 @@
 # autopar: training step as a sharded JAX program (generated; do not edit)
-# plan bd5cfeb7f128 | graph 8821767ce4224930 | mesh (tp=2) | hardware h100-sxm
+# plan 9dc2b6f38b6f | graph 6d97ab77c17ffb6f | mesh (tp=2) | hardware h100-sxm
 # predicted step 0.1920 ms = compute 0.1920 ms + communication 0.0000 ms
 # passes:
 #   shapes: 309 nodes
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-PLAN_HASH = 'bd5cfeb7f128'
+PLAN_HASH = '9dc2b6f38b6f'
 AXES = ('tp',)
 SHAPE = (2,)
 PLACEHOLDERS = [

@@ -1,5 +1,5 @@
 # autopar: per-rank training step for torch.distributed (generated; do not edit)
-# plan bd5cfeb7f128 | graph 8821767ce4224930 | mesh (tp=2) | hardware h100-sxm
+# plan 9dc2b6f38b6f | graph 6d97ab77c17ffb6f | mesh (tp=2) | hardware h100-sxm
 # predicted step 0.1920 ms = compute 0.1920 ms + communication 0.0000 ms
 # passes:
 #   shapes: 309 nodes
@@ -18,8 +18,8 @@ import torch
 
 aten = torch.ops.aten
 
-PLAN_HASH = 'bd5cfeb7f128'
-GRAPH_FINGERPRINT = '8821767ce4224930'
+PLAN_HASH = '9dc2b6f38b6f'
+GRAPH_FINGERPRINT = '6d97ab77c17ffb6f'
 PLACEHOLDERS = [
     'wte_weight', 'wpe_weight', 'blocks_0_ln1_weight', 'blocks_0_ln1_bias', 'blocks_0_attn_q_weight',
     'blocks_0_attn_q_bias', 'blocks_0_attn_k_weight', 'blocks_0_attn_k_bias', 'blocks_0_attn_v_weight',

@@ -1,5 +1,5 @@
 # autopar: per-rank training step for torch.distributed (generated; do not edit)
-# plan 806b01ff0f42 | graph ad5ce212c7690e05 | mesh (tp=2) | hardware h100-sxm
+# plan b117fe51164f | graph 91e517f7f5293b96 | mesh (tp=2) | hardware h100-sxm
 # predicted step 0.0439 ms = compute 0.0398 ms + communication 0.0041 ms
 # passes:
 #   shapes: 29 nodes
@@ -18,8 +18,8 @@ import torch
 
 aten = torch.ops.aten
 
-PLAN_HASH = '806b01ff0f42'
-GRAPH_FINGERPRINT = 'ad5ce212c7690e05'
+PLAN_HASH = 'b117fe51164f'
+GRAPH_FINGERPRINT = '91e517f7f5293b96'
 PLACEHOLDERS = ['fc1_weight', 'fc1_bias', 'fc2_weight', 'fc2_bias', 'x', 'y']
 
 

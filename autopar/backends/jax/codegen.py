@@ -18,6 +18,7 @@ from autopar.backends.jax import aten
 from autopar.backends.printer import Sections, call_arguments, header, indented, literal, wrapped
 from autopar.errors import AutoparError
 from autopar.ir.placement import Shard
+from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
 
@@ -72,7 +73,7 @@ def emit_jax(plan) -> str:
 def _refuse_what_jax_does_not_return(plan) -> None:
     """The JAX module is a training step returning the loss and the gradients: a forward alone,
     or a forward that updates buffers, would lose what it computes."""
-    if plan.graph.kind != "step":
+    if plan.graph.kind != STEP:
         raise AutoparError(f"plan {plan.hash} is of a forward alone (an evaluation program); the JAX backend emits "
                            f"training steps: emit this plan for torch")
     if plan.graph.mutated:

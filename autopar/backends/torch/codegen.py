@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from autopar.backends.printer import Sections, call_arguments, header, indented, literal, shape_text, wrapped
+from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
 from autopar.units import human_bytes, human_seconds
@@ -30,7 +31,7 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     ] + ([
         "# backward(rt, parameters..., buffers..., inputs..., saved, grad_loss, sync, unsynced)",
         "#     -> {parameter name: gradient}",
-    ] if plan.graph.kind == "step" else []) + [
+    ] if plan.graph.kind == STEP else []) + [
         "# all on this rank's local shards; saved: the values forward keeps for backward;",
         "# values: the model's other outputs, in their planned layouts.",
         "import torch",
@@ -47,7 +48,7 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     for s in program.forward[:-1]:
         lines += indented(sections.before(s, "forward") + printer.lines(s))
     lines += indented(_forward_return(named.graph, program.forward[-1], program.saved))
-    if named.graph.kind == "step":
+    if named.graph.kind == STEP:
         lines += ["", ""] + wrapped("def backward(", ["rt"] + placeholders + ["saved", "grad_loss", "sync", "unsynced"],
                                     "):")
         lines += indented(_Backward(named, printer, sections).lines(program))
