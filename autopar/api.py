@@ -39,7 +39,7 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     """Plan the training step of ``model(*example_inputs, **kwargs)`` over ``mesh``.
 
     The call's output holds the loss: the output itself, a dict's or a ModelOutput's ``loss``,
-    or the first scalar of a tuple; ``loss_fn(output)`` picks another. Only the loss is
+    or the first floating-point scalar of a tuple; ``loss_fn(output)`` picks another. Only the loss is
     differentiated; the other tensors of the output are forward values the program returns.
 
     Runs in one process on fake tensors: no process group and no real memory, so

@@ -13,9 +13,9 @@ as it is (positional and keyword arguments, nested batches) and returns what it 
 
 The first call plans the training step (with the model in training mode, whatever its mode),
 which fixes where every parameter lives. A later call the programs so far do not fit (another
-input shape, evaluation mode, a call under no_grad without a loss) is planned then, with the
-parameters where the first plan put them, and kept for the next such call; ``replan=False``
-refuses another input shape instead.
+input shape, other train/eval modes, a call under no_grad, which runs a forward program) is
+planned then, with the parameters where the first plan put them, and kept for the next such
+call; ``replan=False`` refuses another input shape instead.
 """
 from __future__ import annotations
 

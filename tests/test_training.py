@@ -459,3 +459,24 @@ def test_a_buffer_reassigned_in_forward_and_layer_outputs_of_copied_layers_are_n
 
     program = capture(Stack(), (torch.randn(4, 8),))
     assert program.expanded_from is None and len(program.values) == 10
+
+
+def test_a_forward_alone_takes_an_integer_scalar_for_a_value_not_a_loss():
+    """An evaluation forward that returns the logits and a count of correct answers (an integer
+    scalar): no loss, two values. A training step refuses the count as its loss."""
+    from autopar.capture import capture
+
+    class Counts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 3)
+
+        def forward(self, x, y):
+            logits = self.fc(x)
+            return logits, (logits.argmax(-1) == y).sum()
+
+    inputs = (torch.randn(4, 8), torch.tensor([0, 1, 2, 0]))
+    program = capture(Counts().eval(), inputs, training_step=False)
+    assert program.loss is None and len(program.values) == 2
+    with pytest.raises(autopar.CaptureError, match="finds no loss"):
+        capture(Counts(), inputs)

@@ -2,9 +2,9 @@
 forward+backward graph of its loss) or its forward alone.
 
 torch.export (non-strict) traces the model; AOTAutograd's joint export then adds
-the backward (none for a forward alone: no parameter then asks for a gradient). Both run on
-fake CPU tensors, so capture needs no real memory and
-works the same for real models and for models built on the meta device.
+the backward (none for a forward alone: no parameter then asks for a gradient). Both
+run on fake CPU tensors, so capture needs no real memory and works the same for real
+models and for models built on the meta device.
 
 The joint export is ``aot_export_joint_with_descriptors`` rather than
 ``aot_export_module(trace_joint=True)``: the latter traces the joint graph twice
@@ -105,12 +105,16 @@ class _Traced(nn.Module):
 
 def find_loss(output, loss_fn: Optional[Callable] = None, required: bool = True):
     """The loss among a model's outputs: ``loss_fn(output)``, else the output itself, a
-    ModelOutput's or a dict's ``loss``, or the first scalar of a tuple or list. None where there
-    is none and none is ``required``."""
+    ModelOutput's or a dict's ``loss``, or the first floating-point scalar of a tuple or list.
+    Where none is ``required`` (a forward alone), None where there is none or it is no loss (a
+    tensor that is not a floating-point scalar: a value like any other)."""
     loss = loss_fn(output) if loss_fn is not None else _loss_in(output)
     if loss is None and required:
         raise NoLossError(_no_loss_message(output, loss_fn))
-    if loss is not None and not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.dtype.is_floating_point):
+    is_loss = isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.dtype.is_floating_point
+    if not required and not is_loss:
+        return None
+    if loss is not None and not is_loss:
         what = f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}" if isinstance(loss, torch.Tensor) \
             else type(loss).__name__
         raise CaptureError(f"the loss must be a scalar floating-point tensor (e.g. F.cross_entropy(logits, targets)); "
@@ -124,7 +128,8 @@ def _loss_in(output):
     if isinstance(output, Mapping):  # a dict, or a Hugging Face ModelOutput
         return output.get("loss")
     if isinstance(output, (tuple, list)):
-        return next((o for o in output if isinstance(o, torch.Tensor) and o.dim() == 0), None)
+        return next((o for o in output if isinstance(o, torch.Tensor) and o.dim() == 0 and o.dtype.is_floating_point),
+                    None)
     return None
 
 
