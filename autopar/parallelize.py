@@ -1,18 +1,21 @@
 """autoparallelize: the one-line API for training scripts launched by torchrun.
 
-    @autopar.autoparallelize(mesh={"dp": 2, "tp": 2})
-    class MyModel(nn.Module): ...
-
-    model = MyModel()                      # same init on every rank (or rank 0's is broadcast)
-    opt = torch.optim.AdamW(model.parameters())
-    loss = model(x, y)                     # first call: rank 0 plans, all ranks shard and run
+    model = autopar.autoparallelize(Model(), mesh={"dp": 2, "tp": 2}, example_inputs=(x, y))
+    opt = torch.optim.AdamW(model.parameters())   # built on the sharded (DTensor) parameters
+    loss = model(x, y)
     loss.backward(); opt.step()
 
-Every rank passes the same global batch; each takes its own block of it. The model is called
-as it is (positional and keyword arguments, nested batches) and returns what it returns.
+``autoparallelize`` returns the same model object, its class swapped for a subclass whose
+calls run autopar's programs (as FSDP2's ``fully_shard`` does): its parameter names,
+``isinstance``, ``state_dict`` and ``save_pretrained`` stay the model's. As a class decorator
+it does the same to every instance. Every rank passes the same global batch; each takes its
+own block of it. The model is called as it is (positional and keyword arguments, nested
+batches) and returns what it returns.
 
-The first call plans the training step (with the model in training mode, whatever its mode),
-which fixes where every parameter lives. A later call the programs so far do not fit (another
+The first call (or ``example_inputs``, or ``autopar.prepare``) plans the training step, with
+the model in training mode whatever its mode: rank 0 plans, every rank receives the plan, and
+the parameters become DTensors in its layouts; build the optimizer after that (one built
+before is refused at its first step). A later call the programs so far do not fit (another
 input shape, other train/eval modes, a call under no_grad, which runs a forward program) is
 planned then, with the parameters where the first plan put them, and kept for the next such
 call; ``replan=False`` refuses another input shape instead.
@@ -30,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autopar import errors
-from autopar.capture.export import capture
+from autopar.capture.export import capture, program_inputs
 from autopar.errors import AutoparError, MeshError, NoLossError, PlanMismatchError, user_stacklevel
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.graph import fingerprint_of
@@ -57,8 +60,7 @@ class _Runner:
         self.sync = True  # False inside no_sync()
 
     def __call__(self, model: nn.Module, *args, **kwargs):
-        if self.parallel is None:
-            self.parallel = self._start(model, flatten_call(args, kwargs))
+        self.start(model, flatten_call(args, kwargs))
         self.parallel.require_gradient_sync = self.sync
         return self.parallel(*args, **kwargs)
 
@@ -71,7 +73,12 @@ class _Runner:
         finally:
             self.sync = before
 
-    def _start(self, model: nn.Module, call: FlatCall):
+    def start(self, model: nn.Module, call: FlatCall) -> None:
+        """Plan for ``call`` and shard the model, unless that is done."""
+        if self.parallel is None:
+            self.parallel = self._parallel(model, call)
+
+    def _parallel(self, model: nn.Module, call: FlatCall):
         from autopar.runtime.module import ParallelModule
         from autopar.runtime.rank_mesh import RankMesh
 
@@ -103,26 +110,25 @@ class _Runner:
         layouts are the ones training runs in. A call without a loss gets its forward program."""
         with _in_training_mode(model):
             try:
-                return self._plan(model, call, STEP, {}, {})
+                return self._plan(model, call, STEP, {})
             except NoLossError:
                 pass
         warnings.warn("the first call's output holds no loss, so the parameters' layouts are chosen for its forward "
                       "program alone; training steps are planned around them (make the first call a training "
                       "call to lay the parameters out for training)", stacklevel=user_stacklevel())
-        return self._plan(model, call, FORWARD, {}, {})
+        return self._plan(model, call, FORWARD, {})
 
-    def _planner(self, kind: str, model: nn.Module, call: FlatCall, pins: dict, shapes: dict) -> tuple[Plan, str]:
+    def _planner(self, kind: str, model: nn.Module, call: FlatCall, pins: dict) -> tuple[Plan, str]:
         """ParallelModule's planner: every rank asks, rank 0 plans, every rank gets the plan."""
-        plan = _planned_on_rank0(lambda: self._plan(model, call, kind, pins, shapes))
+        plan = _planned_on_rank0(lambda: self._plan(model, call, kind, pins))
         return plan, plan.emit("torch")
 
-    def _plan(self, model: nn.Module, call: FlatCall, kind: str, pins: dict, shapes: dict) -> Plan:
+    def _plan(self, model: nn.Module, call: FlatCall, kind: str, pins: dict) -> Plan:
         from autopar.api import plan_program
         from autopar.planning.request import resolve
 
         args, kwargs = call.rebuild(call.tensors)
-        program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP,
-                          global_shapes=shapes)
+        program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP)
         request = resolve(self.mesh, self.hardware, pin=pins)
         return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
 
@@ -175,79 +181,95 @@ def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Optional[Cal
 
 
 _RUNNERS: "weakref.WeakKeyDictionary[nn.Module, _Runner]" = weakref.WeakKeyDictionary()
-
-
-class AutoParallel(nn.Module):
-    """Wraps a model instance: ``autopar.autoparallelize(model, mesh=...)``."""
-
-    def __init__(self, model: nn.Module, runner: _Runner):
-        super().__init__()
-        self.model = model
-        self._runner = runner
-
-    def forward(self, *args, **kwargs):
-        return self._runner(self.model, *args, **kwargs)
-
-    def no_sync(self):
-        """DDP's ``no_sync``: backward passes of calls inside keep local gradients; the first
-        backward outside syncs their sum once."""
-        return self._runner.no_sync()
-
-    @property
-    def plan(self) -> Optional[Plan]:
-        return self._runner.plan
+_RUNNER_FACTORIES: dict[type, Callable[[], _Runner]] = {}  # a decorated class -> how its instances get a runner
 
 
 def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
                     device: Optional[str] = None, passes: Sequence = (), loss_fn: Optional[Callable] = None,
-                    replan: bool = True):
-    """Use on an instance (returns a wrapper module) or as a class decorator. ``passes``: extra
-    passes for the plans (autopar.plan's ``passes``); ``loss_fn(output)``: picks the loss out of
-    the model's output where autopar would not find it (autopar.plan); ``replan=False``: a call
-    with other input shapes or arguments than the first is refused, not planned."""
+                    replan: bool = True, example_inputs=None, example_kwargs: Optional[dict] = None):
+    """Use on an instance (returns it, its calls now running autopar's programs) or as a class
+    decorator. ``passes``: extra passes for the plans (autopar.plan's ``passes``);
+    ``loss_fn(output)``: picks the loss out of the model's output where autopar would not find
+    it (autopar.plan); ``replan=False``: a call with other input shapes or arguments than the
+    first is refused, not planned. ``example_inputs`` / ``example_kwargs`` (instances only): plan
+    and shard now, as a first call with them would (see autopar.prepare)."""
     Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
     pipeline(passes)  # so does a misplaced pass
 
     def runner() -> _Runner:
         return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan)
 
-    if model is None:
-        return lambda cls: _decorate_class(cls, runner)
-    if isinstance(model, type):
-        return _decorate_class(model, runner)
+    if model is None or isinstance(model, type):
+        if example_inputs is not None or example_kwargs:
+            raise TypeError("example_inputs shard one model instance: pass them with the instance "
+                            "(autoparallelize(model, ...)); for a decorated class call autopar.prepare(instance, ...)")
+        return _decorate_class(model, runner) if model is not None else lambda cls: _decorate_class(cls, runner)
     if not isinstance(model, nn.Module):
         raise TypeError(f"autoparallelize takes an nn.Module instance or class, got {type(model).__name__}")
-    return AutoParallel(model, runner())
+    if _runner_of(model, create=False) is not None:
+        raise AutoparError(f"this {type(model).__name__} is autoparallelized already")
+    model.__class__ = _routed(type(model))
+    _RUNNERS[model] = runner()
+    if example_inputs is not None or example_kwargs:
+        prepare(model, *program_inputs(example_inputs if example_inputs is not None else ()), **(example_kwargs or {}))
+    return model
+
+
+def prepare(model: nn.Module, *example_args, **example_kwargs) -> nn.Module:
+    """Plan an autoparallelized model for a call with these arguments and shard it now, as its
+    first call would: afterwards its parameters are DTensors, and the optimizer can be built."""
+    runner = _runner_of(model)
+    if runner is None:
+        raise AutoparError(f"autopar.prepare takes a model made by autopar.autoparallelize; this "
+                           f"{type(model).__name__} is not")
+    runner.start(model, flatten_call(example_args, example_kwargs))
+    return model
 
 
 def _decorate_class(cls, make_runner):
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise TypeError(f"@autoparallelize decorates nn.Module subclasses, got {cls!r}")
+    routed = _routed(cls)
+    _RUNNER_FACTORIES[routed] = make_runner
+    return routed
 
-    def runner(self) -> _Runner:
-        if self not in _RUNNERS:
-            _RUNNERS[self] = make_runner()
-        return _RUNNERS[self]
 
+def _routed(cls: type) -> type:
+    """``cls``'s subclass whose calls go through the instance's runner (capture calls forward()
+    directly, so only __call__ routes), with DDP's ``no_sync``; one per class."""
     def __call__(self, *args, **kwargs):
-        return runner(self)(self, *args, **kwargs)
+        return _runner_of(self)(self, *args, **kwargs)
 
     def no_sync(self):
         """DDP's ``no_sync``: backward passes of calls inside keep local gradients; the first
         backward outside syncs their sum once."""
-        return runner(self).no_sync()
+        return _runner_of(self).no_sync()
 
-    # capture calls forward() directly, so only __call__ routes through the runner
     return type(cls.__name__, (cls,), {"__call__": __call__, "no_sync": no_sync, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
 
 
-def plan_of(model: nn.Module) -> Optional[Plan]:
-    """The plan an autoparallelized model is running (None before its first call)."""
-    if isinstance(model, AutoParallel):
-        return model.plan
+def _runner_of(model: nn.Module, create: bool = True) -> Optional[_Runner]:
     runner = _RUNNERS.get(model)
+    if runner is None and create:
+        factory = next((_RUNNER_FACTORIES[c] for c in type(model).__mro__ if c in _RUNNER_FACTORIES), None)
+        if factory is not None:
+            runner = _RUNNERS[model] = factory()
+    return runner
+
+
+def plan_of(model: nn.Module) -> Optional[Plan]:
+    """The plan an autoparallelized model is running: the first, which laid its parameters out
+    (None before its first call)."""
+    runner = _runner_of(model, create=False)
     return runner.plan if runner else None
+
+
+def parallel_module(model: nn.Module):
+    """The autopar.runtime.module.ParallelModule that runs an autoparallelized model (None before
+    its first call): its programs, one per mode and call shape."""
+    runner = _runner_of(model, create=False)
+    return runner.parallel if runner else None
 
 
 def _ensure_process_group() -> None:

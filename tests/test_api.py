@@ -29,6 +29,7 @@ def test_decorated_class_trains_like_eager():
     assert results[0]["sharded_params"] > 0
     full_shapes = [tuple(p.shape) for p in reference.parameters()]
     assert results[0]["local_shapes"] != full_shapes  # parameters now hold local blocks
+    assert results[0]["global_shapes"] == full_shapes  # as DTensors of the whole shape
     for r in results:
         assert r["losses"] == pytest.approx(expected, rel=1e-5)
 

@@ -27,9 +27,10 @@ class DecoratedMLP(nn.Module):
 def train_decorated(rank, world_size, steps):
     torch.manual_seed(rank)  # different init per rank: rank 0's weights must be broadcast
     model = DecoratedMLP()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g)
+    autopar.prepare(model, x, y)  # plans and shards: the optimizer takes the sharded parameters
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
@@ -40,16 +41,18 @@ def train_decorated(rank, world_size, steps):
     plan = autopar.plan_of(model)
     sharded = sum(not plan.out_spec(ph).is_replicated() for ph in plan.graph.params)
     return {"losses": losses, "plan": plan.hash, "sharded_params": sharded,
-            "local_shapes": [tuple(p.shape) for p in model.parameters()]}
+            "local_shapes": [tuple(p.to_local().shape) for p in model.parameters()],
+            "global_shapes": [tuple(p.shape) for p in model.parameters()]}
 
 
 def train_decorated_in_micro_batches(rank, world_size, steps):
     """As train_decorated, each step's batch of 8 in two micro-batches, the first under no_sync()."""
     torch.manual_seed(rank)
     model = DecoratedMLP()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g)
+    autopar.prepare(model, x[:4], y[:4])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
@@ -161,7 +164,8 @@ def accumulate_micro_batches(rank, world_size, plan_json, micro_batches, defer):
         loss.backward()
         losses.append(loss.item())
     return {"losses": losses, "bytes": sum(rt.bytes_moved.values()), "coords": rt.coords,
-            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}, "unsynced": len(parallel.unsynced)}
+            "grads": {n: p.grad.to_local().clone() for n, p in model.named_parameters()},
+            "unsynced": len(parallel.unsynced)}
 
 
 def play(model, script, lr=0.1):
@@ -174,21 +178,21 @@ def play(model, script, lr=0.1):
     from autopar.capture.export import find_loss
     from autopar.check import output_values
 
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = None  # built after the first call, which shards an autoparallelized model's parameters
     results = []
     for i, (what, args, kwargs) in enumerate(script):
         torch.manual_seed(100 + i)  # dropout draws alike on every rank and in eager
-        if what == "requires_grad":  # by the name in the user's model (a wrapper's names have a prefix)
-            next(p for n, p in model.named_parameters() if n == args[0] or n.endswith("." + args[0])).requires_grad_(
-                args[1])
+        if what == "requires_grad":
+            model.get_parameter(args[0]).requires_grad_(args[1])
             continue
         if what in ("train", "train_in_eval"):
             if what == "train_in_eval":
                 model.eval()
-            opt.zero_grad()
             output = model(*args, **kwargs)
+            opt = opt or torch.optim.SGD(model.parameters(), lr=lr)
             find_loss(output).backward()
             opt.step()
+            opt.zero_grad()
             if what == "train_in_eval":
                 model.train()
         else:
@@ -201,13 +205,11 @@ def play(model, script, lr=0.1):
 
 
 def play_autoparallelized(rank, world_size, model_bytes, script, mesh, options):
-    """``play`` on the model wrapped by autopar.autoparallelize; also its buffers, whole, the
+    """``play`` on the model made by autopar.autoparallelize; also its buffers, whole, the
     programs it planned ((kind, training mode) of each) and the warnings given (message, file).
     An AutoparError ends the script and is returned as ``error``."""
     import io
     import warnings
-
-    from torch.distributed.tensor import DTensor
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
     wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, **options)
@@ -217,15 +219,67 @@ def play_autoparallelized(rank, world_size, model_bytes, script, mesh, options):
             results = play(wrapped, script)
     except autopar.AutoparError as exc:
         return {"error": str(exc)}
-    parallel = wrapped._runner.parallel
-    plan = parallel.plan
-    placeholder = {fqn: ph for ph, fqn in plan.graph.buffers.items()}
-    buffers = {}
-    for fqn, local in model.named_buffers():
-        meta = plan.graph.node(placeholder[fqn]).outputs[0]
-        buffers[fqn] = DTensor.from_local(local, parallel.rt.device_mesh, plan.out_spec(placeholder[fqn]).to_dtensor(),
-                                          shape=torch.Size(meta.shape), stride=torch.empty(meta.shape).stride(),
-                                          run_check=False).full_tensor()
+    parallel = autopar.parallelize.parallel_module(wrapped)
+    buffers = {fqn: buffer.full_tensor() for fqn, buffer in model.named_buffers()}
     programs = sorted((p.plan.graph.kind, p.plan.graph.training) for p in parallel.programs.values())
     return {"results": results, "buffers": buffers, "programs": programs,
             "warnings": [(str(w.message), w.filename) for w in warned], "error": None}
+
+
+def make_optimizer(name: str, params, foreach: bool):
+    if name == "adamw":
+        # eps 1e-6, not 1e-8: a gradient that is zero in exact math (attention's key bias) is
+        # summation-order noise of ~1e-10, which eps 1e-8 turns into updates of ~1e-4 that differ
+        # between any two summation orders, eager's included
+        return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, eps=1e-6, foreach=foreach)
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=foreach)
+
+
+def train_clipped(model, batch, optimizer: str, foreach: bool, steps: int = 3, max_norm: float = 0.1):
+    """``steps`` steps of ``optimizer`` with the gradients clipped to ``max_norm``: per step the
+    loss and the norm clip_grad_norm_ returned; then each parameter, whole."""
+    from autopar.runtime.state import whole
+
+    opt = make_optimizer(optimizer, model.parameters(), foreach)
+    losses, norms = [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(*batch)
+        loss.backward()
+        norms.append(whole(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)).item())
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "norms": norms, "params": {n: whole(p).detach() for n, p in model.named_parameters()}}
+
+
+def train_dtensor_state(rank, world_size, model_bytes, batch, mesh, optimizer, foreach):
+    """The model autoparallelized with example inputs (sharded at once), then ``train_clipped``;
+    also what the parameters, gradients and optimizer state are: types and placements."""
+    import io
+
+    from torch.distributed.tensor import DTensor
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch)
+    out = train_clipped(model, batch, optimizer, foreach)
+    plan = autopar.plan_of(model)
+    placements = {fqn: plan.param_spec(fqn).to_dtensor() for fqn in plan.graph.params.values()}
+    out["dtensors"] = all(isinstance(p, DTensor) and isinstance(p.grad, DTensor) and
+                          tuple(p.placements) == placements[n] == tuple(p.grad.placements)
+                          for n, p in model.named_parameters())
+    out["sharded"] = sum(p.to_local().numel() < p.numel() for p in model.parameters())
+    return out
+
+
+def step_an_optimizer_built_too_early(rank, world_size, model_bytes, batch, mesh):
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(*batch).backward()
+    try:
+        opt.step()
+    except autopar.AutoparError as exc:
+        return str(exc)
+    return None

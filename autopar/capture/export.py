@@ -144,14 +144,13 @@ def _no_loss_message(output, loss_fn) -> str:
 
 
 def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = None,
-            loss_fn: Optional[Callable] = None, training_step: bool = True, expand_layers: bool = True,
-            global_shapes: Optional[dict] = None) -> Program:
+            loss_fn: Optional[Callable] = None, training_step: bool = True, expand_layers: bool = True) -> Program:
     """The graph of ``model(*example_inputs, **kwargs)``: with ``training_step``, the joint
     forward+backward graph of its loss (found as find_loss says, or by ``loss_fn(output)``);
     otherwise its forward alone, in the model's current mode. With ``expand_layers``, a model
     with a long list of identical layers is traced with five of them and the rest are copied
-    (``layer_expansion``). ``global_shapes``: parameter or buffer name -> its whole shape, where
-    the model holds a shard of it (autoparallelize plans a model it has sharded already)."""
+    (``layer_expansion``). A model whose parameters are DTensors (autoparallelize's, once
+    sharded) is captured with their whole shapes."""
     if not isinstance(model, nn.Module):
         raise CaptureError(f"autopar plans nn.Module instances, got {type(model).__name__}")
     call = flatten_call(program_inputs(example_inputs), kwargs)
@@ -160,7 +159,7 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = Non
         raise CaptureError(f"the model is called with {', '.join(unsupported)}: autopar takes tensors, numbers, "
                            f"strings and None, in tuples, lists and dicts; pass the tensors they hold instead")
     fake_mode = FakeTensorMode()
-    fake_model, fake_call, tied = _fakify(model, call, fake_mode, global_shapes or {})
+    fake_model, fake_call, tied = _fakify(model, call, fake_mode)
     traced = _Traced(fake_model, fake_call, loss_fn, needs_loss=training_step)
     # the random state stays as it was: autoparallelize captures on rank 0 alone, in the middle of
     # a call whose dropout masks every rank then draws alike; a call under no_grad still plans its
@@ -259,9 +258,9 @@ def program_inputs(example_inputs) -> tuple:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def _fakify(model: nn.Module, call: FlatCall, fake_mode: FakeTensorMode, shapes: dict):
-    """A structural copy of ``model`` whose parameters and buffers are fake CPU tensors (of the
-    shape ``shapes`` gives by name, where it does), and ``call`` with fake tensors.
+def _fakify(model: nn.Module, call: FlatCall, fake_mode: FakeTensorMode):
+    """A structural copy of ``model`` whose parameters and buffers are fake CPU tensors (of their
+    whole shape, for DTensors), and ``call`` with fake tensors.
 
     Tied parameters (one tensor under several names) are untied in the copy,
     because AOTAutograd's joint export requires distinct parameters; ``tied``
@@ -269,24 +268,23 @@ def _fakify(model: nn.Module, call: FlatCall, fake_mode: FakeTensorMode, shapes:
     """
     memo, first_name, tied = {}, {}, {}
     with fake_mode:
-        def fake_param(p, name):
-            return nn.Parameter(torch.empty(shapes.get(name, p.shape), dtype=p.dtype, device="cpu"),
-                                requires_grad=p.requires_grad)
+        def fake_param(p):
+            return nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"), requires_grad=p.requires_grad)
 
         for name, p in model.named_parameters(remove_duplicate=False):
             if id(p) in first_name:
                 tied[name] = first_name[id(p)]
             else:
                 first_name[id(p)] = name
-                memo[id(p)] = fake_param(p, name)
-        for name, b in model.named_buffers():
-            memo[id(b)] = torch.empty(shapes.get(name, b.shape), dtype=b.dtype, device="cpu")
+                memo[id(p)] = fake_param(p)
+        for b in model.buffers():
+            memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
         fake_call = flatten_call(*call.rebuild(torch.empty(x.shape, dtype=x.dtype, device="cpu")
                                                for x in call.tensors))
         copied = copy.deepcopy(model, memo)
         for name in tied:
             owner, _, leaf = name.rpartition(".")
-            setattr(copied.get_submodule(owner), leaf, fake_param(copied.get_parameter(name), tied[name]))
+            setattr(copied.get_submodule(owner), leaf, fake_param(copied.get_parameter(name)))
     return copied, fake_call, tied
 
 

@@ -1,9 +1,8 @@
 """Run emitted programs as an ordinary module on every rank.
 
-``ParallelModule(model, plan, rank_mesh, source)`` shards the model's parameters and
-buffers in place, in the plan's layouts (the same ``nn.Parameter`` objects now hold local
-blocks, so optimizers made earlier still work), and runs the plan's programs (``source``:
-the plan emitted for torch) as the model would run:
+``ParallelModule(model, plan, rank_mesh, source)`` makes the model's parameters and buffers
+DTensors in the plan's layouts (autopar.runtime.state: build the optimizer afterwards), and
+runs the plan's programs (``source``: the plan emitted for torch) as the model would run:
 
 - a call with gradients enabled runs a training step's forward program and keeps what it
   saved for backward; ``loss.backward()`` runs the backward program, seeded with the loss's
@@ -32,14 +31,14 @@ from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.plan import Plan
 from autopar.ir.program import FORWARD, STEP
 from autopar.runtime.program import RankProgram, check_call_fits, load_program, program_key
-from autopar.runtime.rank_mesh import RankMesh, local_shard
+from autopar.runtime.rank_mesh import RankMesh
+from autopar.runtime.state import as_gradient, distribute
 
 __all__ = ["ParallelModule", "load_program"]
 
-# (kind, model, call, layouts, global shapes) -> (plan, source): a new program for a call the loaded
-# ones do not fit, with the parameters and buffers in ``layouts`` (name -> placements text); the
-# model holds shards of them, whose whole shapes ``global shapes`` gives by name
-Planner = Callable[[str, nn.Module, FlatCall, dict, dict], tuple[Plan, str]]
+# (kind, model, call, layouts) -> (plan, source): a new program for a call the loaded ones do not
+# fit, with the parameters and buffers in ``layouts`` (name -> placements text)
+Planner = Callable[[str, nn.Module, FlatCall, dict], tuple[Plan, str]]
 
 
 class _Step(torch.autograd.Function):
@@ -71,7 +70,9 @@ class _Step(torch.autograd.Function):
             for fqn, grad in grads.items():
                 unsynced[fqn] = grad if fqn not in unsynced else unsynced[fqn] + grad
             return none + (None,) * len(program.grad_fqns)
-        return none + tuple(grads.get(fqn) for fqn in program.grad_fqns)
+        params = (parallel.model.get_parameter(fqn) for fqn in program.grad_fqns)
+        return none + tuple(None if fqn not in grads else as_gradient(p, grads[fqn])
+                            for fqn, p in zip(program.grad_fqns, params))
 
 
 class ParallelModule(nn.Module):
@@ -89,16 +90,12 @@ class ParallelModule(nn.Module):
         graph = plan.graph
         held = {**graph.params, **graph.buffers}
         self.layouts = {fqn: plan.out_spec(ph).to_json() for ph, fqn in held.items()}
-        self.global_shapes = {fqn: graph.node(ph).outputs[0].shape for ph, fqn in held.items()}
         self.require_gradient_sync = True  # False inside no_sync()
         self._lossless: set = set()  # step keys whose calls hold no loss: their forward programs serve them
         self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
         self._unsynced_program: Optional[tuple] = None  # the program whose layouts those gradients are in
-        with torch.no_grad():
-            for ph, fqn in held.items():
-                tensor = model.get_parameter(fqn) if ph in graph.params else model.get_buffer(fqn)
-                tensor.data = local_shard(tensor.data, plan.out_spec(ph), plan.mesh, rank_mesh.coords).to(
-                    rank_mesh.device)
+        distribute(model, {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items()},
+                   {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}, plan.mesh, rank_mesh)
 
     @property
     def plan(self) -> Plan:
@@ -157,7 +154,7 @@ class ParallelModule(nn.Module):
         if self.planner is None or (not self.replan and call.signature not in known):
             check_call_fits(self.plan, call)  # names the shape or structure that differs
             raise PlanMismatchError(self._no_program_message(kind))
-        plan, source = self.planner(kind, self.model, call, dict(self.layouts), dict(self.global_shapes))
+        plan, source = self.planner(kind, self.model, call, dict(self.layouts))
         program = RankProgram(plan, source, self.rt)
         self.programs[program.key] = program
         return program

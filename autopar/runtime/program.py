@@ -20,6 +20,7 @@ from autopar.ir.plan import Plan
 from autopar.ir.program import STEP
 from autopar.lowering.schedule import programs
 from autopar.runtime.rank_mesh import RankMesh, local_shard
+from autopar.runtime.state import contiguous_strides, local
 
 
 def load_program(source: str, name: str = "autopar_generated") -> types.ModuleType:
@@ -65,9 +66,9 @@ class RankProgram:
         args = []
         for name in self._placeholders:
             if name in graph.params:
-                args.append(model.get_parameter(graph.params[name]).detach())
+                args.append(local(model.get_parameter(graph.params[name]).detach()))
             elif name in graph.buffers:
-                buffer = model.get_buffer(graph.buffers[name])
+                buffer = local(model.get_buffer(graph.buffers[name]))
                 args.append(buffer.clone() if name in self._keep_old else buffer)
             else:
                 args.append(local_shard(given[name].to(self.rt.device), plan.out_spec(name), plan.mesh,
@@ -78,7 +79,7 @@ class RankProgram:
         """Forward's new buffer values (running statistics), each already in its buffer's layout."""
         with torch.no_grad():
             for fqn, value in updates.items():
-                model.get_buffer(fqn).copy_(value)
+                local(model.get_buffer(fqn)).copy_(value)
 
     def output(self, loss, values: list):
         """What the model returns, with ``loss`` and the values (as DTensors) in their places."""
@@ -96,7 +97,7 @@ class RankProgram:
         meta = self.plan.graph.node(name).outputs[0]
         spec = self.plan.out_spec(name)
         return DTensor.from_local(local, self.rt.device_mesh, spec.to_dtensor(), run_check=False,
-                                  shape=torch.Size(meta.shape), stride=_contiguous_strides(meta.shape))
+                                  shape=torch.Size(meta.shape), stride=contiguous_strides(meta.shape))
 
 
 def _buffers_backward_reads_before_update(plan: Plan) -> set[str]:
@@ -107,14 +108,6 @@ def _buffers_backward_reads_before_update(plan: Plan) -> set[str]:
     if not updated or graph.kind != STEP:
         return set()
     return updated & {u for s in programs(plan).backward for u in s.uses}
-
-
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
 
 
 def check_call_fits(plan: Plan, call: FlatCall) -> None:

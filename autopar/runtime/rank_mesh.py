@@ -131,21 +131,3 @@ def local_shard(x: torch.Tensor, spec: Spec, mesh: Mesh, coords: tuple[int, ...]
         elif isinstance(p, Partial):
             raise ValueError("a global tensor has no partial layout to take a block of")
     return block.contiguous() if block is x else block.clone(memory_format=torch.contiguous_format)
-
-
-def assemble(local_by_rank: list[torch.Tensor], spec: Spec, mesh: Mesh, global_shape) -> torch.Tensor:
-    """Rebuild a global tensor from every rank's block (replicated axes: any copy)."""
-    out = torch.empty(global_shape, dtype=local_by_rank[0].dtype)
-    for rank, local in enumerate(local_by_rank):
-        coords = mesh.coords(rank)
-        index = [slice(None)] * len(global_shape)
-        for axis, p in enumerate(spec.placements):
-            if isinstance(p, Shard):
-                size = global_shape[p.dim] // mesh.shape[axis]
-                index[p.dim] = slice(coords[axis] * size, (coords[axis] + 1) * size)
-            elif isinstance(p, Partial):
-                raise ValueError("assemble() takes sharded or replicated tensors, not partial sums")
-        out[tuple(index)] = local
-    return out
-
-
