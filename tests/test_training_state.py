@@ -47,3 +47,55 @@ def test_an_optimizer_built_on_the_parameters_before_sharding_is_refused():
     for message in _run(workers.step_an_optimizer_built_too_early, model, batch, "dp=2,tp=2"):
         assert message is not None and "built on parameters that autopar has since replaced" in message
         assert "fc1.weight" in message
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_with_the_same_losses(tmp_path):
+    """torch.distributed.checkpoint saves the DTensor model and AdamW state after 2 of 4 steps; a
+    fresh model and optimizer (a restarted job) load it and run the last 2 steps: bit-equal
+    losses."""
+    model, batch = gpt2.make("tiny")
+    directory = str(tmp_path / "step2")
+    uninterrupted = _run(workers.train_and_checkpoint, model, batch, "dp=2,tp=2", 4, 2, directory)
+    resumed = _run(workers.resume_from_checkpoint, model, batch, "dp=2,tp=2", 2, directory)
+    for whole_run, tail in zip(uninterrupted, resumed):
+        assert tail == whole_run[2:]
+
+
+def test_a_checkpoint_loads_into_another_plan_and_into_a_single_process_model(tmp_path):
+    """Saved under data parallelism on dp=4, the checkpoint loads into the solver's dp=2,tp=2
+    layouts (torch's checkpoint reshards the DTensors) and into the eager model in one process;
+    both continue as the uninterrupted run."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, batch = gpt2.make("tiny")
+    directory = str(tmp_path / "step2")
+    uninterrupted = _run(workers.train_and_checkpoint, model, batch, "dp=4", 4, 2, directory)[0]
+    resharded = _run(workers.resume_from_checkpoint, model, batch, "dp=2,tp=2", 2, directory)[0]
+    assert resharded == pytest.approx(uninterrupted[2:], rel=1e-5)
+
+    eager = copy.deepcopy(model)
+    opt = workers.make_optimizer("adamw", eager.parameters(), foreach=True)
+    model_state, optim_state = get_state_dict(eager, opt)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=directory, no_dist=True)
+    set_state_dict(eager, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    assert workers._steps(eager, opt, batch, 2) == pytest.approx(uninterrupted[2:], rel=1e-5)
+
+
+def test_a_hugging_face_model_exports_a_checkpoint_from_pretrained_reads(tmp_path):
+    """The full state dict (torch's get_model_state_dict with full_state_dict=True, on rank 0)
+    handed to save_pretrained: LlamaForCausalLM.from_pretrained gives the trained model's logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                         max_position_embeddings=32, use_cache=False))
+    ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids}
+    logits = _run(workers.train_and_export_pretrained, model, batch, "dp=2,tp=2", str(tmp_path))[0]
+    loaded = LlamaForCausalLM.from_pretrained(str(tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, logits, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(model(**batch).logits, logits, atol=1e-3)  # trained away from the start

@@ -283,3 +283,74 @@ def step_an_optimizer_built_too_early(rank, world_size, model_bytes, batch, mesh
     except autopar.AutoparError as exc:
         return str(exc)
     return None
+
+
+def _autoparallelized(model_bytes, batch, mesh, plan_json=None):
+    """The model from ``model_bytes``, autoparallelized on ``mesh`` and sharded at once, with an
+    AdamW built on its DTensor parameters."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = None if plan_json is None else autopar.Plan.from_json(plan_json)
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch, plan=plan)
+    return model, make_optimizer("adamw", model.parameters(), foreach=True)
+
+
+def _steps(model, opt, batch, steps: int) -> list:
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(*batch)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def train_and_checkpoint(rank, world_size, model_bytes, batch, mesh, steps, save_after, directory):
+    """``steps`` AdamW steps, the model and optimizer state saved with torch.distributed.checkpoint
+    after ``save_after`` of them: the losses of every step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt = _autoparallelized(model_bytes, batch, mesh)
+    losses = _steps(model, opt, batch, save_after)
+    model_state, optim_state = get_state_dict(model, opt)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory)
+    return losses + _steps(model, opt, batch, steps - save_after)
+
+
+def resume_from_checkpoint(rank, world_size, model_bytes, batch, mesh, steps, directory):
+    """A fresh model and optimizer on ``mesh`` (any plan), loaded from the checkpoint through
+    torch's get_state_dict/set_state_dict, then ``steps`` steps: their losses."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, opt = _autoparallelized(model_bytes, batch, mesh)
+    model_state, optim_state = get_state_dict(model, opt)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=directory)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return _steps(model, opt, batch, steps)
+
+
+def train_and_export_pretrained(rank, world_size, model_bytes, batch_kwargs, mesh, directory):
+    """Two AdamW steps of a Hugging Face model called with keywords, then its full state dict
+    (torch's get_model_state_dict, gathered to rank 0) saved by save_pretrained on rank 0: the
+    logits of the trained model, whole."""
+    import io
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_kwargs=batch_kwargs)
+    opt = make_optimizer("adamw", model.parameters(), foreach=True)
+    for _ in range(2):
+        opt.zero_grad()
+        model(**batch_kwargs).loss.backward()
+        opt.step()
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        model.save_pretrained(directory, state_dict=full)
+    with torch.no_grad():
+        return model(**batch_kwargs).logits.full_tensor()
