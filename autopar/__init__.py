@@ -11,14 +11,14 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Replicate, Shard, Spec
 from autopar.ir.plan import Plan
 from autopar.ops.table import register_rule
-from autopar.parallelize import autoparallelize, plan_of, prepare
+from autopar.parallelize import autoparallelize, data_parallel_info, plan_of, prepare
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.constraints import Constraints
 from autopar.passes.registry import register_pass, registered_passes, unregister_pass
 
 __all__ = [
     "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "prepare",
-    "plan_of", "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext", "Constraints",
-    "register_rule", "Plan", "Mesh", "Shard", "Replicate", "Partial", "Spec", "Hardware", "Link", "PRESETS",
-    "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError", "SolverError",
+    "data_parallel_info", "plan_of", "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext",
+    "Constraints", "register_rule", "Plan", "Mesh", "Shard", "Replicate", "Partial", "Spec", "Hardware", "Link",
+    "PRESETS", "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError", "SolverError",
 ]

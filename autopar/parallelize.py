@@ -42,13 +42,14 @@ from autopar.ir.plan import Plan
 from autopar.ir.program import FORWARD, STEP
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.passes.registry import pipeline
+from autopar.runtime.program import global_call
 
 
 class _Runner:
     """Plans on the first call, then runs the emitted programs on every call."""
 
     def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple,
-                 loss_fn: Optional[Callable], replan: bool):
+                 loss_fn: Optional[Callable], replan: bool, inputs: str):
         self.mesh = Mesh.parse(mesh)
         self.passes = passes
         self.hardware = hardware
@@ -56,6 +57,7 @@ class _Runner:
         self.device = device
         self.loss_fn = loss_fn
         self.replan = replan
+        self.local_inputs = inputs == "local"
         self.parallel = None
         self.sync = True  # False inside no_sync()
 
@@ -76,7 +78,7 @@ class _Runner:
     def start(self, model: nn.Module, call: FlatCall) -> None:
         """Plan for ``call`` and shard the model, unless that is done."""
         if self.parallel is None:
-            self.parallel = self._parallel(model, call)
+            self.parallel = self._parallel(model, global_call(call, self.mesh) if self.local_inputs else call)
 
     def _parallel(self, model: nn.Module, call: FlatCall):
         from autopar.runtime.module import ParallelModule
@@ -103,7 +105,7 @@ class _Runner:
                 tensor.data = moved
         self.plan = plan
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
-                              planner=self._planner, replan=self.replan)
+                              planner=self._planner, replan=self.replan, local_inputs=self.local_inputs)
 
     def _first_plan(self, model: nn.Module, call: FlatCall) -> Plan:
         """The training step of the first call, in training mode whatever the model's mode: its
@@ -186,18 +188,25 @@ _RUNNER_FACTORIES: dict[type, Callable[[], _Runner]] = {}  # a decorated class -
 
 def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
                     device: Optional[str] = None, passes: Sequence = (), loss_fn: Optional[Callable] = None,
-                    replan: bool = True, example_inputs=None, example_kwargs: Optional[dict] = None):
+                    replan: bool = True, inputs: str = "global", example_inputs=None,
+                    example_kwargs: Optional[dict] = None):
     """Use on an instance (returns it, its calls now running autopar's programs) or as a class
     decorator. ``passes``: extra passes for the plans (autopar.plan's ``passes``);
     ``loss_fn(output)``: picks the loss out of the model's output where autopar would not find
     it (autopar.plan); ``replan=False``: a call with other input shapes or arguments than the
-    first is refused, not planned. ``example_inputs`` / ``example_kwargs`` (instances only): plan
-    and shard now, as a first call with them would (see autopar.prepare)."""
+    first is refused, not planned. ``inputs``: "global" (every rank passes the whole batch) or
+    "local" (torchrun's convention: each rank passes its block of the batch, dim 0 split over
+    the mesh's "dp" axes, as autopar.data_parallel_info says; the loss is the whole batch's).
+    ``example_inputs`` / ``example_kwargs`` (instances only): plan and shard now, as a first call
+    with them would (see autopar.prepare)."""
     Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
     pipeline(passes)  # so does a misplaced pass
+    if inputs not in ("global", "local"):
+        raise ValueError(f"inputs={inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
+                         f"rank its block of it)")
 
     def runner() -> _Runner:
-        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan)
+        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs)
 
     if model is None or isinstance(model, type):
         if example_inputs is not None or example_kwargs:
@@ -256,6 +265,19 @@ def _runner_of(model: nn.Module, create: bool = True) -> Optional[_Runner]:
         if factory is not None:
             runner = _RUNNERS[model] = factory()
     return runner
+
+
+def data_parallel_info(model: nn.Module) -> tuple[int, int]:
+    """(rank, size) of this process among the data-parallel blocks of an autoparallelized model's
+    mesh (its "dp" axes): what torch.utils.data.DistributedSampler takes as ``rank`` and
+    ``num_replicas`` for inputs="local". Ranks that differ only on other axes (tp) share a block."""
+    runner = _runner_of(model)
+    if runner is None:
+        raise AutoparError(f"data_parallel_info takes a model made by autopar.autoparallelize; this "
+                           f"{type(model).__name__} is not")
+    _ensure_process_group()
+    runner.mesh.check_world_size(dist.get_world_size())
+    return runner.mesh.data_parallel(dist.get_rank())
 
 
 def plan_of(model: nn.Module) -> Optional[Plan]:

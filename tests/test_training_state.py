@@ -99,3 +99,28 @@ def test_a_hugging_face_model_exports_a_checkpoint_from_pretrained_reads(tmp_pat
     with torch.no_grad():
         torch.testing.assert_close(loaded(**batch).logits, logits, rtol=1e-4, atol=1e-5)
         assert not torch.allclose(model(**batch).logits, logits, atol=1e-3)  # trained away from the start
+
+
+def test_each_data_parallel_block_passes_its_own_samples_with_inputs_local():
+    """torchrun's convention: a DistributedSampler from autopar.data_parallel_info gives each
+    data-parallel block of ranks (the two tp ranks of a dp rank share one) its own samples; the
+    step is that of the batch they form together (the dp blocks in order), as eager trains it."""
+    model, (idx, targets) = gpt2.make("tiny")
+    g = torch.Generator().manual_seed(8)
+    dataset = (torch.randint(0, 256, (16, 32), generator=g), torch.randint(0, 256, (16, 32), generator=g))
+    results = _run(workers.train_on_local_batches, model, dataset, "dp=2,tp=2", 4)
+    assert [r["data_parallel"] for r in results] == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    eager = copy.deepcopy(model)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    losses = []
+    for step in range(2):  # DistributedSampler deals sample i to block i % 2; each block reads 4 a step
+        rows = [block + 2 * (4 * step + j) for block in range(2) for j in range(4)]
+        loss = eager(dataset[0][rows], dataset[1][rows])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    for got in results:
+        assert got["losses"] == pytest.approx(losses, rel=1e-5)
+        for name, value in eager.named_parameters():
+            assert compare(name, got["params"][name], value).ok, name

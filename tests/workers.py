@@ -354,3 +354,29 @@ def train_and_export_pretrained(rank, world_size, model_bytes, batch_kwargs, mes
         model.save_pretrained(directory, state_dict=full)
     with torch.no_grad():
         return model(**batch_kwargs).logits.full_tensor()
+
+
+def train_on_local_batches(rank, world_size, model_bytes, dataset_tensors, mesh, local_batch):
+    """inputs="local" as under torchrun: each data-parallel block of ranks reads its own samples
+    through a DistributedSampler set up from autopar.data_parallel_info; SGD over the dataset.
+    The losses, (rank, size) of the data-parallel block, and the parameters, whole."""
+    import io
+
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, inputs="local")
+    dp_rank, dp_size = autopar.data_parallel_info(model)
+    dataset = TensorDataset(*dataset_tensors)
+    loader = DataLoader(dataset, batch_size=local_batch,
+                        sampler=DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=False))
+    opt, losses = None, []
+    for batch in loader:
+        loss = model(*batch)
+        opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "data_parallel": (dp_rank, dp_size),
+            "params": {n: p.full_tensor().detach() for n, p in model.named_parameters()}}

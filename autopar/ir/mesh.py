@@ -65,6 +65,19 @@ class Mesh:
             rank //= size
         return tuple(reversed(out))
 
+    def data_axes(self) -> tuple[int, ...]:
+        """The axes a batch of per-rank inputs is split over: those named "dp"."""
+        return tuple(axis for axis, name in enumerate(self.axis_names) if name == "dp")
+
+    def data_parallel(self, rank: int) -> tuple[int, int]:
+        """(this rank's index among the data-parallel blocks, how many blocks): what a
+        DistributedSampler takes as ``rank`` and ``num_replicas``."""
+        index, size = 0, 1
+        coords = self.coords(rank)
+        for axis in self.data_axes():
+            index, size = index * self.shape[axis] + coords[axis], size * self.shape[axis]
+        return index, size
+
     def check_world_size(self, world_size: int) -> None:
         if world_size != self.size:
             raise MeshError(

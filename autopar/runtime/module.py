@@ -30,7 +30,14 @@ from autopar.errors import AutoparError, NoLossError, PlanMismatchError
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.plan import Plan
 from autopar.ir.program import FORWARD, STEP
-from autopar.runtime.program import RankProgram, check_call_fits, load_program, program_key
+from autopar.runtime.program import (
+    RankProgram,
+    batch_blocks,
+    check_call_fits,
+    global_call,
+    load_program,
+    program_key,
+)
 from autopar.runtime.rank_mesh import RankMesh
 from autopar.runtime.state import as_gradient, distribute
 
@@ -77,12 +84,15 @@ class _Step(torch.autograd.Function):
 
 class ParallelModule(nn.Module):
     def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str, *,
-                 planner: Optional[Planner] = None, replan: bool = True):
+                 planner: Optional[Planner] = None, replan: bool = True, local_inputs: bool = False):
+        """``local_inputs``: each rank passes its block of the batch (dim 0, split over the mesh's
+        "dp" axes: autopar.ir.mesh.Mesh.data_parallel), not the whole batch."""
         super().__init__()
         check_plan_matches(plan, model)
         self.model = model
         self.rt = rank_mesh
         self.planner, self.replan = planner, replan
+        self.given = batch_blocks(plan.mesh) if local_inputs else None  # the layout of the call's tensors
         first = RankProgram(plan, source, rank_mesh)
         self.programs: dict[tuple, RankProgram] = {first.key: first}
         self.first = first
@@ -116,8 +126,8 @@ class ParallelModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         call = flatten_call(args, kwargs)
-        program = self.program_for(call)
-        arguments = program.arguments(self.model, call)
+        program = self.program_for(call if self.given is None else global_call(call, self.plan.mesh))
+        arguments = program.arguments(self.model, call, self.given)
         if program.is_step and torch.is_grad_enabled():
             # autograd sees _Step alone (it runs the programs with grad mode off), whose inputs are the
             # parameters that get gradients

@@ -8,14 +8,18 @@ every rank.
 """
 from __future__ import annotations
 
+import math
 import types
 import warnings
+from typing import Optional
 
 import torch
 from torch import nn
 
-from autopar.errors import PlanMismatchError, user_stacklevel
-from autopar.ir.call import FlatCall, call_signature, frozen_parameters, module_modes
+from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
+from autopar.ir.call import FlatCall, call_signature, flatten_call, frozen_parameters, module_modes
+from autopar.ir.mesh import Mesh
+from autopar.ir.placement import R, Shard, Spec
 from autopar.ir.plan import Plan
 from autopar.ir.program import STEP
 from autopar.lowering.schedule import programs
@@ -58,11 +62,12 @@ class RankProgram:
     def is_step(self) -> bool:
         return self.plan.graph.kind == STEP
 
-    def arguments(self, model: nn.Module, call: FlatCall) -> list:
+    def arguments(self, model: nn.Module, call: FlatCall, given: Optional[Spec] = None) -> list:
         """The programs' arguments: parameters, buffers and this rank's block of each input, in the
-        plan's placeholder order."""
+        plan's placeholder order. ``given``: the layout the call's tensors are in, where they are
+        this rank's blocks (autoparallelize's inputs="local"); None: they are whole."""
         graph, plan = self.plan.graph, self.plan
-        given = dict(zip(graph.inputs, call.tensors))
+        tensors = dict(zip(graph.inputs, call.tensors))
         args = []
         for name in self._placeholders:
             if name in graph.params:
@@ -70,9 +75,11 @@ class RankProgram:
             elif name in graph.buffers:
                 buffer = local(model.get_buffer(graph.buffers[name]))
                 args.append(buffer.clone() if name in self._keep_old else buffer)
-            else:
-                args.append(local_shard(given[name].to(self.rt.device), plan.out_spec(name), plan.mesh,
+            elif given is None:
+                args.append(local_shard(tensors[name].to(self.rt.device), plan.out_spec(name), plan.mesh,
                                         self.rt.coords))
+            else:
+                args.append(self.rt.redistribute(tensors[name].to(self.rt.device), given, plan.out_spec(name)))
         return args
 
     def write_buffers(self, model: nn.Module, updates: dict) -> None:
@@ -108,6 +115,23 @@ def _buffers_backward_reads_before_update(plan: Plan) -> set[str]:
     if not updated or graph.kind != STEP:
         return set()
     return updated & {u for s in programs(plan).backward for u in s.uses}
+
+
+def batch_blocks(mesh: Mesh) -> Spec:
+    """The layout of per-rank inputs: each rank's block of the batch (dim 0) over the data axes."""
+    return Spec(tuple(Shard(0) if axis in mesh.data_axes() else R for axis in range(mesh.ndim)))
+
+
+def global_call(call: FlatCall, mesh: Mesh) -> FlatCall:
+    """The call the per-rank blocks of ``call`` (inputs="local") are blocks of, on the meta device:
+    what programs are planned and looked up for."""
+    blocks = math.prod(mesh.shape[axis] for axis in mesh.data_axes())
+    unbatched = [i for i, t in enumerate(call.tensors) if t.dim() == 0]
+    if unbatched:
+        raise AutoparError("with inputs='local' every tensor of the call is this rank's block of the batch (dim 0); "
+                           f"tensor {unbatched[0]} of the call is a scalar")
+    return flatten_call(*call.rebuild(torch.empty((t.shape[0] * blocks,) + tuple(t.shape[1:]), dtype=t.dtype,
+                                                  device="meta") for t in call.tensors))
 
 
 def check_call_fits(plan: Plan, call: FlatCall) -> None:

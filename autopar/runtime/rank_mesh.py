@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Shard, Spec
+from autopar.ir.redistribute import plan_steps
 
 
 class RankMesh:
@@ -98,6 +99,19 @@ class RankMesh:
         coord, _, _ = self._axis(axis)
         return x if coord == 0 else torch.zeros_like(x)
 
+
+    def redistribute(self, x: torch.Tensor, src: Spec, dst: Spec) -> torch.Tensor:
+        """``x``, this rank's block of a tensor in layout ``src``, as its block in layout ``dst``
+        (the steps autopar.ir.redistribute plans, as an emitted program runs them)."""
+        for step in plan_steps(src, dst):
+            axis = self.mesh.axis_names[step.axis]
+            if step.kind in ("all_reduce", "zero_partial"):
+                x = getattr(self, step.kind)(x, axis)
+            elif step.kind == "all_to_all":
+                x = self.all_to_all(x, axis, src_dim=step.src_dim, dst_dim=step.dim)
+            else:
+                x = getattr(self, step.kind)(x, axis, dim=step.dim)
+        return x
 
     def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
         """Dropout whose mask matches a single process's: every rank draws the global mask from the
