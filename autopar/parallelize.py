@@ -49,7 +49,7 @@ class _Runner:
     """Plans on the first call, then runs the emitted programs on every call."""
 
     def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple,
-                 loss_fn: Optional[Callable], replan: bool, inputs: str):
+                 loss_fn: Optional[Callable], replan: bool, inputs: str, init):
         self.mesh = Mesh.parse(mesh)
         self.passes = passes
         self.hardware = hardware
@@ -58,6 +58,7 @@ class _Runner:
         self.loss_fn = loss_fn
         self.replan = replan
         self.local_inputs = inputs == "local"
+        self.init = init
         self.parallel = None
         self.sync = True  # False inside no_sync()
 
@@ -98,14 +99,12 @@ class _Runner:
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
             device = f"cuda:{torch.cuda.current_device()}"
-        with torch.no_grad():  # identical weights on every rank before each takes its block
-            for tensor in list(model.parameters()) + list(model.buffers()):
-                moved = tensor.data.to(device)
-                dist.broadcast(moved, src=0)
-                tensor.data = moved
         self.plan = plan
+        # rank 0's values: each rank receives its blocks of them (or, on the meta device, rank 0
+        # initializes one module at a time)
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
-                              planner=self._planner, replan=self.replan, local_inputs=self.local_inputs)
+                              planner=self._planner, replan=self.replan, local_inputs=self.local_inputs,
+                              init=initializer(model, self.init))
 
     def _first_plan(self, model: nn.Module, call: FlatCall) -> Plan:
         """The training step of the first call, in training mode whatever the model's mode: its
@@ -133,6 +132,27 @@ class _Runner:
         program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP)
         request = resolve(self.mesh, self.hardware, pin=pins)
         return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
+
+
+def initializer(model: nn.Module, init) -> Optional[Callable[[nn.Module], None]]:
+    """The function that initializes one module of a model on the meta device (see
+    autoparallelize's ``init``); a module it cannot initialize is refused before any rank
+    allocates anything. None for a model with values (or init=None)."""
+    if init is None or not any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
+        return None
+    if callable(init):
+        return init
+    if init != "reset_parameters":
+        raise ValueError(f"init={init!r}: use 'reset_parameters', a function init(module), or None")
+    lacking = [path or type(model).__name__ for path, m in model.named_modules()
+               if any(t is not None and t.is_meta for t in list(m._parameters.values()) + list(m._buffers.values()))
+               and not hasattr(m, "reset_parameters")]
+    if lacking:
+        raise AutoparError(f"the model is on the meta device and {', '.join(lacking[:4])} "
+                           f"{'has' if len(lacking) == 1 else 'have'} parameters or buffers but no reset_parameters(): "
+                           f"pass init=a function that initializes one module (a Hugging Face model's "
+                           f"model._init_weights), or init=None and load a state dict")
+    return lambda module: module.reset_parameters()
 
 
 def _planned_on_rank0(make_plan: Callable[[], Plan]) -> Plan:
@@ -188,7 +208,7 @@ _RUNNER_FACTORIES: dict[type, Callable[[], _Runner]] = {}  # a decorated class -
 
 def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
                     device: Optional[str] = None, passes: Sequence = (), loss_fn: Optional[Callable] = None,
-                    replan: bool = True, inputs: str = "global", example_inputs=None,
+                    replan: bool = True, inputs: str = "global", init="reset_parameters", example_inputs=None,
                     example_kwargs: Optional[dict] = None):
     """Use on an instance (returns it, its calls now running autopar's programs) or as a class
     decorator. ``passes``: extra passes for the plans (autopar.plan's ``passes``);
@@ -197,6 +217,12 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     first is refused, not planned. ``inputs``: "global" (every rank passes the whole batch) or
     "local" (torchrun's convention: each rank passes its block of the batch, dim 0 split over
     the mesh's "dp" axes, as autopar.data_parallel_info says; the loss is the whole batch's).
+    ``init``, for a model built on the meta device: "reset_parameters" (each module's own), a
+    function ``init(module)`` run on each module with parameters or buffers (a Hugging Face
+    model's ``_init_weights``), or None (left uninitialized: load a state dict with torch's
+    set_model_state_dict). The values equal a single-process initialization that runs ``init``
+    on the modules in ``model.modules()`` order from the same random state (rank 0's): each
+    rank allocates only its blocks, rank 0 makes one module at a time whole to initialize it.
     ``example_inputs`` / ``example_kwargs`` (instances only): plan and shard now, as a first call
     with them would (see autopar.prepare)."""
     Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
@@ -206,7 +232,7 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
                          f"rank its block of it)")
 
     def runner() -> _Runner:
-        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs)
+        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init)
 
     if model is None or isinstance(model, type):
         if example_inputs is not None or example_kwargs:

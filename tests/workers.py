@@ -380,3 +380,53 @@ def train_on_local_batches(rank, world_size, model_bytes, dataset_tensors, mesh,
         losses.append(loss.item())
     return {"losses": losses, "data_parallel": (dp_rank, dp_size),
             "params": {n: p.full_tensor().detach() for n, p in model.named_parameters()}}
+
+
+def _tiny_gpt2_on_meta(seed: int = 0):
+    from examples import gpt2
+
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        return gpt2.GPT2(gpt2.SIZES["tiny"])
+
+
+def materialize_on_meta(rank, world_size, batch, mesh):
+    """GPT-2 tiny built on the meta device and autoparallelized (rank 0 initializes one module at
+    a time, each rank allocates its blocks): its parameters, whole, and two SGD steps' losses."""
+    model = _tiny_gpt2_on_meta()
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch)
+    params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}  # before training
+    return {"params": params, "losses": _steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, 2)}
+
+
+def materialization_memory(rank, world_size, batch, mesh):
+    """The runtime's materialization of a meta model alone, under torch's MemTracker: this rank's
+    peak bytes, and the bytes of its parameters' blocks afterwards."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from autopar.check import rank_mesh_for
+    from autopar.parallelize import initializer
+    from autopar.runtime.module import ParallelModule
+
+    model = _tiny_gpt2_on_meta()
+    plan = autopar.plan(model, batch, mesh=mesh, hardware=FAST)  # planning holds fake tensors only
+    tracker = MemTracker()
+    with tracker:
+        ParallelModule(model, plan, rank_mesh_for(plan.mesh), plan.emit("torch"),
+                       init=initializer(model, "reset_parameters"))
+    peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
+    return {"peak": peak, "blocks": sum(p.to_local().numel() * p.element_size() for p in model.parameters())}
+
+
+def load_full_state_dict_streamed(rank, world_size, state_bytes, batch, mesh):
+    """A meta model left uninitialized (init=None), then rank 0's full state dict loaded with
+    torch's set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True): two SGD steps."""
+    import io
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model = _tiny_gpt2_on_meta()
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch, init=None)
+    full = torch.load(io.BytesIO(state_bytes)) if rank == 0 else {}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    return _steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, 2)

@@ -84,9 +84,11 @@ class _Step(torch.autograd.Function):
 
 class ParallelModule(nn.Module):
     def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str, *,
-                 planner: Optional[Planner] = None, replan: bool = True, local_inputs: bool = False):
+                 planner: Optional[Planner] = None, replan: bool = True, local_inputs: bool = False,
+                 init: Optional[Callable[[nn.Module], None]] = None):
         """``local_inputs``: each rank passes its block of the batch (dim 0, split over the mesh's
-        "dp" axes: autopar.ir.mesh.Mesh.data_parallel), not the whole batch."""
+        "dp" axes: autopar.ir.mesh.Mesh.data_parallel), not the whole batch. ``init``: how rank
+        0 initializes a module of a model on the meta device (autopar.runtime.state.distribute)."""
         super().__init__()
         check_plan_matches(plan, model)
         self.model = model
@@ -105,7 +107,7 @@ class ParallelModule(nn.Module):
         self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
         self._unsynced_program: Optional[tuple] = None  # the program whose layouts those gradients are in
         distribute(model, {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items()},
-                   {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}, plan.mesh, rank_mesh)
+                   {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}, plan.mesh, rank_mesh, init)
 
     @property
     def plan(self) -> Plan:

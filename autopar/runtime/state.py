@@ -13,8 +13,10 @@ first step, naming the parameters.
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -29,22 +31,77 @@ _REPLACED: "weakref.WeakValueDictionary[int, nn.Parameter]" = weakref.WeakValueD
 _REPLACED_NAMES: dict[int, str] = {}
 
 
-def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh) -> None:
+def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
+               init: "Callable[[nn.Module], None] | None" = None) -> None:
     """Each parameter (``params``: name -> Spec) and buffer (``buffers``: name -> Spec) of
-    ``model``, now a whole tensor, becomes a DTensor holding this rank's block. A parameter
-    shared under several names (tied weights) stays shared."""
-    with torch.no_grad():
-        for fqn, spec in params.items():
-            old = model.get_parameter(fqn)
-            new = nn.Parameter(_distributed(old.detach(), spec, mesh, rank_mesh), requires_grad=old.requires_grad)
-            for owner, name in _places_of(model, old):
-                setattr(owner, name, new)
-            _REPLACED[id(old)] = old
-            _REPLACED_NAMES[id(old)] = fqn
-        for fqn, spec in buffers.items():
-            owner, _, name = fqn.rpartition(".")
-            module = model.get_submodule(owner)
-            module._buffers[name] = _distributed(module._buffers[name], spec, mesh, rank_mesh)
+    ``model`` becomes a DTensor holding this rank's block, module by module, with rank 0's
+    values: rank 0 sends each rank its block alone, so no other rank receives a whole tensor.
+    A model on the meta device holds no values: each rank allocates its blocks, and rank 0
+    fills them by running ``init`` on one module at a time made whole on it (so at
+    most one module's tensors are ever whole, on rank 0 alone); without ``init`` the blocks are
+    left uninitialized, for a state dict to be loaded into (torch's set_model_state_dict). A
+    parameter shared under several names (tied weights) stays shared. Every rank then takes
+    rank 0's random state: dropout masks are drawn alike on every rank."""
+    specs = {**params, **buffers}
+    done: set[int] = set()
+    for path, module in model.named_modules():
+        entries = [(name, t) for name, t in list(module._parameters.items()) + list(module._buffers.items())
+                   if t is not None and _join(path, name) in specs and id(t) not in done]
+        if not entries:
+            continue
+        places = {name: _places_of(model, t) for name, t in entries if name in module._parameters}
+        meta = any(t.is_meta for _, t in entries)
+        if meta and init is not None and rank_mesh.rank == 0:
+            module.to_empty(device=rank_mesh.device, recurse=False)
+            init(module)
+        for name, original in entries:
+            done.add(id(original))
+            fqn = _join(path, name)
+            values = None if meta and init is None else _tensor(module, name)
+            block = _block(values, original, specs[fqn], mesh, rank_mesh)
+            if name in module._buffers:
+                module._buffers[name] = block
+                continue
+            new = nn.Parameter(block, requires_grad=original.requires_grad)
+            for owner, attribute in places[name]:
+                setattr(owner, attribute, new)
+            _REPLACED[id(original)] = original
+            _REPLACED_NAMES[id(original)] = fqn
+    _share_random_state(rank_mesh)
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor:
+    return module._parameters[name] if name in module._parameters else module._buffers[name]
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _block(values: "torch.Tensor | None", like: torch.Tensor, spec: Spec, mesh: Mesh, rank_mesh: RankMesh) -> DTensor:
+    """The DTensor of this rank's block of a tensor shaped as ``like``, with the values rank 0
+    passes in ``values`` (every rank passes a tensor, or None on every rank: left uninitialized)."""
+    block = torch.empty(spec.local_shape(like.shape, mesh), dtype=like.dtype, device=rank_mesh.device)
+    if values is None:
+        return _dtensor(block, like, spec, rank_mesh)
+    if rank_mesh.rank != 0:
+        dist.recv(block, src=0)
+        return _dtensor(block, like, spec, rank_mesh)
+    for rank in range(1, mesh.size):  # one block at a time: rank 0 holds the tensor and one block more
+        dist.send(local_shard(values.detach(), spec, mesh, mesh.coords(rank)).to(rank_mesh.device), dst=rank)
+    block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
+    return _dtensor(block, like, spec, rank_mesh)
+
+
+def _dtensor(block: torch.Tensor, like: torch.Tensor, spec: Spec, rank_mesh: RankMesh) -> DTensor:
+    return DTensor.from_local(block, rank_mesh.device_mesh, spec.to_dtensor(), run_check=False, shape=like.shape,
+                              stride=contiguous_strides(like.shape))
+
+
+def _share_random_state(rank_mesh: RankMesh) -> None:
+    state = [torch.get_rng_state() if rank_mesh.rank == 0 else None]
+    dist.broadcast_object_list(state, src=0)
+    torch.set_rng_state(state[0])
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -63,12 +120,6 @@ def as_gradient(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 def whole(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a DTensor (a collective: every rank calls it); another tensor as it is."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def _distributed(full: torch.Tensor, spec: Spec, mesh: Mesh, rank_mesh: RankMesh) -> DTensor:
-    block = local_shard(full, spec, mesh, rank_mesh.coords).to(rank_mesh.device)
-    return DTensor.from_local(block, rank_mesh.device_mesh, spec.to_dtensor(), run_check=False, shape=full.shape,
-                              stride=contiguous_strides(full.shape))
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
