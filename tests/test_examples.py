@@ -1,0 +1,26 @@
+"""The examples run as their docstrings say (under torchrun, on 4 local CPU processes)."""
+import re
+import shutil
+import subprocess
+import sys
+
+
+def _torchrun(script: str, *args: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+                           script, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def test_the_llama_example_trains_checkpoints_and_resumes_with_the_same_losses(tmp_path):
+    """examples/train_llama.py: a meta-built Llama initialized shard by shard, local batches,
+    AdamW, accumulation under no_sync, clipping, checkpoints every 2 steps; a second run with
+    --resume continues from step 2 with the losses of the first."""
+    args = ["--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path)]
+    first = [line for line in _torchrun("examples/train_llama.py", *args) if line.startswith("step ")]
+    assert [re.match(r"step (\d+):", line).group(1) for line in first] == ["1", "2", "3", "4"]
+    shutil.rmtree(tmp_path / "step4")
+    resumed = [line for line in _torchrun("examples/train_llama.py", *args, "--resume") if line.startswith("step ")]
+    assert resumed == first[2:]
+    losses = [float(re.search(r"loss (\S+)", line).group(1)) for line in first]
+    assert all(0 < loss < 10 for loss in losses)
