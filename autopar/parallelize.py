@@ -6,8 +6,9 @@
     loss.backward(); opt.step()
 
 ``autoparallelize`` returns the same model object, its class swapped for a subclass whose
-calls run autopar's programs (as FSDP2's ``fully_shard`` does): its parameter names,
-``isinstance``, ``state_dict`` and ``save_pretrained`` stay the model's. As a class decorator
+calls run autopar's programs (as FSDP2's ``fully_shard`` does): its parameter names and
+``isinstance`` stay the model's, and its ``state_dict`` holds DTensors (for Hugging Face's
+``save_pretrained``, pass it the full state dict: see README "Training state"). As a class decorator
 it does the same to every instance. Every rank passes the same global batch; each takes its
 own block of it. The model is called as it is (positional and keyword arguments, nested
 batches) and returns what it returns.
@@ -63,7 +64,8 @@ class _Runner:
         self.sync = True  # False inside no_sync()
 
     def __call__(self, model: nn.Module, *args, **kwargs):
-        self.start(model, flatten_call(args, kwargs))
+        if self.parallel is None:
+            self.start(model, flatten_call(args, kwargs))
         self.parallel.require_gradient_sync = self.sync
         return self.parallel(*args, **kwargs)
 
@@ -104,7 +106,7 @@ class _Runner:
         # initializes one module at a time)
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
                               planner=self._planner, replan=self.replan, local_inputs=self.local_inputs,
-                              init=initializer(model, self.init))
+                              init=initializer(self.init))
 
     def _first_plan(self, model: nn.Module, call: FlatCall) -> Plan:
         """The training step of the first call, in training mode whatever the model's mode: its
@@ -134,25 +136,33 @@ class _Runner:
         return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
 
 
-def initializer(model: nn.Module, init) -> Optional[Callable[[nn.Module], None]]:
+def initializer(init) -> Optional[Callable[[nn.Module], None]]:
     """The function that initializes one module of a model on the meta device (see
-    autoparallelize's ``init``); a module it cannot initialize is refused before any rank
-    allocates anything. None for a model with values (or init=None)."""
-    if init is None or not any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
-        return None
-    if callable(init):
+    autoparallelize's ``init``; autopar.runtime.state.distribute runs it on rank 0)."""
+    if init is None or callable(init):
         return init
     if init != "reset_parameters":
         raise ValueError(f"init={init!r}: use 'reset_parameters', a function init(module), or None")
-    lacking = [path or type(model).__name__ for path, m in model.named_modules()
-               if any(t is not None and t.is_meta for t in list(m._parameters.values()) + list(m._buffers.values()))
-               and not hasattr(m, "reset_parameters")]
-    if lacking:
-        raise AutoparError(f"the model is on the meta device and {', '.join(lacking[:4])} "
-                           f"{'has' if len(lacking) == 1 else 'have'} parameters or buffers but no reset_parameters(): "
-                           f"pass init=a function that initializes one module (a Hugging Face model's "
-                           f"model._init_weights), or init=None and load a state dict")
-    return lambda module: module.reset_parameters()
+    return _ResetParameters()
+
+
+class _ResetParameters:
+    """Each module's own reset_parameters(); a module on the meta device without one is refused."""
+
+    def __call__(self, module: nn.Module) -> None:
+        module.reset_parameters()
+
+    @staticmethod
+    def refusal(model: nn.Module) -> Optional[str]:
+        lacking = [path or type(model).__name__ for path, m in model.named_modules()
+                   if any(t is not None and t.is_meta for t in list(m._parameters.values()) + list(m._buffers.values()))
+                   and not hasattr(m, "reset_parameters")]
+        if not lacking:
+            return None
+        return (f"the model is on the meta device and {', '.join(lacking[:4])} "
+                f"{'has' if len(lacking) == 1 else 'have'} parameters or buffers but no reset_parameters(): pass "
+                f"init=a function that initializes one module (a Hugging Face model's model._init_weights), or "
+                f"init=None and load a state dict")
 
 
 def _planned_on_rank0(make_plan: Callable[[], Plan]) -> Plan:
@@ -252,7 +262,8 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
 
 def prepare(model: nn.Module, *example_args, **example_kwargs) -> nn.Module:
     """Plan an autoparallelized model for a call with these arguments and shard it now, as its
-    first call would: afterwards its parameters are DTensors, and the optimizer can be built."""
+    first call would: afterwards its parameters are DTensors, and the optimizer can be built. A
+    model sharded already is left as it is (a call of another shape plans on its first use)."""
     runner = _runner_of(model)
     if runner is None:
         raise AutoparError(f"autopar.prepare takes a model made by autopar.autoparallelize; this "
@@ -269,9 +280,16 @@ def _decorate_class(cls, make_runner):
     return routed
 
 
+_ROUTED: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()  # a class -> its routed subclass
+
+
 def _routed(cls: type) -> type:
     """``cls``'s subclass whose calls go through the instance's runner (capture calls forward()
-    directly, so only __call__ routes), with DDP's ``no_sync``; one per class."""
+    directly, so only __call__ routes), with DDP's ``no_sync``; one per class. It pickles as
+    ``cls`` (a copy is a plain model)."""
+    if cls in _ROUTED:
+        return _ROUTED[cls]
+
     def __call__(self, *args, **kwargs):
         return _runner_of(self)(self, *args, **kwargs)
 
@@ -280,8 +298,21 @@ def _routed(cls: type) -> type:
         backward outside syncs their sum once."""
         return _runner_of(self).no_sync()
 
-    return type(cls.__name__, (cls,), {"__call__": __call__, "no_sync": no_sync, "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+    def __reduce_ex__(self, protocol):
+        return _plain_copy, (cls, dict(self.__dict__))
+
+    routed = type(cls.__name__, (cls,), {"__call__": __call__, "no_sync": no_sync, "__reduce_ex__": __reduce_ex__,
+                                         "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                         "__doc__": cls.__doc__})
+    _ROUTED[cls] = routed
+    return routed
+
+
+def _plain_copy(cls: type, state: dict) -> nn.Module:
+    """A copy (deepcopy, pickle) of an autoparallelized model: an instance of its own class."""
+    copied = cls.__new__(cls)
+    copied.__setstate__(state)
+    return copied
 
 
 def _runner_of(model: nn.Module, create: bool = True) -> Optional[_Runner]:

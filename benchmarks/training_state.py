@@ -102,7 +102,7 @@ def startup_memory(rank, world_size, size, plan_json):
         with tracker:
             model = _model(size, device)
             ParallelModule(model, plan, rank_mesh_for(plan.mesh), plan.emit("torch"),
-                           init=initializer(model, "reset_parameters"))
+                           init=initializer("reset_parameters"))
         out[name] = sum(snapshot["Total"] for device, snapshot in tracker.get_tracker_snapshot("peak").items()
                         if torch.device(device).type != "meta")
     out["blocks"] = sum(p.to_local().numel() * p.element_size() for p in model.parameters())

@@ -110,3 +110,26 @@ def test_cli_reports_bad_input_clearly(capsys):
     assert "MODULE:FACTORY" in capsys.readouterr().err
     assert cli(["plan", "examples.mlp:factory", "--mesh", "tp"]) == 2
     assert "dp=2,tp=2" in capsys.readouterr().err
+
+
+def test_an_autoparallelized_model_stays_its_class_and_copies_as_a_plain_model():
+    """autoparallelize swaps the instance's class for one routed subclass per class; a deepcopy or
+    a saved copy is the plain model (as eager, before any sharding), not a second runner's."""
+    import copy
+    import io
+
+    from examples import mlp
+
+    model = autopar.autoparallelize(mlp.MLP(8, 16), mesh="dp=2")
+    other = autopar.autoparallelize(mlp.MLP(8, 16), mesh="tp=2")
+    assert isinstance(model, mlp.MLP) and type(model) is type(other) and type(model) is not mlp.MLP
+    assert [n for n, _ in model.named_parameters()] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    twin = copy.deepcopy(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    assert type(twin) is mlp.MLP and type(torch.load(buffer, weights_only=False)) is mlp.MLP
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    assert torch.equal(twin(x, y), mlp.MLP.forward(model, x, y))  # runs eagerly, as the original's forward
+    with pytest.raises(autopar.AutoparError, match="autoparallelized already"):
+        autopar.autoparallelize(model, mesh="dp=2")

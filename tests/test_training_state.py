@@ -159,3 +159,27 @@ def test_a_full_state_dict_streams_from_rank0_into_an_uninitialized_meta_model()
     losses = workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
     for got in results:
         assert got == pytest.approx(losses, rel=1e-5)
+
+
+def test_values_come_from_rank0_while_the_other_ranks_build_on_meta():
+    """FSDP's sync_module_states pattern: rank 0 holds the weights (loaded, say), the others build
+    the model on the meta device; each receives its blocks and trains as eager."""
+    model, batch = gpt2.make("tiny", seed=4)
+    results = _run(workers.real_on_rank0_meta_elsewhere, model, batch, "dp=2,tp=2")
+    eager = copy.deepcopy(model)
+    losses = workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
+    for got in results:
+        assert got == pytest.approx(losses, rel=1e-5)
+
+
+def test_uninitialized_meta_models_and_disagreeing_local_batches_are_refused_on_every_rank():
+    """init=None cannot fill a non-persistent buffer (no state dict holds it); with inputs="local"
+    ranks whose batches differ in shape would wait on each other, and tp peers that pass
+    different samples would compute different steps: each is an error on every rank."""
+    for message in get_cluster(2).run(workers.meta_model_left_uninitialized):
+        assert message is not None and "non-persistent buffers scale" in message
+    model, _ = gpt2.make("tiny")
+    for message in _run(workers.local_batches_that_disagree, model, "ragged"):
+        assert message is not None and "differ between ranks" in message
+    for message in _run(workers.local_batches_that_disagree, model, "peers differ"):
+        assert message is not None and "autopar.data_parallel_info" in message

@@ -413,7 +413,7 @@ def materialization_memory(rank, world_size, batch, mesh):
     tracker = MemTracker()
     with tracker:
         ParallelModule(model, plan, rank_mesh_for(plan.mesh), plan.emit("torch"),
-                       init=initializer(model, "reset_parameters"))
+                       init=initializer("reset_parameters"))
     peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
     return {"peak": peak, "blocks": sum(p.to_local().numel() * p.element_size() for p in model.parameters())}
 
@@ -430,3 +430,59 @@ def load_full_state_dict_streamed(rank, world_size, state_bytes, batch, mesh):
     full = torch.load(io.BytesIO(state_bytes)) if rank == 0 else {}
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     return _steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, 2)
+
+
+class ScaledLinear(nn.Module):
+    """A linear layer times a non-persistent buffer (no state dict holds it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.full((8,), 2.0), persistent=False)
+
+    def forward(self, x):
+        return (self.fc(x) * self.scale).pow(2).mean()
+
+
+def meta_model_left_uninitialized(rank, world_size):
+    """init=None on a meta model with a non-persistent buffer: refused on every rank."""
+    with torch.device("meta"):
+        model = ScaledLinear()
+    try:
+        autopar.autoparallelize(model, mesh="dp=2", hardware=FAST, example_inputs=(torch.randn(4, 8),), init=None)
+    except autopar.AutoparError as exc:
+        return str(exc)
+    return None
+
+
+def real_on_rank0_meta_elsewhere(rank, world_size, model_bytes, batch, mesh):
+    """Rank 0 holds the model's values, the others build it on the meta device (FSDP's
+    sync_module_states pattern): every rank gets rank 0's blocks; two SGD steps' losses."""
+    import io
+
+    from examples import gpt2
+
+    if rank == 0:
+        model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    else:
+        with torch.device("meta"):
+            model = gpt2.GPT2(gpt2.SIZES["tiny"])
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch, init=None)
+    return _steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, 2)
+
+
+def local_batches_that_disagree(rank, world_size, model_bytes, case):
+    """inputs="local" with each rank's batch its own ("peers differ": tp peers pass different
+    samples) or of its own length ("ragged"): the error every rank raises."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    autopar.autoparallelize(model, mesh="dp=2,tp=2", hardware=FAST, inputs="local")
+    g = torch.Generator().manual_seed(rank)
+    length = 32 if case == "peers differ" or rank < 2 else 16
+    idx = torch.randint(0, 256, (4, length), generator=g)
+    try:
+        model(idx, idx)
+    except autopar.AutoparError as exc:
+        return str(exc)
+    return None

@@ -34,6 +34,7 @@ from autopar.runtime.program import (
     RankProgram,
     batch_blocks,
     check_call_fits,
+    check_local_batches,
     global_call,
     load_program,
     program_key,
@@ -128,6 +129,8 @@ class ParallelModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         call = flatten_call(args, kwargs)
+        if self.given is not None:
+            check_local_batches(call, self.rt)
         program = self.program_for(call if self.given is None else global_call(call, self.plan.mesh))
         arguments = program.arguments(self.model, call, self.given)
         if program.is_step and torch.is_grad_enabled():

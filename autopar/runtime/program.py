@@ -8,12 +8,14 @@ every rank.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import types
 import warnings
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
@@ -126,12 +128,43 @@ def global_call(call: FlatCall, mesh: Mesh) -> FlatCall:
     """The call the per-rank blocks of ``call`` (inputs="local") are blocks of, on the meta device:
     what programs are planned and looked up for."""
     blocks = math.prod(mesh.shape[axis] for axis in mesh.data_axes())
-    unbatched = [i for i, t in enumerate(call.tensors) if t.dim() == 0]
-    if unbatched:
-        raise AutoparError("with inputs='local' every tensor of the call is this rank's block of the batch (dim 0); "
-                           f"tensor {unbatched[0]} of the call is a scalar")
+    sizes = {t.shape[0] if t.dim() else None for t in call.tensors}
+    if len(sizes) > 1 or None in sizes:
+        where = ", ".join(f"{_path_text(path)}: {list(t.shape)}" for path, t in zip(call.paths, call.tensors))
+        raise AutoparError(f"with inputs='local' every tensor of the call is this rank's block of the batch, split "
+                           f"along dim 0, so all have one dim-0 size; this call's are {where}. Pass tensors without "
+                           f"a batch dim (position ids of shape [1, S], say) expanded to the batch, or use "
+                           f"inputs='global'")
     return flatten_call(*call.rebuild(torch.empty((t.shape[0] * blocks,) + tuple(t.shape[1:]), dtype=t.dtype,
                                                   device="meta") for t in call.tensors))
+
+
+def check_local_batches(call: FlatCall, rank_mesh: RankMesh) -> None:
+    """With inputs="local", every rank's call has one signature (else ranks would run different
+    programs and wait on each other), and ranks of one data-parallel block pass the same data
+    (else they would compute different steps): a small all-gather of each rank's signature hash
+    and checksum of its tensors."""
+    mesh = rank_mesh.mesh
+    signature = int(hashlib.sha256(repr(call.signature).encode()).hexdigest()[:12], 16)  # the same in every process
+    digest = [float(signature),
+              sum(float(t.detach().double().sum()) for t in call.tensors if t.numel())]
+    gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(mesh.size)]
+    dist.all_gather(gathered, torch.tensor(digest, dtype=torch.float64))
+    if len({g[0].item() for g in gathered}) > 1:
+        raise AutoparError("with inputs='local' every rank's batch has the same shapes and structure, and these "
+                           "differ between ranks (padded to different lengths?): pad every rank's batch alike")
+    by_block: dict[int, set] = {}
+    for rank, g in enumerate(gathered):
+        by_block.setdefault(mesh.data_parallel(rank)[0], set()).add(g[1].item())
+    if any(len(sums) > 1 for sums in by_block.values()):
+        raise AutoparError("with inputs='local' the ranks of one data-parallel block (same coordinates on the 'dp' "
+                           "axes, any on the others) pass the same samples, and these differ: give the "
+                           "DistributedSampler the rank and size autopar.data_parallel_info(model) returns")
+
+
+def _path_text(path: tuple) -> str:
+    kind, first, rest = path[0], path[1], path[2:]
+    return ("" if kind == 0 else f"{first}=") + "".join(f"[{k!r}]" for k in ((first,) if kind == 0 else ()) + rest)
 
 
 def check_call_fits(plan: Plan, call: FlatCall) -> None:

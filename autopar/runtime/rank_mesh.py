@@ -99,7 +99,6 @@ class RankMesh:
         coord, _, _ = self._axis(axis)
         return x if coord == 0 else torch.zeros_like(x)
 
-
     def redistribute(self, x: torch.Tensor, src: Spec, dst: Spec) -> torch.Tensor:
         """``x``, this rank's block of a tensor in layout ``src``, as its block in layout ``dst``
         (the steps autopar.ir.redistribute plans, as an emitted program runs them)."""

@@ -26,7 +26,8 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Spec
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
-# id -> parameter autopar replaced by its DTensor (the value confirms the id is still that object)
+# id -> parameter autopar replaced by its DTensor (the value confirms the id is still that object),
+# and its name while it lives
 _REPLACED: "weakref.WeakValueDictionary[int, nn.Parameter]" = weakref.WeakValueDictionary()
 _REPLACED_NAMES: dict[int, str] = {}
 
@@ -34,14 +35,17 @@ _REPLACED_NAMES: dict[int, str] = {}
 def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
                init: "Callable[[nn.Module], None] | None" = None) -> None:
     """Each parameter (``params``: name -> Spec) and buffer (``buffers``: name -> Spec) of
-    ``model`` becomes a DTensor holding this rank's block, module by module, with rank 0's
-    values: rank 0 sends each rank its block alone, so no other rank receives a whole tensor.
-    A model on the meta device holds no values: each rank allocates its blocks, and rank 0
-    fills them by running ``init`` on one module at a time made whole on it (so at
-    most one module's tensors are ever whole, on rank 0 alone); without ``init`` the blocks are
-    left uninitialized, for a state dict to be loaded into (torch's set_model_state_dict). A
-    parameter shared under several names (tied weights) stays shared. Every rank then takes
-    rank 0's random state: dropout masks are drawn alike on every rank."""
+    ``model`` becomes a DTensor holding this rank's block, module by module. The values are
+    rank 0's, as its model holds them: rank 0 sends each rank its block alone (a replicated
+    tensor is broadcast), so no other rank receives a whole tensor, and the other ranks may
+    hold the model on the meta device. Where rank 0's model is on the meta device too, every
+    rank allocates its blocks and rank 0 fills them by running ``init`` on one module at a
+    time made whole on it (so at most one module's tensors are ever whole, on rank 0 alone);
+    without ``init`` the blocks are left uninitialized, for a state dict to be loaded into
+    (torch's set_model_state_dict). A parameter shared under several names (tied weights) stays
+    shared, and keeps its attributes. Every rank then takes rank 0's random states (CPU, and the
+    device's): dropout masks are drawn alike on every rank."""
+    source = _rank0_source(model, init, rank_mesh)
     specs = {**params, **buffers}
     done: set[int] = set()
     for path, module in model.named_modules():
@@ -50,24 +54,75 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
         if not entries:
             continue
         places = {name: _places_of(model, t) for name, t in entries if name in module._parameters}
-        meta = any(t.is_meta for _, t in entries)
-        if meta and init is not None and rank_mesh.rank == 0:
-            module.to_empty(device=rank_mesh.device, recurse=False)
-            init(module)
+        if source == "init":
+            _initialize_on_rank0(module, init, rank_mesh)
         for name, original in entries:
             done.add(id(original))
             fqn = _join(path, name)
-            values = None if meta and init is None else _tensor(module, name)
+            values = _tensor(module, name) if source != "none" else None
             block = _block(values, original, specs[fqn], mesh, rank_mesh)
             if name in module._buffers:
                 module._buffers[name] = block
                 continue
             new = nn.Parameter(block, requires_grad=original.requires_grad)
+            new.__dict__.update(original.__dict__)  # attributes users group parameters by
             for owner, attribute in places[name]:
                 setattr(owner, attribute, new)
-            _REPLACED[id(original)] = original
-            _REPLACED_NAMES[id(original)] = fqn
+            _remember_replaced(original, fqn)
     _share_random_state(rank_mesh)
+
+
+def _rank0_source(model: nn.Module, init, rank_mesh: RankMesh) -> str:
+    """Where the values come from, as rank 0 decides it for every rank: "values" (rank 0's
+    model holds them), "init" (rank 0 runs ``init``) or "none" (uninitialized); a model that
+    cannot be initialized so is refused on every rank before any allocates anything."""
+    decision = [None]
+    if rank_mesh.rank == 0:
+        on_meta = any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+        source = "none" if on_meta and init is None else "init" if on_meta else "values"
+        refusal = getattr(init, "refusal", lambda m: None)(model) if source == "init" else \
+            _unloadable_buffers(model) if source == "none" else None
+        decision = [(source, refusal)]
+    dist.broadcast_object_list(decision, src=0)
+    source, refusal = decision[0]
+    if refusal is not None:
+        raise AutoparError(refusal)
+    return source
+
+
+def _unloadable_buffers(model: nn.Module) -> "str | None":
+    """A meta model left uninitialized takes its values from a state dict, which holds no
+    non-persistent buffer (a rotary embedding's inv_freq): those would stay garbage."""
+    missing = [_join(path, name) for path, m in model.named_modules() for name in m._non_persistent_buffers_set
+               if m._buffers.get(name) is not None and m._buffers[name].is_meta]
+    if not missing:
+        return None
+    return (f"init=None leaves the meta model's tensors for a state dict to fill, and no state dict holds its "
+            f"non-persistent buffers {', '.join(missing[:4])}: pass an init (the model's own, e.g. "
+            f"model._init_weights) and load the state dict after it")
+
+
+def _initialize_on_rank0(module: nn.Module, init, rank_mesh: RankMesh) -> None:
+    """Rank 0 makes ``module``'s own tensors on the meta device whole and runs ``init`` on it;
+    every rank learns whether that worked, so none waits for blocks that will not come."""
+    failure = None
+    own = [t for t in list(module._parameters.values()) + list(module._buffers.values()) if t is not None]
+    if rank_mesh.rank == 0 and any(t.is_meta for t in own):
+        try:
+            module.to_empty(device=rank_mesh.device, recurse=False)
+            init(module)
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it before raising
+            failure = f"{type(exc).__name__}: {exc}"
+    status = [failure]
+    dist.broadcast_object_list(status, src=0)
+    if status[0] is not None:
+        raise AutoparError(f"initializing {type(module).__name__} on rank 0 failed: {status[0]}")
+
+
+def _remember_replaced(original: nn.Parameter, fqn: str) -> None:
+    _REPLACED[id(original)] = original
+    _REPLACED_NAMES[id(original)] = fqn
+    weakref.finalize(original, _REPLACED_NAMES.pop, id(original), None)
 
 
 def _tensor(module: nn.Module, name: str) -> torch.Tensor:
@@ -79,29 +134,35 @@ def _join(path: str, name: str) -> str:
 
 
 def _block(values: "torch.Tensor | None", like: torch.Tensor, spec: Spec, mesh: Mesh, rank_mesh: RankMesh) -> DTensor:
-    """The DTensor of this rank's block of a tensor shaped as ``like``, with the values rank 0
-    passes in ``values`` (every rank passes a tensor, or None on every rank: left uninitialized)."""
+    """The DTensor of this rank's block of a tensor shaped as ``like``, with the values of rank
+    0's ``values`` (None on every rank: left uninitialized)."""
     block = torch.empty(spec.local_shape(like.shape, mesh), dtype=like.dtype, device=rank_mesh.device)
     if values is None:
-        return _dtensor(block, like, spec, rank_mesh)
-    if rank_mesh.rank != 0:
+        pass
+    elif spec.is_replicated():  # every rank's block is the whole tensor
+        if rank_mesh.rank == 0:
+            block.copy_(values.detach())
+        dist.broadcast(block, src=0)
+    elif rank_mesh.rank != 0:
         dist.recv(block, src=0)
-        return _dtensor(block, like, spec, rank_mesh)
-    for rank in range(1, mesh.size):  # one block at a time: rank 0 holds the tensor and one block more
-        dist.send(local_shard(values.detach(), spec, mesh, mesh.coords(rank)).to(rank_mesh.device), dst=rank)
-    block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
-    return _dtensor(block, like, spec, rank_mesh)
-
-
-def _dtensor(block: torch.Tensor, like: torch.Tensor, spec: Spec, rank_mesh: RankMesh) -> DTensor:
+    else:
+        for rank in range(1, mesh.size):  # one block at a time: rank 0 holds the tensor and one block more
+            dist.send(local_shard(values.detach(), spec, mesh, mesh.coords(rank)).to(rank_mesh.device), dst=rank)
+        block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
     return DTensor.from_local(block, rank_mesh.device_mesh, spec.to_dtensor(), run_check=False, shape=like.shape,
                               stride=contiguous_strides(like.shape))
 
 
 def _share_random_state(rank_mesh: RankMesh) -> None:
-    state = [torch.get_rng_state() if rank_mesh.rank == 0 else None]
-    dist.broadcast_object_list(state, src=0)
-    torch.set_rng_state(state[0])
+    """Rank 0's CPU random state, and its device's, on every rank (this overrides per-rank seeds)."""
+    device = rank_mesh.device
+    states = [(torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+              if rank_mesh.rank == 0 else None]
+    dist.broadcast_object_list(states, src=0)
+    cpu, on_device = states[0]
+    torch.set_rng_state(cpu)
+    if on_device is not None:
+        torch.cuda.set_rng_state(on_device, device)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
