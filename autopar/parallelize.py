@@ -240,6 +240,7 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     if inputs not in ("global", "local"):
         raise ValueError(f"inputs={inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
                          f"rank its block of it)")
+    initializer(init)  # so does an unknown init
 
     def runner() -> _Runner:
         return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init)
