@@ -128,6 +128,8 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
         raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
     if backend not in ("torch", "jax"):
         raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'jax'")
+    if backend == "jax" and kwargs:
+        raise ValueError("check(backend='jax') runs the JAX program on positional inputs; pass them positionally")
     if plan is not None and mesh is not None and Mesh.parse(mesh) != plan.mesh:
         raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.mesh}")
     mesh = Mesh.parse(mesh) if plan is None else plan.mesh
@@ -143,8 +145,6 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     reference_losses, reference_grads, reference_values = train(reference, lambda: reference(*inputs, **kwargs),
                                                                 steps, lr, loss_fn)
     if backend == "jax":
-        if kwargs:
-            raise ValueError("check(backend='jax') runs the JAX program on positional inputs; pass them positionally")
         return _check_jax(plan, model, inputs, reference_losses, reference_grads)
 
     buffer = io.BytesIO()
@@ -152,25 +152,31 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     results = get_cluster(mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(), steps, lr,
                                          measure_memory)
 
-    tensors = [compare(f"loss[step {i}]", torch.tensor(a), torch.tensor(b))
-               for i, (a, b) in enumerate(zip(results[0]["losses"], reference_losses))]
-    for fqn, want in reference_grads.items():
-        if fqn in results[0]["grads"]:  # every rank's whole gradient: a replica that drifted shows
-            tensors.append(max((compare(f"grad {fqn}", r["grads"][fqn], want) for r in results),
-                               key=lambda t: t.max_rel_error))
-    missing = set(reference_grads) - set(results[0]["grads"])
-    for fqn in sorted(missing):
-        tensors.append(TensorCheck(f"grad {fqn} (missing)", float("inf"), float("inf")))
-    for path, want in reference_values.items():
-        got = results[0]["values"].get(path)
-        tensors.append(compare(f"output {path}", got, want) if got is not None else
-                       TensorCheck(f"output {path} (missing)", float("inf"), float("inf")))
     moved = {}
     for r in results:
         for kind, n in r["bytes_moved"].items():
             moved[kind] = moved.get(kind, 0) + n
-    return CheckReport(plan, tensors, results[0]["losses"], reference_losses, moved,
+    return CheckReport(plan, _compared(results, reference_losses, reference_grads, reference_values),
+                       results[0]["losses"], reference_losses, moved,
                        tuple(r["peak_memory"] for r in results) if measure_memory else ())
+
+
+def _compared(results: list, reference_losses, reference_grads: dict, reference_values: dict) -> list[TensorCheck]:
+    """Each step's loss, every gradient (the worst rank's: a replica that drifted shows) and every
+    other output tensor of the ranks' ``results`` against eager's."""
+    tensors = [compare(f"loss[step {i}]", torch.tensor(a), torch.tensor(b))
+               for i, (a, b) in enumerate(zip(results[0]["losses"], reference_losses))]
+    for fqn, want in reference_grads.items():
+        tensors.append(max((compare(f"grad {fqn}", r["grads"][fqn], want) for r in results),
+                           key=lambda t: t.max_rel_error) if fqn in results[0]["grads"] else _missing(f"grad {fqn}"))
+    for path, want in reference_values.items():
+        got = results[0]["values"].get(path)
+        tensors.append(compare(f"output {path}", got, want) if got is not None else _missing(f"output {path}"))
+    return tensors
+
+
+def _missing(name: str) -> TensorCheck:
+    return TensorCheck(f"{name} (missing)", float("inf"), float("inf"))
 
 
 def _check_jax(plan: Plan, model: nn.Module, inputs: tuple, reference_losses, reference_grads) -> CheckReport:
@@ -179,8 +185,7 @@ def _check_jax(plan: Plan, model: nn.Module, inputs: tuple, reference_losses, re
     loss, grads, _ = run_jax_step(plan, model, inputs)
     tensors = [compare("loss[step 0]", torch.tensor(loss), torch.tensor(reference_losses[0]))]
     for fqn, want in reference_grads.items():
-        tensors.append(compare(f"grad {fqn}", grads[fqn], want) if fqn in grads else
-                       TensorCheck(f"grad {fqn} (missing)", float("inf"), float("inf")))
+        tensors.append(compare(f"grad {fqn}", grads[fqn], want) if fqn in grads else _missing(f"grad {fqn}"))
     return CheckReport(plan, tensors, [loss], reference_losses)
 
 

@@ -9,6 +9,7 @@ call with another structure or another shape is another program.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ class FlatCall:
     spec: pytree.TreeSpec
     leaves: tuple  # every leaf of (args, kwargs), tensors included, in order
 
-    @property
+    @functools.cached_property
     def signature(self) -> tuple:
         """What a program is planned for: the structure and each tensor's shape and dtype."""
         return call_signature(self.structure, [(t.shape, str(t.dtype).removeprefix("torch.")) for t in self.tensors])

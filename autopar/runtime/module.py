@@ -37,6 +37,7 @@ from autopar.runtime.program import (
     check_local_batches,
     global_call,
     load_program,
+    model_state,
     program_key,
 )
 from autopar.runtime.rank_mesh import RankMesh
@@ -99,16 +100,16 @@ class ParallelModule(nn.Module):
         first = RankProgram(plan, source, rank_mesh)
         self.programs: dict[tuple, RankProgram] = {first.key: first}
         self.first = first
-        # every later program is planned with the parameters and buffers where the first put them
         graph = plan.graph
-        held = {**graph.params, **graph.buffers}
-        self.layouts = {fqn: plan.out_spec(ph).to_json() for ph, fqn in held.items()}
+        params = {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items()}
+        buffers = {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}
+        # every later program is planned with the parameters and buffers where the first put them
+        self.layouts = {fqn: spec.to_json() for fqn, spec in {**params, **buffers}.items()}
         self.require_gradient_sync = True  # False inside no_sync()
         self._lossless: set = set()  # step keys whose calls hold no loss: their forward programs serve them
         self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
         self._unsynced_program: Optional[tuple] = None  # the program whose layouts those gradients are in
-        distribute(model, {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items()},
-                   {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}, plan.mesh, rank_mesh, init)
+        distribute(model, params, buffers, plan.mesh, rank_mesh, init)
 
     @property
     def plan(self) -> Plan:
@@ -150,7 +151,8 @@ class ParallelModule(nn.Module):
         """The program for this call: a training step's when gradients are enabled (a forward's
         where the call's output holds no loss), a forward's under no_grad; planned now where
         none is loaded."""
-        step_key = program_key(STEP, self.model, call)
+        state = model_state(self.model)
+        step_key = program_key(STEP, state, call)
         if torch.is_grad_enabled() and step_key not in self._lossless:
             found = self.programs.get(step_key)
             if found is not None:
@@ -159,7 +161,7 @@ class ParallelModule(nn.Module):
                 return self._new_program(STEP, call)
             except NoLossError:  # as in eager: nothing to differentiate, the forward serves
                 self._lossless.add(step_key)
-        found = self.programs.get(program_key(FORWARD, self.model, call))
+        found = self.programs.get(program_key(FORWARD, state, call))
         if found is None and self.planner is None:
             found = self.programs.get(step_key)  # its forward, dropping what it saves for backward
         return found if found is not None else self._new_program(FORWARD, call)

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 from torch import nn
 
 from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
@@ -26,7 +27,7 @@ from autopar.ir.plan import Plan
 from autopar.ir.program import STEP
 from autopar.lowering.schedule import programs
 from autopar.runtime.rank_mesh import RankMesh, local_shard
-from autopar.runtime.state import contiguous_strides, local
+from autopar.runtime.state import as_dtensor, local
 
 
 def load_program(source: str, name: str = "autopar_generated") -> types.ModuleType:
@@ -36,10 +37,16 @@ def load_program(source: str, name: str = "autopar_generated") -> types.ModuleTy
     return module
 
 
-def program_key(kind: str, model: nn.Module, call: FlatCall) -> tuple:
-    """What a program serves: a training step or a forward alone, with the model's modules in
-    their modes and its frozen parameters, for one call signature."""
-    return kind, module_modes(model), frozen_parameters(model), call.signature
+def model_state(model: nn.Module) -> tuple:
+    """What of the model, besides the call, selects a program: its modules' modes and its frozen
+    parameters (read once per call: it walks every module and parameter)."""
+    return module_modes(model), frozen_parameters(model)
+
+
+def program_key(kind: str, state: tuple, call: FlatCall) -> tuple:
+    """What a program serves: a training step or a forward alone, for a model in ``state``
+    (model_state) and one call signature."""
+    return (kind,) + state + (call.signature,)
 
 
 def plan_key(plan: Plan) -> tuple:
@@ -100,13 +107,9 @@ class RankProgram:
                           stacklevel=user_stacklevel())
         return tree.rebuild(loss, [self._dtensor(name, value) for name, value in zip(self.plan.graph.values, values)])
 
-    def _dtensor(self, name: str, local: torch.Tensor):
-        from torch.distributed.tensor import DTensor
-
-        meta = self.plan.graph.node(name).outputs[0]
-        spec = self.plan.out_spec(name)
-        return DTensor.from_local(local, self.rt.device_mesh, spec.to_dtensor(), run_check=False,
-                                  shape=torch.Size(meta.shape), stride=contiguous_strides(meta.shape))
+    def _dtensor(self, name: str, block: torch.Tensor):
+        shape = self.plan.graph.node(name).outputs[0].shape
+        return as_dtensor(block, self.rt.device_mesh, self.plan.out_spec(name).to_dtensor(), shape)
 
 
 def _buffers_backward_reads_before_update(plan: Plan) -> set[str]:
@@ -130,7 +133,9 @@ def global_call(call: FlatCall, mesh: Mesh) -> FlatCall:
     blocks = math.prod(mesh.shape[axis] for axis in mesh.data_axes())
     sizes = {t.shape[0] if t.dim() else None for t in call.tensors}
     if len(sizes) > 1 or None in sizes:
-        where = ", ".join(f"{_path_text(path)}: {list(t.shape)}" for path, t in zip(call.paths, call.tensors))
+        leaves = pytree.tree_flatten_with_path(call.rebuild(call.tensors))[0]
+        where = ", ".join(f"{pytree.keystr(path)}: {list(t.shape)}" for path, t in leaves
+                          if isinstance(t, torch.Tensor))
         raise AutoparError(f"with inputs='local' every tensor of the call is this rank's block of the batch, split "
                            f"along dim 0, so all have one dim-0 size; this call's are {where}. Pass tensors without "
                            f"a batch dim (position ids of shape [1, S], say) expanded to the batch, or use "
@@ -147,7 +152,7 @@ def check_local_batches(call: FlatCall, rank_mesh: RankMesh) -> None:
     mesh = rank_mesh.mesh
     signature = int(hashlib.sha256(repr(call.signature).encode()).hexdigest()[:12], 16)  # the same in every process
     digest = [float(signature),
-              sum(float(t.detach().double().sum()) for t in call.tensors if t.numel())]
+              sum(float(t.detach().sum(dtype=torch.float64)) for t in call.tensors if t.numel())]
     gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(mesh.size)]
     dist.all_gather(gathered, torch.tensor(digest, dtype=torch.float64))
     if len({g[0].item() for g in gathered}) > 1:
@@ -160,11 +165,6 @@ def check_local_batches(call: FlatCall, rank_mesh: RankMesh) -> None:
         raise AutoparError("with inputs='local' the ranks of one data-parallel block (same coordinates on the 'dp' "
                            "axes, any on the others) pass the same samples, and these differ: give the "
                            "DistributedSampler the rank and size autopar.data_parallel_info(model) returns")
-
-
-def _path_text(path: tuple) -> str:
-    kind, first, rest = path[0], path[1], path[2:]
-    return ("" if kind == 0 else f"{first}=") + "".join(f"[{k!r}]" for k in ((first,) if kind == 0 else ()) + rest)
 
 
 def check_call_fits(plan: Plan, call: FlatCall) -> None:

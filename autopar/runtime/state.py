@@ -26,10 +26,8 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Spec
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 
-# id -> parameter autopar replaced by its DTensor (the value confirms the id is still that object),
-# and its name while it lives
-_REPLACED: "weakref.WeakValueDictionary[int, nn.Parameter]" = weakref.WeakValueDictionary()
-_REPLACED_NAMES: dict[int, str] = {}
+# id -> (a weak reference to the parameter autopar replaced by its DTensor, its name), while it lives
+_REPLACED: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
@@ -47,13 +45,13 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
     device's): dropout masks are drawn alike on every rank."""
     source = _rank0_source(model, init, rank_mesh)
     specs = {**params, **buffers}
+    holders = _holders(model)
     done: set[int] = set()
     for path, module in model.named_modules():
         entries = [(name, t) for name, t in list(module._parameters.items()) + list(module._buffers.items())
                    if t is not None and _join(path, name) in specs and id(t) not in done]
         if not entries:
             continue
-        places = {name: _places_of(model, t) for name, t in entries if name in module._parameters}
         if source == "init":
             _initialize_on_rank0(module, init, rank_mesh)
         for name, original in entries:
@@ -66,7 +64,7 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
                 continue
             new = nn.Parameter(block, requires_grad=original.requires_grad)
             new.__dict__.update(original.__dict__)  # attributes users group parameters by
-            for owner, attribute in places[name]:
+            for owner, attribute in holders[id(original)]:
                 setattr(owner, attribute, new)
             _remember_replaced(original, fqn)
     _share_random_state(rank_mesh)
@@ -120,9 +118,18 @@ def _initialize_on_rank0(module: nn.Module, init, rank_mesh: RankMesh) -> None:
 
 
 def _remember_replaced(original: nn.Parameter, fqn: str) -> None:
-    _REPLACED[id(original)] = original
-    _REPLACED_NAMES[id(original)] = fqn
-    weakref.finalize(original, _REPLACED_NAMES.pop, id(original), None)
+    _REPLACED[id(original)] = (weakref.ref(original), fqn)
+    weakref.finalize(original, _REPLACED.pop, id(original), None)
+
+
+def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    """id of each parameter -> every (module, attribute) that holds it (tied weights: several)."""
+    found: dict[int, list] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                found.setdefault(id(p), []).append((module, name))
+    return found
 
 
 def _tensor(module: nn.Module, name: str) -> torch.Tensor:
@@ -149,8 +156,7 @@ def _block(values: "torch.Tensor | None", like: torch.Tensor, spec: Spec, mesh: 
         for rank in range(1, mesh.size):  # one block at a time: rank 0 holds the tensor and one block more
             dist.send(local_shard(values.detach(), spec, mesh, mesh.coords(rank)).to(rank_mesh.device), dst=rank)
         block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
-    return DTensor.from_local(block, rank_mesh.device_mesh, spec.to_dtensor(), run_check=False, shape=like.shape,
-                              stride=contiguous_strides(like.shape))
+    return as_dtensor(block, rank_mesh.device_mesh, spec.to_dtensor(), like.shape)
 
 
 def _share_random_state(rank_mesh: RankMesh) -> None:
@@ -172,10 +178,13 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 def as_gradient(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """This rank's block of ``param``'s gradient as the DTensor autograd accumulates into ``.grad``."""
-    if not isinstance(param, DTensor):
-        return grad
-    return DTensor.from_local(grad, param.device_mesh, param.placements, run_check=False, shape=param.shape,
-                              stride=param.stride())
+    return as_dtensor(grad, param.device_mesh, param.placements, param.shape) if isinstance(param, DTensor) else grad
+
+
+def as_dtensor(block: torch.Tensor, device_mesh, placements, shape) -> DTensor:
+    """The DTensor of a contiguous tensor of ``shape`` of which ``block`` is this rank's block."""
+    return DTensor.from_local(block, device_mesh, placements, run_check=False, shape=torch.Size(shape),
+                              stride=_contiguous_strides(shape))
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -183,7 +192,7 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def contiguous_strides(shape) -> tuple[int, ...]:
+def _contiguous_strides(shape) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
@@ -191,16 +200,11 @@ def contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _places_of(model: nn.Module, param: nn.Parameter) -> list[tuple[nn.Module, str]]:
-    """Every (module, attribute) that holds ``param``."""
-    return [(module, name) for module in model.modules() for name, p in module._parameters.items() if p is param]
-
-
 def _refuse_replaced_parameters(optimizer, args, kwargs) -> None:
     if not _REPLACED:
         return
-    stale = [_REPLACED_NAMES[id(p)] for group in optimizer.param_groups for p in group["params"]
-             if _REPLACED.get(id(p)) is p]
+    stale = [_REPLACED[id(p)][1] for group in optimizer.param_groups for p in group["params"]
+             if id(p) in _REPLACED and _REPLACED[id(p)][0]() is p]
     if stale:
         raise AutoparError(f"this {type(optimizer).__name__} was built on parameters that autopar has since replaced "
                            f"by their sharded DTensors ({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''}), "
