@@ -10,6 +10,7 @@ from autopar.inspect.diff import PlanDiff, diff
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Replicate, Shard, Spec
 from autopar.ir.plan import Plan
+from autopar.ir.precision import MixedPrecision
 from autopar.ops.table import register_rule
 from autopar.parallelize import autoparallelize, data_parallel_info, plan_of, prepare
 from autopar.passes.base import Pass, PassContext
@@ -19,6 +20,7 @@ from autopar.passes.registry import register_pass, registered_passes, unregister
 __all__ = [
     "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "prepare",
     "data_parallel_info", "plan_of", "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext",
-    "Constraints", "register_rule", "Plan", "Mesh", "Shard", "Replicate", "Partial", "Spec", "Hardware", "Link",
-    "PRESETS", "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError", "SolverError",
+    "Constraints", "register_rule", "Plan", "MixedPrecision", "Mesh", "Shard", "Replicate", "Partial", "Spec",
+    "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError",
+    "SolverError",
 ]

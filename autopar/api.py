@@ -33,7 +33,7 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
          pin: Optional[dict] = None, memory_budget: "str | float | None" = None,
          optimizer: str = DEFAULT_OPTIMIZER, recompute: str = DEFAULT_RECOMPUTE,
          symbolic_dims: Optional[dict[str, int]] = None, cluster_layers: bool = True,
-         restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
+         precision=None, restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
          cache_dir: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
     """Plan the training step of ``model(*example_inputs, **kwargs)`` over ``mesh``.
@@ -65,6 +65,10 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     layers take one template layer's layouts), which keeps deep models fast to solve.
     ``recompute``: "auto" recomputes forward values in backward only when the budget needs it,
     choosing what adds the least time; "full" recomputes for the least memory; "none" never.
+    ``precision``: None runs the model in its own dtypes; "bf16-mixed" (or "fp16-mixed", or an
+    autopar.MixedPrecision) captures the step under ``torch.autocast``: float32 parameters as
+    master weights, compute in bf16, gradients summed across ranks in float32 (see
+    autopar.ir.precision; fp16 needs torch.amp.GradScaler's loss scaling).
     ``cache``: a plan of the same graph, meshes, hardware spec, options and autopar code is
     loaded from ``cache_dir`` (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans) instead
     of solved; plans with ``restrict`` or custom passes are not cached (autopar.planning.cache).
@@ -74,14 +78,14 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     # a bad option, mesh or hardware fails here, before any work; so does a misplaced pass
     request = resolve(mesh, hardware, solver=solver, solver_time_limit_s=solver_time_limit_s, pin=pin,
                       memory_budget=memory_budget, optimizer=optimizer, recompute=recompute,
-                      symbolic_dims=symbolic_dims, cluster_layers=cluster_layers)
+                      symbolic_dims=symbolic_dims, cluster_layers=cluster_layers, precision=precision)
     pipeline(passes)
     if symbolic_dims is not None and kwargs:
         raise AutoparError("symbolic_dims names dims of positional inputs; call the model with positional "
                            "arguments to plan with symbolic_dims")
     if progress is not None:
         progress("capturing the training step ...")
-    program = capture(model, example_inputs, kwargs=kwargs, loss_fn=loss_fn)
+    program = capture(model, example_inputs, kwargs=kwargs, loss_fn=loss_fn, precision=request.precision)
     if progress is not None and program.expanded_from:
         progress(f"captured: {program.expanded_from}")
     return plan_program(program, request, model, example_inputs, loss_fn=loss_fn, restrict=restrict, passes=passes,

@@ -13,6 +13,7 @@ from autopar.capture.export import find_loss, program_inputs
 from autopar.errors import AutoparError, MeshError
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
+from autopar.ir.precision import parse_precision
 from autopar.ir.program import STEP
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.parallelize import check_plan_is_for
@@ -22,17 +23,24 @@ from autopar.runtime.state import whole
 SEED = 1234
 RTOL = 1e-4  # fp32: the sharded program sums in a different order than eager
 ATOL = 1e-6  # for tensors whose entries are all near zero (e.g. a key bias's gradient, zero in exact math)
+# Mixed precision: a sharded matmul rounds each rank's partial sum to bf16 (8 significant bits,
+# a relative step of 2**-8 = 0.39%) before they are added, where eager rounds the whole sum once;
+# a few roundings' worth, relative to the tensor's largest entry (float16 keeps 11 bits), and a
+# floor for the gradients that are zero in exact math and rounding noise here
+MIXED_TOLERANCE = {"bfloat16": (2e-2, 1e-5), "float16": (5e-3, 1e-5)}  # (rtol, atol)
 
 
 @dataclass(frozen=True)
 class TensorCheck:
     name: str
     max_abs_error: float
-    max_rel_error: float  # max |a - b| / max(max |b|, ATOL / RTOL): tiny tensors are judged on ATOL
+    max_rel_error: float  # max |a - b| / max(max |b|, atol / rtol): tiny tensors are judged on atol
+    rtol: float = RTOL
+    atol: float = ATOL
 
     @property
     def ok(self) -> bool:
-        return self.max_rel_error <= RTOL
+        return self.max_rel_error <= self.rtol
 
 
 @dataclass
@@ -56,10 +64,14 @@ class CheckReport:
     def max_rel_error(self) -> float:
         return max(t.max_rel_error for t in self.tensors)
 
+    @property
+    def tolerance(self) -> tuple[float, float]:
+        return max(t.rtol for t in self.tensors), max(t.atol for t in self.tensors)
+
     def __str__(self) -> str:
         lines = [f"check of plan {self.plan.hash} on mesh {self.plan.mesh}: {'OK' if self.ok else 'MISMATCH'} "
                  f"(max abs error {self.max_abs_error:.2e}, max rel error {self.max_rel_error:.2e}, "
-                 f"tolerance rel {RTOL:g} or abs {ATOL:g})"]
+                 f"tolerance rel {self.tolerance[0]:g} or abs {self.tolerance[1]:g})"]
         lines.append(f"  {'step':>4}  {'autopar loss':>14}  {'eager loss':>14}")
         for i, (a, b) in enumerate(zip(self.losses, self.reference_losses)):
             lines.append(f"  {i:>4}  {a:>14.8f}  {b:>14.8f}")
@@ -69,13 +81,15 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> TensorCheck:
+def compare(name: str, got: torch.Tensor, want: torch.Tensor, tolerance: tuple = (RTOL, ATOL)) -> TensorCheck:
     got, want = got.detach().double(), want.detach().double()
+    rtol, atol = tolerance
     if got.shape != want.shape:
-        return TensorCheck(f"{name} (shape {list(got.shape)} vs {list(want.shape)})", float("inf"), float("inf"))
+        return TensorCheck(f"{name} (shape {list(got.shape)} vs {list(want.shape)})", float("inf"), float("inf"),
+                           rtol, atol)
     diff = (got - want).abs().max().item() if got.numel() else 0.0
     scale = want.abs().max().item() if want.numel() else 0.0
-    return TensorCheck(name, diff, diff / max(scale, ATOL / RTOL))
+    return TensorCheck(name, diff, diff / max(scale, atol / rtol), rtol, atol)
 
 
 def train(model: nn.Module, step, steps: int, lr: float, loss_fn=None):
@@ -107,7 +121,7 @@ def output_values(output, loss=None) -> dict:
 
 def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None = None, loss_fn=None,
           hardware: str = DEFAULT_HARDWARE, plan: Plan | None = None, steps: int = 1, lr: float = 0.1,
-          measure_memory: bool = False, backend: str = "torch") -> CheckReport:
+          measure_memory: bool = False, backend: str = "torch", precision=None) -> CheckReport:
     """Run the plan of ``model(*example_inputs, **kwargs)`` on a local gloo group of the mesh's
     size; compare the loss, every gradient and the output's other tensors with eager's
     (``loss_fn``: as autopar.plan takes it).
@@ -119,6 +133,10 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     first runs one step under torch's MemTracker and reports each rank's peak tensor memory
     (parameters, inputs and everything the step allocates), to set beside the plan's
     ``predicted.peak_memory_bytes`` with ``optimizer="sgd"`` (no optimizer state).
+
+    ``precision`` (autopar.plan's; a given plan's own by default): eager runs its forward under
+    ``torch.autocast`` in the same dtype, and tensors compare at MIXED_TOLERANCE (2e-2 of a
+    tensor's largest entry for bf16, 5e-3 for fp16, or 1e-5 absolute) instead of 1e-4 or 1e-6.
     """
     from autopar.api import plan as make_plan
 
@@ -136,16 +154,22 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     if plan is not None and plan.graph.kind != STEP:
         raise ValueError(f"check compares training steps, and plan {plan.hash} is a forward program alone; check "
                          f"the training step's plan (the forward program runs the same statements without backward)")
+    mixed = parse_precision(precision)
     if plan is None:
-        plan = make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=mesh, hardware=hardware)
+        plan = make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=mesh, hardware=hardware, precision=mixed)
     else:
+        if mixed is not None and mixed.compute != plan.graph.autocast:
+            raise ValueError(f"precision={str(mixed)!r} differs from plan {plan.hash}'s; leave it out to check the "
+                             f"plan as made")
         check_plan_is_for(plan, model, *inputs, loss_fn=loss_fn, **kwargs)
+    autocast = plan.graph.autocast
+    tolerance = (RTOL, ATOL) if autocast is None else MIXED_TOLERANCE[autocast]
     steps = 1 if backend == "jax" else steps
     reference = copy.deepcopy(model)
-    reference_losses, reference_grads, reference_values = train(reference, lambda: reference(*inputs, **kwargs),
-                                                                steps, lr, loss_fn)
+    reference_losses, reference_grads, reference_values = train(
+        reference, _under_autocast(lambda: reference(*inputs, **kwargs), autocast), steps, lr, loss_fn)
     if backend == "jax":
-        return _check_jax(plan, model, inputs, reference_losses, reference_grads)
+        return _check_jax(plan, model, inputs, reference_losses, reference_grads, tolerance)
 
     buffer = io.BytesIO()
     torch.save(model, buffer)
@@ -156,22 +180,34 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     for r in results:
         for kind, n in r["bytes_moved"].items():
             moved[kind] = moved.get(kind, 0) + n
-    return CheckReport(plan, _compared(results, reference_losses, reference_grads, reference_values),
+    return CheckReport(plan, _compared(results, reference_losses, reference_grads, reference_values, tolerance),
                        results[0]["losses"], reference_losses, moved,
                        tuple(r["peak_memory"] for r in results) if measure_memory else ())
 
 
-def _compared(results: list, reference_losses, reference_grads: dict, reference_values: dict) -> list[TensorCheck]:
+def _under_autocast(step, dtype: "str | None"):
+    if dtype is None:
+        return step
+
+    def autocast_step():
+        with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+            return step()
+    return autocast_step
+
+
+def _compared(results: list, reference_losses, reference_grads: dict, reference_values: dict,
+              tolerance: tuple) -> list[TensorCheck]:
     """Each step's loss, every gradient (the worst rank's: a replica that drifted shows) and every
     other output tensor of the ranks' ``results`` against eager's."""
-    tensors = [compare(f"loss[step {i}]", torch.tensor(a), torch.tensor(b))
+    tensors = [compare(f"loss[step {i}]", torch.tensor(a), torch.tensor(b), tolerance)
                for i, (a, b) in enumerate(zip(results[0]["losses"], reference_losses))]
     for fqn, want in reference_grads.items():
-        tensors.append(max((compare(f"grad {fqn}", r["grads"][fqn], want) for r in results),
+        tensors.append(max((compare(f"grad {fqn}", r["grads"][fqn], want, tolerance) for r in results),
                            key=lambda t: t.max_rel_error) if fqn in results[0]["grads"] else _missing(f"grad {fqn}"))
     for path, want in reference_values.items():
         got = results[0]["values"].get(path)
-        tensors.append(compare(f"output {path}", got, want) if got is not None else _missing(f"output {path}"))
+        tensors.append(compare(f"output {path}", got, want, tolerance) if got is not None
+                       else _missing(f"output {path}"))
     return tensors
 
 
@@ -179,13 +215,14 @@ def _missing(name: str) -> TensorCheck:
     return TensorCheck(f"{name} (missing)", float("inf"), float("inf"))
 
 
-def _check_jax(plan: Plan, model: nn.Module, inputs: tuple, reference_losses, reference_grads) -> CheckReport:
+def _check_jax(plan: Plan, model: nn.Module, inputs: tuple, reference_losses, reference_grads,
+               tolerance: tuple) -> CheckReport:
     from autopar.backends.jax.run import run_jax_step
 
     loss, grads, _ = run_jax_step(plan, model, inputs)
-    tensors = [compare("loss[step 0]", torch.tensor(loss), torch.tensor(reference_losses[0]))]
+    tensors = [compare("loss[step 0]", torch.tensor(loss), torch.tensor(reference_losses[0]), tolerance)]
     for fqn, want in reference_grads.items():
-        tensors.append(compare(f"grad {fqn}", grads[fqn], want) if fqn in grads else _missing(f"grad {fqn}"))
+        tensors.append(compare(f"grad {fqn}", grads[fqn], want, tolerance) if fqn in grads else _missing(f"grad {fqn}"))
     return CheckReport(plan, tensors, [loss], reference_losses)
 
 

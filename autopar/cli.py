@@ -16,6 +16,7 @@ import os
 import sys
 
 from autopar.errors import AutoparError
+from autopar.ir.precision import PRESETS
 from autopar.ir.request import DEFAULT_HARDWARE, DEFAULT_SOLVER, DEFAULT_TIME_LIMIT_S, SOLVERS
 
 
@@ -47,7 +48,7 @@ def cmd_plan(args) -> int:
     with terminal_progress(args.quiet) as progress:
         result = plan(model, inputs, mesh=mesh, hardware=args.hardware, solver=args.solver,
                       solver_time_limit_s=args.time_limit, cache=not args.no_cache, cache_dir=args.cache_dir,
-                      progress=progress)
+                      precision=args.precision, progress=progress)
     print(result.summary())
     if args.out:
         with open(args.out, "w") as f:
@@ -109,7 +110,8 @@ def cmd_check(args) -> int:
     from autopar.check import check
 
     model, inputs = load_factory(args.factory)
-    report = check(model, inputs, mesh=args.mesh, hardware=args.hardware, steps=args.steps, backend=args.backend)
+    report = check(model, inputs, mesh=args.mesh, hardware=args.hardware, steps=args.steps, backend=args.backend,
+                   precision=args.precision)
     print(report)
     return 0 if report.ok else 1
 
@@ -141,6 +143,9 @@ def main(argv=None) -> int:
                                                          "count (8) or auto: the fastest mesh of that many")
     common.add_argument("--hardware", default=DEFAULT_HARDWARE,
                         help=f"hardware preset (default {DEFAULT_HARDWARE}) or a spec file")
+    common.add_argument("--precision", choices=sorted(PRESETS),
+                        help="mixed precision: float32 parameters, compute in bf16 or fp16 (default: the model's "
+                             "dtypes)")
     p = sub.add_parser("plan", parents=[common], help="plan a model and print the summary")
     p.add_argument("--out", help="write the plan as JSON here")
     p.add_argument("--emit", action="append", metavar="BACKEND:PATH", help="write the program: torch:gen.py "

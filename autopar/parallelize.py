@@ -40,6 +40,7 @@ from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
+from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import FORWARD, STEP
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.passes.registry import pipeline
@@ -50,8 +51,9 @@ class _Runner:
     """Plans on the first call, then runs the emitted programs on every call."""
 
     def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple,
-                 loss_fn: Optional[Callable], replan: bool, inputs: str, init):
+                 loss_fn: Optional[Callable], replan: bool, inputs: str, init, precision: Optional[MixedPrecision]):
         self.mesh = Mesh.parse(mesh)
+        self.precision = precision
         self.passes = passes
         self.hardware = hardware
         self.plan = plan
@@ -131,8 +133,9 @@ class _Runner:
         from autopar.planning.request import resolve
 
         args, kwargs = call.rebuild(call.tensors)
-        program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP)
-        request = resolve(self.mesh, self.hardware, pin=pins)
+        program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP,
+                          precision=self.precision)
+        request = resolve(self.mesh, self.hardware, pin=pins, precision=self.precision)
         return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
 
 
@@ -203,7 +206,9 @@ def _in_training_mode(model: nn.Module):
 def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Optional[Callable] = None, **kwargs) -> None:
     """Refuse a plan of another computation before it runs: one made for another forward, or
     for inputs of other shapes, has the same parameters but would compute something else."""
-    program = capture(model, args, kwargs=kwargs, loss_fn=loss_fn, training_step=plan.graph.kind == STEP)
+    precision = None if plan.graph.autocast is None else MixedPrecision(plan.graph.autocast)
+    program = capture(model, args, kwargs=kwargs, loss_fn=loss_fn, training_step=plan.graph.kind == STEP,
+                      precision=precision)
     fingerprint = fingerprint_of(program)
     if fingerprint != plan.fingerprint:
         raise PlanMismatchError(
@@ -218,8 +223,8 @@ _RUNNER_FACTORIES: dict[type, Callable[[], _Runner]] = {}  # a decorated class -
 
 def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
                     device: Optional[str] = None, passes: Sequence = (), loss_fn: Optional[Callable] = None,
-                    replan: bool = True, inputs: str = "global", init="reset_parameters", example_inputs=None,
-                    example_kwargs: Optional[dict] = None):
+                    replan: bool = True, inputs: str = "global", init="reset_parameters", precision=None,
+                    example_inputs=None, example_kwargs: Optional[dict] = None):
     """Use on an instance (returns it, its calls now running autopar's programs) or as a class
     decorator. ``passes``: extra passes for the plans (autopar.plan's ``passes``);
     ``loss_fn(output)``: picks the loss out of the model's output where autopar would not find
@@ -233,6 +238,11 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     set_model_state_dict). The values equal a single-process initialization that runs ``init``
     on the modules in ``model.modules()`` order from the same random state (rank 0's): each
     rank allocates only its blocks, rank 0 makes one module at a time whole to initialize it.
+    ``precision``: None (the model's own dtypes), "bf16-mixed", "fp16-mixed" or an
+    autopar.MixedPrecision (see autopar.plan): the parameters, their gradients and the
+    optimizer's state stay float32 while the programs compute in the low precision; call the
+    model without torch.autocast (the programs hold their casts). With "fp16-mixed", scale the
+    loss with torch.amp.GradScaler: every rank skips a step where any rank's gradients overflow.
     ``example_inputs`` / ``example_kwargs`` (instances only): plan and shard now, as a first call
     with them would (see autopar.prepare)."""
     Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
@@ -241,9 +251,15 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
         raise ValueError(f"inputs={inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
                          f"rank its block of it)")
     initializer(init)  # so does an unknown init
+    mixed = parse_precision(precision)  # and an unknown precision
+    if plan is not None and mixed is not None and plan.graph.autocast != mixed.compute:
+        made = "in the model's own dtypes" if plan.graph.autocast is None else \
+            f"under autocast to {plan.graph.autocast}"
+        raise AutoparError(f"precision={str(mixed)!r} differs from the given plan's, which was made {made}: leave "
+                           f"precision out to run the plan as made")
 
     def runner() -> _Runner:
-        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init)
+        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init, mixed)
 
     if model is None or isinstance(model, type):
         if example_inputs is not None or example_kwargs:

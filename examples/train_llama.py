@@ -8,13 +8,14 @@
   model's own ``_init_weights`` and each rank receives only its blocks;
 - each data-parallel block of ranks reads its own samples (``inputs="local"``, a
   DistributedSampler from ``autopar.data_parallel_info``);
+- bf16 mixed precision (``precision="bf16-mixed"``): float32 master weights and AdamW state,
+  compute in bf16, gradients reduced in float32;
 - AdamW on the sharded (DTensor) parameters, gradient accumulation over micro-batches with
   ``no_sync()``, global gradient clipping with ``clip_grad_norm_``;
 - a torch.distributed.checkpoint of the model and optimizer every N steps, and ``--resume``
   from the latest one.
 
 The data are random token sequences from a fixed seed (the point is the loop, not the text).
-Precision is fp32: mixed precision is not in autopar yet.
 """
 from __future__ import annotations
 
@@ -75,11 +76,13 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--checkpoint-dir", default="checkpoints/train_llama")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--precision", default="bf16-mixed", help="bf16-mixed, fp16-mixed, or fp32 (none)")
     args = parser.parse_args()
 
     model = build_model(args)
+    precision = None if args.precision == "fp32" else args.precision
     model = autopar.autoparallelize(model, mesh=args.mesh, hardware=args.hardware, inputs="local",
-                                    init=model._init_weights)
+                                    init=model._init_weights, precision=precision)
     rank, size = autopar.data_parallel_info(model)
     loader = iter(batches(args, rank, size))
     first = next(loader)[0]
@@ -116,7 +119,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         plan = autopar.plan_of(model)
         print(f"plan {plan.hash} on {plan.mesh}: predicted {plan.predicted.step_time_s * 1e3:.3f} ms per micro-batch "
-              f"on {plan.hardware}", flush=True)
+              f"on {plan.hardware}, computing in {plan.graph.autocast or 'the model dtypes'}", flush=True)
     dist.destroy_process_group()
 
 

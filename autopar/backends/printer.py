@@ -13,8 +13,11 @@ def header(plan, title: str) -> list[str]:
         f"# plan {plan.hash} | graph {plan.fingerprint} | mesh {plan.mesh} | hardware {plan.hardware}",
         f"# predicted step {plan.predicted.step_time_s * 1e3:.4f} ms = compute {plan.predicted.compute_s * 1e3:.4f} ms"
         f" + communication {plan.predicted.communication_s * 1e3:.4f} ms",
-        "# passes:",
     ]
+    if plan.graph.autocast is not None:
+        lines.append(f"# mixed precision: float32 parameters, computing in {plan.graph.autocast} (autocast's casts are "
+                     f"statements below)")
+    lines.append("# passes:")
     # the program is the same whether its plan was solved now or loaded from the plan cache
     lines += [f"#   {r.name}: {r.note}" for r in plan.history if r.name != "cache"]
     return lines

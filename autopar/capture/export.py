@@ -50,6 +50,7 @@ from autopar.capture.layer_expansion import (
 from autopar.errors import CaptureError, NoLossError, in_library
 from autopar.ir.call import FlatCall, flatten_call, frozen_parameters, key_name, module_modes, unsupported_leaves
 from autopar.ir.outputs import JSON_LEAVES, OutputTree
+from autopar.ir.precision import MixedPrecision
 from autopar.ir.program import FORWARD, STEP, Program
 
 _MAX_CONSTANT_ELEMENTS = 1 << 16  # constants travel inside the plan's JSON
@@ -62,10 +63,12 @@ class _Traced(nn.Module):
     also returns logits would get the gradients of their sum too. ``outputs`` records the tree
     of the model's output, to rebuild it from the programs' results."""
 
-    def __init__(self, model: nn.Module, call: FlatCall, loss_fn: Optional[Callable], needs_loss: bool):
+    def __init__(self, model: nn.Module, call: FlatCall, loss_fn: Optional[Callable], needs_loss: bool,
+                 autocast_dtype: Optional[torch.dtype] = None):
         super().__init__()
         self.model = model
         self._call, self._loss_fn, self._needs_loss = call, loss_fn, needs_loss
+        self.autocast_dtype = autocast_dtype
         # on a plain object: torch.export restores the module's attributes (and dicts') after tracing
         self._recorded = types.SimpleNamespace(outputs=None)
 
@@ -144,10 +147,13 @@ def _no_loss_message(output, loss_fn) -> str:
 
 
 def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = None,
-            loss_fn: Optional[Callable] = None, training_step: bool = True, expand_layers: bool = True) -> Program:
+            loss_fn: Optional[Callable] = None, training_step: bool = True, expand_layers: bool = True,
+            precision: Optional[MixedPrecision] = None) -> Program:
     """The graph of ``model(*example_inputs, **kwargs)``: with ``training_step``, the joint
     forward+backward graph of its loss (found as find_loss says, or by ``loss_fn(output)``);
-    otherwise its forward alone, in the model's current mode. With ``expand_layers``, a model
+    otherwise its forward alone, in the model's current mode. Under a mixed ``precision``, the
+    forward runs under CPU autocast in its compute dtype, and the graph holds the casts (the
+    CPU policy: which ops autocast casts differs a little from CUDA's). With ``expand_layers``, a model
     with a long list of identical layers is traced with five of them and the rest are copied
     (``layer_expansion``). A model whose parameters are DTensors (autoparallelize's, once
     sharded) is captured with their whole shapes."""
@@ -158,9 +164,12 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = Non
     if unsupported:
         raise CaptureError(f"the model is called with {', '.join(unsupported)}: autopar takes tensors, numbers, "
                            f"strings and None, in tuples, lists and dicts; pass the tensors they hold instead")
+    if precision is not None:
+        _check_float32_masters(model, precision)
     fake_mode = FakeTensorMode()
     fake_model, fake_call, tied = _fakify(model, call, fake_mode)
-    traced = _Traced(fake_model, fake_call, loss_fn, needs_loss=training_step)
+    traced = _Traced(fake_model, fake_call, loss_fn, needs_loss=training_step,
+                     autocast_dtype=None if precision is None else precision.compute_dtype)
     # the random state stays as it was: autoparallelize captures on rank 0 alone, in the middle of
     # a call whose dropout masks every rank then draws alike; a call under no_grad still plans its
     # step, and a forward alone asks no gradient
@@ -168,6 +177,7 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = Non
         program = _capture(traced, fake_call.tensors, fake_mode, tied, expand_layers=expand_layers and training_step,
                            training_step=training_step)
     program.kind = STEP if training_step else FORWARD
+    program.autocast = None if precision is None else precision.compute
     program.training = model.training
     program.modes = module_modes(model)
     program.frozen = frozen_parameters(model)
@@ -175,6 +185,17 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = Non
     program.input_structure = call.structure
     program.output_tree = traced.outputs
     return program
+
+
+def _check_float32_masters(model: nn.Module, precision: MixedPrecision) -> None:
+    """Mixed precision keeps float32 parameters as the master weights; a model built in a low
+    precision would train without them."""
+    low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                  if p.dtype.is_floating_point and p.dtype != torch.float32})
+    if low:
+        raise CaptureError(f"precision={str(precision)!r} keeps float32 parameters as master weights and computes "
+                           f"in {precision.compute}, but the model's parameters are {', '.join(low)}: build it in "
+                           f"float32 (model.float()), or plan without precision= to train in its own dtypes")
 
 
 def _capture(traced: "_Traced", fake_inputs: tuple, fake_mode, tied: dict, *, expand_layers: bool,
@@ -209,14 +230,20 @@ def _input_names(model: nn.Module, call: FlatCall) -> list[str]:
 
 def _trace_joint(traced: _Traced, fake_inputs: tuple, fake_mode: FakeTensorMode,
                  training_step: bool) -> fx.GraphModule:
+    # Under mixed precision both traces run under autocast: the model's Python code sees the
+    # dtypes it sees in eager autocast (``x.to(input_dtype)``), and the joint graph gets the casts
+    autocast = contextlib.nullcontext() if traced.autocast_dtype is None else \
+        torch.autocast("cpu", dtype=traced.autocast_dtype)
     try:
-        exported = torch.export.export(traced, fake_inputs, strict=False)
+        with autocast:
+            exported = torch.export.export(traced, fake_inputs, strict=False)
         module = exported.module()
         unused = _unused_parameters(exported)
         for name, p in module.named_parameters():
             if name in unused or not training_step:  # eager gives these no gradient; AOTAutograd would insist
                 p.requires_grad_(False)
         with contextlib.ExitStack() as stack, fake_mode:  # factory ops (arange, ...) must come out fake too
+            stack.enter_context(autocast)
             joint = aot_export_joint_with_descriptors(stack, module, fake_inputs,
                                                       decompositions=capture_decompositions(),
                                                       _record_nn_module_stack=True)

@@ -14,6 +14,14 @@ _METADATA_OPS = ("getitem", "aten.view.", "aten._unsafe_view.", "aten.reshape.",
                  "aten.permute.", "aten.expand.", "aten.detach.", "aten.unsqueeze.", "aten.squeeze.", "aten.alias.")
 
 
+def _precision_lines(plan) -> list[str]:
+    if plan.graph.autocast is None:
+        return []
+    wire = sorted({r.wire_dtype for r in plan.redistributions if r.wire_dtype is not None})
+    return [f"mixed precision: float32 parameters, computing in {plan.graph.autocast}"
+            + (f", gradient syncs moving {', '.join(wire)}" if wire else "")]
+
+
 def summarize(plan) -> str:
     g, p = plan.graph, plan.predicted
     n_forward = sum(1 for n in g.nodes if n.op == "call" and n.phase == "forward")
@@ -27,6 +35,7 @@ def summarize(plan) -> str:
         f"objective {human_seconds(s.objective_s)}, gap {s.gap:.2%}",
         *[f"mesh search: {r.note}" for r in plan.history if r.name == "mesh_search"],
         *[f"plan cache: {r.note}" for r in plan.history if r.name == "cache"],
+        *_precision_lines(plan),
         f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
         f"+ communication {human_seconds(p.communication_s)}"
         + (f" (and {human_seconds(p.hidden_communication_s)} of gradient sync hidden under backward)"

@@ -53,6 +53,7 @@ class GraphIR:
     mutated: dict = field(default_factory=dict)  # node -> the buffer it is forward's new value of
     input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call)
     output_tree: Optional[OutputTree] = None  # the model's output rebuilt from loss and values
+    autocast: Optional[str] = None  # the low-precision dtype forward was captured under (mixed precision)
 
     def node(self, name: str) -> IRNode:
         return self._by_name()[name]
@@ -66,7 +67,7 @@ class GraphIR:
 
     def fingerprint(self) -> str:
         """Identifies the computation: same model structure, shapes and dtypes, same call and output
-        structure -> same hash."""
+        structure -> same hash (autocast's casts are ops of the graph: the computation holds them)."""
         body = [[n.op, n.target, n.args, n.kwargs, [_meta_json(m) for m in n.outputs]] for n in self.nodes]
         body += [self.kind, self.training, self.modes, list(self.frozen), self.params, self.buffers, self.grads,
                  list(self.values), self.mutated, self.input_structure,
@@ -86,6 +87,7 @@ class GraphIR:
             "values": list(self.values), "mutated": self.mutated,
             "input_structure": self.input_structure,
             "output_tree": None if self.output_tree is None else self.output_tree.to_json(),
+            "autocast": self.autocast,
         }
 
     @staticmethod
@@ -101,7 +103,7 @@ class GraphIR:
                        d.get("training", True), d.get("kind", STEP), d.get("modes", ""), tuple(d.get("frozen", ())),
                        tuple(d.get("values", ())),
                        dict(d.get("mutated", {})), d.get("input_structure", ""),
-                       OutputTree.from_json(d.get("output_tree")))
+                       OutputTree.from_json(d.get("output_tree")), d.get("autocast"))
 
     def renamed(self, names: dict) -> "GraphIR":
         """This graph with node ``n`` called ``names.get(n, n)`` everywhere it appears."""
@@ -207,7 +209,7 @@ def to_ir(program: Program, meta: dict | None = None) -> GraphIR:
                    program.loss, dict(program.grads), tuple(program.outputs), tuple(program.input_names),
                    program.training, program.kind, program.modes, tuple(program.frozen), tuple(program.values),
                    dict(program.mutated),
-                   program.input_structure, program.output_tree)
+                   program.input_structure, program.output_tree, program.autocast)
 
 
 def resolve_target(target: str):

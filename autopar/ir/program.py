@@ -68,6 +68,7 @@ class Program:
     frozen: tuple[str, ...] = ()  # the parameters that took no gradient (requires_grad False)
     input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call.FlatCall)
     output_tree: Optional[OutputTree] = None  # how the programs' results become the model's output
+    autocast: Optional[str] = None  # the low-precision dtype forward was captured under (mixed precision)
     # while a pass runs, the side tables it declared (requires, provides, optional): the only ones
     # it may read; None outside the PassManager
     readable: Optional[frozenset] = field(default=None, repr=False, compare=False)

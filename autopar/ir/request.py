@@ -12,6 +12,7 @@ from typing import Optional
 
 from autopar.ir.hardware import Hardware
 from autopar.ir.mesh import Mesh
+from autopar.ir.precision import MixedPrecision
 
 DEFAULT_HARDWARE = "h100-sxm"
 DEFAULT_SOLVER = "mip"  # SCIP; "cp-sat" on request
@@ -37,6 +38,7 @@ class PlanRequest:
     # on a 2-D mesh, run the full integer program after the axis-by-axis descent (mesh search
     # runs it only on its finalists)
     full_program: bool = True
+    precision: Optional[MixedPrecision] = None  # None: the model's own dtypes
 
     @property
     def pins(self) -> dict[str, str]:

@@ -111,8 +111,8 @@ class BudgetSearch:
     def fit(self, result, mode: Optional[str] = None):
         """The recompute pass's fit of ``result``'s layout under the budget."""
         chosen = self.problem.choice_of(result.choice)
-        return fit(self.graph, chosen, find_redistributions(self.program, chosen, self.ctx.cost), self.ctx,
-                   self.budget, mode)
+        moves = find_redistributions(self.program, chosen, self.ctx.cost, self.ctx.request.precision)
+        return fit(self.graph, chosen, moves, self.ctx, self.budget, mode)
 
     def step_time(self, choice) -> float:
         return evaluate(self.problem.node_costs, self.problem.edges, choice, self.problem.overlap)

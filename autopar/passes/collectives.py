@@ -1,13 +1,19 @@
 """collectives: an explicit redistribution wherever a producer's layout differs
 from what a consumer needs, in forward and backward (and for each gradient, into
-its parameter's layout; for each buffer's new value, into the buffer's)."""
+its parameter's layout, in the compute dtype where a mixed-precision policy reduces gradients
+in it; for each buffer's new value, into the buffer's)."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 from autopar.ir.placement import Spec
+from autopar.ir.precision import MixedPrecision
 from autopar.ir.program import Program, forward_nodes, is_multi_output, tensor_inputs
 from autopar.ir.records import UPDATE, Redistribution
 from autopar.ir.redistribute import COMMUNICATING
 from autopar.passes.base import Pass, PassContext, side_table
+from autopar.passes.mixed_precision import gradients_to_reduce_on_the_wire
 
 side_table('redistributions', list, 'every Redistribution the layouts need, in forward and backward')
 
@@ -18,15 +24,18 @@ class CollectivesPass(Pass):
     provides = ("redistributions",)
 
     def run(self, program: Program, ctx: PassContext) -> str:
-        redistributions = find_redistributions(program, program.table("choice"), ctx.cost)
+        redistributions = find_redistributions(program, program.table("choice"), ctx.cost, ctx.request.precision)
         program.tables["redistributions"] = redistributions
         n_comm = sum(1 for r in redistributions for s in r.steps if s.kind in COMMUNICATING)
         return f"{len(redistributions)} redistributions, {n_comm} collectives"
 
 
-def find_redistributions(program: Program, choice: dict, cost) -> list[Redistribution]:
-    """Every (value, layout) move the chosen strategies need, with its steps priced."""
+def find_redistributions(program: Program, choice: dict, cost,
+                         precision: Optional[MixedPrecision] = None) -> list[Redistribution]:
+    """Every (value, layout) move the chosen strategies need, with its steps priced; under a
+    mixed ``precision`` that reduces gradients in the compute dtype, their syncs move them in it."""
     meta = program.table("meta")
+    wire_dtype = {g: precision.reduce for g in gradients_to_reduce_on_the_wire(program, meta, precision)}
     forward = forward_nodes(program)
     found: dict[tuple[str, Spec], dict] = {}
 
@@ -53,9 +62,12 @@ def find_redistributions(program: Program, choice: dict, cost) -> list[Redistrib
 
     redistributions = []
     for k, ((value, dst), entry) in enumerate(found.items()):
-        timed = cost.step_times(meta[value][0], entry["src"], dst)
+        wire = wire_dtype.get(value) if "output" in entry["consumers"] else None
+        moved = meta[value][0] if wire is None else dataclasses.replace(meta[value][0], dtype=wire)
+        timed = cost.step_times(moved, entry["src"], dst)
         redistributions.append(Redistribution(
             id=f"r{k}", value=value, src=entry["src"], dst=dst, steps=tuple(s for s, _, _ in timed),
             step_seconds=tuple(t for _, t, _ in timed), step_bytes=tuple(b for _, _, b in timed),
-            phase=entry["phase"], consumers=tuple(entry["consumers"])))
+            phase=entry["phase"], consumers=tuple(entry["consumers"]),
+            wire_dtype=wire if any(s.kind in COMMUNICATING for s, _, _ in timed) else None))
     return redistributions

@@ -7,18 +7,22 @@ matrix of reshard times. Then the constraints that make the program a training s
 function per family: the loss ends replicated, each gradient ends in its parameter's layout
 (its first collective partly hidden under backward, ``Hardware.gradient_overlap``), each
 buffer's new value in its buffer's layout, and what the user's constraints rule out costs
-infinity.
+infinity. Under mixed precision, a gradient's partial sums are reduced in the policy's
+reduction dtype (autopar.passes.mixed_precision).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+from autopar.ir.placement import Partial, Spec
 from autopar.ir.program import Program, forward_nodes, tensor_inputs
 from autopar.passes.base import PassContext
+from autopar.passes.mixed_precision import gradients_to_reduce_on_the_wire, partial_sums_to_keep
 from autopar.solvers.sharding import Overlap
 
 
@@ -83,6 +87,9 @@ class _Builder:
         self.cost = ctx.cost
         self.kappa = ctx.cost.hardware.gradient_overlap
         self.forbidden_move = ctx.constraints.move_checker(ctx.mesh)
+        precision = ctx.request.precision
+        self.keep_partial = partial_sums_to_keep(program, self.meta, precision)
+        self.wire_dtype = {g: precision.reduce for g in gradients_to_reduce_on_the_wire(program, self.meta, precision)}
         self.groups, self.group_of = variable_groups(self.strategies, self.tied, self.cluster_of)
         self.node_costs = [[0.0] * len(self.strategies[g]) for g in self.groups]
         self.cover = [[0.0] * len(self.strategies[g]) for g in self.groups]  # backward that syncs hide under
@@ -103,11 +110,15 @@ class _Builder:
             if self.tied.get(node.name) == arg.name and arg.op == "call_function" and len(self.meta[arg.name]) > 1:
                 continue  # getitem of a multi-output op: same layout by construction
             m = self.meta[arg.name][0]
-            self.add_edge(arg.name, node.name, j, lambda a, b, arg=arg, node=node, j=j, m=m: self.reshard_time(
-                m, strategies[arg.name][a].out_specs[0], strategies[node.name][b].in_specs[j]))
+            keep = (arg.name, node.name) in self.keep_partial
+            self.add_edge(arg.name, node.name, j, lambda a, b, arg=arg, node=node, j=j, m=m, keep=keep:
+                          self.reshard_time(m, strategies[arg.name][a].out_specs[0],
+                                            strategies[node.name][b].in_specs[j], keep_partial=keep))
 
-    def reshard_time(self, meta, src, dst) -> float:
+    def reshard_time(self, meta, src, dst, keep_partial: bool = False) -> float:
         if self.forbidden_move is not None and self.forbidden_move(src, dst):
+            return math.inf
+        if keep_partial and _reduces(src, dst):
             return math.inf
         return self.cost.reshard_time(meta, src, dst)
 
@@ -142,6 +153,10 @@ class _Builder:
                                overlap, [_replicated_index(self.strategies[g]) for g in self.groups])
 
 
+def _reduces(src: Spec, dst: Spec) -> bool:
+    return any(isinstance(a, Partial) and not isinstance(b, Partial) for a, b in zip(src.placements, dst.placements))
+
+
 def _require_replicated_loss(builder: _Builder, program: Program) -> None:
     """The loss ends replicated on every rank."""
     if program.loss is None:
@@ -157,8 +172,12 @@ def _require_gradients_in_parameter_layouts(builder: _Builder, program: Program)
     first step of a gradient's sync can run under backward (priced on the hidden-sync edges)."""
     meta, strategies, cost = builder.meta, builder.strategies, builder.cost
     for grad, param in program.gradient_targets():
-        def layouts(a, b, g=grad, p=param):
-            return meta[g][0], strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
+        moved = meta[grad][0]
+        if grad in builder.wire_dtype:  # a mixed-precision gradient reduced in its compute dtype
+            moved = dataclasses.replace(moved, dtype=builder.wire_dtype[grad])
+
+        def layouts(a, b, g=grad, p=param, moved=moved):
+            return moved, strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
 
         hideable = builder.kappa > 0 and builder.group_of[grad] != builder.group_of[param]
         builder.add_edge(grad, param, ("sync", hideable), lambda a, b, layouts=layouts, hideable=hideable:

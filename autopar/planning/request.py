@@ -7,6 +7,7 @@ from typing import Optional
 from autopar.cost_models.hardware import get_hardware
 from autopar.errors import AutoparError
 from autopar.ir.hardware import Hardware
+from autopar.ir.precision import parse_precision
 from autopar.ir.request import (
     DEFAULT_BUDGET_SHARE,
     DEFAULT_HARDWARE,
@@ -27,13 +28,18 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
             solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S, pin: Optional[dict] = None,
             memory_budget: "str | float | None" = None, optimizer: str = DEFAULT_OPTIMIZER,
             recompute: str = DEFAULT_RECOMPUTE, symbolic_dims: Optional[dict[str, int]] = None,
-            cluster_layers: bool = True) -> PlanRequest:
+            cluster_layers: bool = True, precision=None) -> PlanRequest:
     """The request autopar.plan's options stand for (see its docstring for each)."""
     hw = get_hardware(hardware)
     if solver not in SOLVERS:
         raise AutoparError(f"unknown solver {solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
     optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here
     budget = parse_bytes(memory_budget)
+    mixed = parse_precision(precision)
+    if mixed is not None and optimizer == "adam-mixed":
+        raise AutoparError(f"optimizer='adam-mixed' counts a float32 master copy beside low-precision parameters; "
+                           f"under precision={str(mixed)!r} the parameters are the float32 masters: use "
+                           f"optimizer='adam'")
     return PlanRequest(
         meshes=tuple(candidate_meshes(mesh, hw)),
         hardware=hw,
@@ -45,4 +51,5 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
         symbolic_dims=None if symbolic_dims is None else tuple(symbolic_dims.items()),
         solver=solver,
         solver_time_limit_s=float(solver_time_limit_s),
+        precision=mixed,
     )

@@ -12,7 +12,8 @@ runs the plan's programs (``source``: the plan emitted for torch) as the model w
   a planner to make one, the training step's forward serves, dropping what it saved).
 
 Each program was captured with the model's modules in the modes they are in now (train or
-eval, submodule by submodule) and the same parameters frozen. Every call returns what the model
+eval, submodule by submodule) and the same parameters frozen. A mixed-precision program holds
+its casts and runs with autocast off (autopar.runtime.precision). Every call returns what the model
 returns (autopar.runtime.program) and writes the buffers forward updates (BatchNorm's running
 statistics) back. A call the loaded programs do not fit (other modes, input shapes or
 structure) gets a program from ``planner``, planned with the parameters' layouts pinned;
@@ -30,6 +31,7 @@ from autopar.errors import AutoparError, NoLossError, PlanMismatchError
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.plan import Plan
 from autopar.ir.program import FORWARD, STEP
+from autopar.runtime.precision import agree_on_overflow, autocast_off, check_autocast
 from autopar.runtime.program import (
     RankProgram,
     batch_blocks,
@@ -57,7 +59,8 @@ class _Step(torch.autograd.Function):
     def forward(ctx, parallel: "ParallelModule", program: RankProgram, args: list, results: dict, *params):
         # autograd sees the loss alone; the other values and the buffers' new values, which need no
         # gradient, come back through ``results``
-        loss, saved, results["values"], results["updates"] = program.module.forward(parallel.rt, *args)
+        with autocast_off(parallel.rt.device):
+            loss, saved, results["values"], results["updates"] = program.module.forward(parallel.rt, *args)
         # as DDP: whether this step's backward syncs is decided when its forward runs
         ctx.parallel, ctx.program, ctx.args, ctx.saved = parallel, program, args, saved
         ctx.sync = parallel.require_gradient_sync
@@ -71,8 +74,10 @@ class _Step(torch.autograd.Function):
         saved, ctx.saved = ctx.saved, None  # the program frees each saved value after its last use
         parallel, program = ctx.parallel, ctx.program
         unsynced = parallel.unsynced_for(program, ctx.sync)
-        with torch.no_grad():
+        with torch.no_grad(), autocast_off(parallel.rt.device):
             grads = program.module.backward(parallel.rt, *ctx.args, saved, grad_loss, ctx.sync, unsynced)
+            if ctx.sync and program.plan.graph.autocast == "float16":
+                agree_on_overflow(list(grads.values()), parallel.rt.device)
         ctx.args = None
         none = (None,) * 4
         if not ctx.sync:  # local gradients, before any collective: kept for the next synced backward
@@ -129,6 +134,7 @@ class ParallelModule(nn.Module):
             self.require_gradient_sync = before
 
     def forward(self, *args, **kwargs):
+        check_autocast(self.plan.graph.autocast, self.rt.device)
         call = flatten_call(args, kwargs)
         if self.given is not None:
             check_local_batches(call, self.rt)
@@ -142,7 +148,7 @@ class ParallelModule(nn.Module):
             loss = _Step.apply(self, program, arguments, results, *params)
             values, updates = results["values"], results["updates"]
         else:
-            with torch.no_grad():
+            with torch.no_grad(), autocast_off(self.rt.device):
                 loss, _, values, updates = program.module.forward(self.rt, *arguments)
         program.write_buffers(self.model, updates)
         return program.output(loss, values)

@@ -72,7 +72,8 @@ def emit_jax(plan) -> str:
 
 def _refuse_what_jax_does_not_return(plan) -> None:
     """The JAX module is a training step returning the loss and the gradients: a forward alone,
-    or a forward that updates buffers, would lose what it computes."""
+    or a forward that updates buffers, would lose what it computes; its collectives move each
+    value in its own dtype."""
     if plan.graph.kind != STEP:
         raise AutoparError(f"plan {plan.hash} is of a forward alone (an evaluation program); the JAX backend emits "
                            f"training steps: emit this plan for torch")
@@ -80,6 +81,10 @@ def _refuse_what_jax_does_not_return(plan) -> None:
         raise AutoparError(f"the model's forward updates {', '.join(sorted(plan.graph.mutated.values()))} "
                            f"(running statistics); the JAX program does not return new buffer values yet: emit the "
                            f"torch program, or use a norm without running statistics")
+    if any(r.wire_dtype is not None for r in plan.redistributions):
+        raise AutoparError(f"plan {plan.hash} reduces gradients in {plan.graph.autocast} (MixedPrecision(reduce=...)), "
+                           f"which the JAX program does not do yet: emit the torch program, or plan with "
+                           f"precision='bf16-mixed' (gradients reduced in float32)")
 
 
 class _Printer:

@@ -187,16 +187,28 @@ class _Printer:
 
     def move(self, s: Statement) -> str:
         r = s.redistribution
-        return (f"{s.defines} = {_step_call(r.steps[s.step], s.uses[0], self.plan.mesh.axis_names)}"
-                f"  # {_describe(r, s.step)}")
+        call = _step_call(r.steps[s.step], self.wire_in(r, s.step, s.uses[0]), self.plan.mesh.axis_names)
+        return f"{s.defines} = {self.wire_out(r, s.step, call)}  # {_describe(r, s.step)}"
 
     def start(self, s: Statement) -> str:
         r = s.redistribution
-        return (f"{s.defines} = {_step_call(r.steps[0], s.uses[0], self.plan.mesh.axis_names, 'start_')}"
-                f"  # {_describe(r, 0)}, overlaps the rest of backward")
+        call = _step_call(r.steps[0], self.wire_in(r, 0, s.uses[0]), self.plan.mesh.axis_names, "start_")
+        return f"{s.defines} = {call}  # {_describe(r, 0)}, overlaps the rest of backward"
 
     def wait(self, s: Statement) -> str:
-        return f"{s.defines} = {s.uses[0]}.wait()  # {s.redistribution.id}: the gradient sync started above"
+        return (f"{s.defines} = {self.wire_out(s.redistribution, 0, f'{s.uses[0]}.wait()')}  "
+                f"# {s.redistribution.id}: the gradient sync started above")
+
+    @staticmethod
+    def wire_in(r, step: int, var: str) -> str:
+        """A gradient reduced in the compute dtype (mixed precision) is cast down for its first step."""
+        return f"{var}.to(torch.{r.wire_dtype})" if r.wire_dtype is not None and step == 0 else var
+
+    def wire_out(self, r, step: int, text: str) -> str:
+        """... and back to its own dtype after its last."""
+        if r.wire_dtype is None or step != len(r.steps) - 1:
+            return text
+        return f"{text}.to(torch.{self.plan.graph.node(r.value).outputs[0].dtype})"
 
     def getitem(self, s: Statement) -> str:
         src, index = s.node.args
