@@ -4,8 +4,10 @@
     for name, p in plans.items(): print(name, p.mesh, p.predicted.step_time_s)
 
 Each baseline fixes every parameter's placement (through ``pin``) the way an expert
-would write it; the solver then lays out the activations around those parameters,
-so a baseline is a real plan (emitted, checked and run like any other):
+would write it, and splits every activation that carries the batch (forward and backward)
+along it over ``dp``, as data parallelism runs (each rank computes its own samples); the
+solver lays out the rest around that, so a baseline is a real plan (emitted, checked and
+run like any other):
 
 - ``dp``: data parallel on a 1-D mesh, parameters replicated.
 - ``zero3``: ZeRO-3 / FSDP on a 1-D mesh, each parameter sharded along its first dim
@@ -18,6 +20,8 @@ so a baseline is a real plan (emitted, checked and run like any other):
   solver split the norm and dropout regions along it (Korthikanti et al. 2022).
 - ``megatron-tp{t}-fsdp`` (and ``-sp``): the same, with parameters also sharded over
   ``dp`` along their other dim (2-D FSDP + TP, as torchtitan runs Llama).
+
+A baseline whose ``dp`` does not divide the batch is left out (``skipped`` says why).
 
 Tensor-parallel degrees are those that divide the device count, fit in a node, and
 divide the attention heads (``heads``, read from the model's config when not given).
@@ -38,6 +42,7 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Shard
 from autopar.ir.program import descendants
 from autopar.ir.request import DEFAULT_HARDWARE
+from autopar.passes.base import Pass
 from autopar.planning.pipeline import plan_captured
 
 # module names of the projections Megatron splits by output (column) and by input (row)
@@ -66,6 +71,8 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
     heads = heads or _heads_of(model)
     params = dict(model.named_parameters())
     tokens = _tokens(example_inputs)
+    batch = _batch(example_inputs)
+    batch_over_dp = (BatchOverDataParallel(frozenset({batch} | ({batch * tokens[1]} if tokens else set()))),)
     if program is None:
         program = capture(model, example_inputs)
     layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None),
@@ -82,12 +89,16 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
                 layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1))
     out = Baselines()
     for name, (mesh, pin, restrict) in layouts.items():
+        if batch % mesh.shape[0]:
+            out.skipped[name] = (f"the batch of {batch} samples does not split over dp={mesh.shape[0]}: data "
+                                 f"parallelism needs a multiple of {mesh.shape[0]}")
+            continue
         if progress is not None:
             progress(f"baseline {name} on {mesh} ...")
         try:
             out[name] = plan_captured(program, model, example_inputs, mesh=mesh, hardware=hw, pin=pin,
-                                      restrict=restrict,
-                             progress=progress, **plan_options)
+                                      restrict=restrict, passes=batch_over_dp if mesh.shape[0] > 1 else (),
+                                      progress=progress, **plan_options)
         except AutoparError as exc:  # e.g. replicated parameters do not fit the memory budget
             out.skipped[name] = str(exc)
     return out
@@ -129,14 +140,15 @@ def _placement(dim: Optional[int]) -> str:
 
 
 def _no_sequence_split(program, tokens: Optional[tuple[int, int]], axis: int):
-    """No activation (a value computed from the inputs) split along its sequence dim on mesh
-    axis ``axis``: Megatron without sequence parallelism. The sequence dim is recognised by
-    size and place: a dim of the sequence length that is not the last (feature) dim of a 2-D or
-    3-D value, any such dim of a 4-D attention value, or a flattened batch x sequence dim."""
+    """No value the step computes (an activation, or a position embedding made from an arange)
+    split along its sequence dim on mesh axis ``axis``: Megatron without sequence parallelism.
+    The sequence dim is recognised by size and place: a dim of the sequence length that is not
+    the last (feature) dim of a 2-D or 3-D value, any such dim of a 4-D attention value, or a
+    flattened batch x sequence dim."""
     if tokens is None:
         return None
     batch, seq = tokens
-    activations = descendants([program.node(n) for n in program.user_inputs])
+    parameters = set(program.params)
 
     def is_sequence_dim(shape, d: int) -> bool:
         if shape[d] == batch * seq:
@@ -144,17 +156,59 @@ def _no_sequence_split(program, tokens: Optional[tuple[int, int]], axis: int):
         return shape[d] == seq and (d < len(shape) - 1 or len(shape) == 4)
 
     def allowed(node, strategy) -> bool:
-        if node.name not in activations:
+        if node.name in parameters:  # pinned
             return True
-        val = node.meta.get("val")
-        shapes = [v.shape for v in (val if isinstance(val, (tuple, list)) else [val]) if isinstance(v, torch.Tensor)]
-        for spec, shape in zip(strategy.out_specs, shapes):
+        for spec, shape in zip(strategy.out_specs, _shapes(node)):
             p = spec.placements[axis]
             if isinstance(p, Shard) and p.dim < len(shape) and is_sequence_dim(shape, p.dim):
                 return False
         return True
 
     return allowed
+
+
+class BatchOverDataParallel(Pass):
+    """Every activation that carries the batch (a dim of one of ``batch_sizes``: the batch, and
+    batch x sequence flattened for token ids), in forward and backward, split along it over mesh axis
+    ``axis``, where one of its strategies does that (an op without a rule keeps its choice)."""
+
+    name = "batch_over_dp"
+    requires = ("strategies",)
+
+    def __init__(self, batch_sizes: frozenset, axis: str = "dp"):
+        self.batch_sizes, self.axis = batch_sizes, axis
+
+    def run(self, program, ctx) -> str:
+        axis = ctx.mesh.axis_names.index(self.axis)
+        strategies = program.table("strategies")
+        activations = descendants([program.node(n) for n in program.user_inputs]) & set(strategies)
+        restricted = {name for name in activations
+                      if any(self.splits_batch(program.node(name), s, axis) for s in strategies[name])}
+        ctx.constraints.forbid(lambda node, strategy: node.name in restricted
+                               and not self.splits_batch(node, strategy, axis))
+        return f"{len(restricted)} activations split along the batch over {self.axis}"
+
+    def splits_batch(self, node, strategy, axis: int) -> bool:
+        for spec, shape in zip(strategy.out_specs, _shapes(node)):
+            batch_dims = [d for d, size in enumerate(shape) if size in self.batch_sizes]
+            p = spec.placements[axis]
+            if batch_dims and not (isinstance(p, Shard) and p.dim in batch_dims):
+                return False
+        return True
+
+
+def _shapes(node) -> list:
+    val = node.meta.get("val")
+    return [v.shape for v in (val if isinstance(val, (tuple, list)) else [val]) if isinstance(v, torch.Tensor)]
+
+
+def _batch(example_inputs) -> int:
+    """The batch size: the first tensor input's dim 0."""
+    inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
+    if first is None:
+        raise AutoparError("baselines split the batch over dp, and the example inputs hold no batched tensor")
+    return int(first.shape[0])
 
 
 def _tokens(example_inputs) -> Optional[tuple[int, int]]:

@@ -9,9 +9,9 @@ from autopar.ir.mesh import Mesh
 from autopar.planning.meshes import candidate_meshes
 from examples import gpt2, mlp
 
-# no dim of this decoder shares the sequence length (48) or batch x sequence (96), which the
+# no dim of this decoder shares the sequence length (48) or batch x sequence (192), which the
 # Megatron baselines without sequence parallelism recognise by size
-SMALL = gpt2.GPT2Config(vocab=384, seq=48, layers=2, heads=4, width=128, batch=2)
+SMALL = gpt2.GPT2Config(vocab=384, seq=48, layers=2, heads=4, width=128, batch=4)
 
 
 def test_clustering_gives_the_unclustered_optimum_on_four_layers():
@@ -120,10 +120,41 @@ def test_baselines_are_real_plans_that_pass_check(fast_network):
         for meta, out in zip(node.outputs, spec.out_specs):
             p = out.placements[1]
             if meta is not None and isinstance(p, autopar.Shard) and node.op == "call":
-                assert meta.shape[p.dim] not in (48, 96), (name, meta, out)
+                assert meta.shape[p.dim] not in (48, 192), (name, meta, out)
+    # data parallel as DDP runs it: every activation that carries the batch, forward and
+    # backward, is split along it over dp (the solver alone replicates some on this preset)
+    batch, seq = inputs[0].shape
+    for name, plan in plans.items():
+        if plan.mesh.shape[0] > 1:
+            assert _not_split_along_the_batch(plan, {batch, batch * seq}) == [], name
     for name in ("dp", "zero3", "megatron-tp2", "megatron-tp2-fsdp-sp", "megatron-tp4-sp"):
         report = autopar.check(model, inputs, plan=plans[name])
         assert report.ok, (name, str(report))
+
+
+def _not_split_along_the_batch(plan, batch_sizes: set) -> list:
+    """The activations (values computed from the inputs) with a dim of the batch's size that are
+    not split along such a dim over the plan's first mesh axis (dp)."""
+    graph, activations, found = plan.graph, set(plan.graph.inputs), []
+    for node in graph.nodes:
+        if node.op == "call" and any(ref in activations for ref in node.refs()):
+            activations.add(node.name)
+    for name in activations:
+        for meta, spec in zip(graph.node(name).outputs, plan.strategies[name].out_specs):
+            dims = [d for d, size in enumerate(meta.shape) if size in batch_sizes] if meta is not None else []
+            placement = spec.placements[0]
+            if dims and not (isinstance(placement, autopar.Shard) and placement.dim in dims):
+                found.append((name, meta.shape, str(spec)))
+    return found
+
+
+def test_a_baseline_whose_dp_does_not_divide_the_batch_is_skipped_with_the_reason(fast_network):
+    model, inputs = gpt2.make(dataclasses.replace(SMALL, batch=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        plans = autopar.baselines(model, inputs, devices=4, hardware=fast_network, tp_degrees=[4])
+    assert set(plans) == {"megatron-tp4", "megatron-tp4-sp"}
+    assert "the batch of 2 samples does not split over dp=4" in plans.skipped["dp"]
 
 
 def test_cli_searches_the_meshes_of_a_device_count(capsys):

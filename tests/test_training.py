@@ -480,3 +480,10 @@ def test_a_forward_alone_takes_an_integer_scalar_for_a_value_not_a_loss():
     assert program.loss is None and len(program.values) == 2
     with pytest.raises(autopar.CaptureError, match="finds no loss"):
         capture(Counts(), inputs)
+
+
+def test_a_synchronous_collective_never_waits_behind_a_gradient_sync():
+    """Gradient syncs run on process groups of their own (as DDP's buckets run apart from the
+    model's collectives): an all-gather completes while a sync it was issued after still waits."""
+    results = get_cluster(2).run(workers.synchronous_collective_while_a_gradient_sync_waits)
+    assert results == [([0, 1], [3.0] * 4), ([0, 1], [3.0] * 4)]

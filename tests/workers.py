@@ -566,3 +566,18 @@ def train_fp16_with_loss_scaling(rank, world_size, model_bytes, x, plan_json):
     out = scaled_fp16_steps(model, x)
     out["local_rows"] = tuple(model.fc.weight.to_local().shape)
     return out
+
+
+def synchronous_collective_while_a_gradient_sync_waits(rank, world_size):
+    """Rank 0 starts a gradient sync that rank 1 joins only after an all-gather: the all-gather
+    must not queue behind the sync (on one group, gloo would pair rank 0's all-reduce with
+    rank 1's all-gather)."""
+    from autopar.check import rank_mesh_for
+
+    rt = rank_mesh_for(autopar.Mesh.of(dp=2))
+    grad = torch.full((4,), float(rank + 1))
+    pending = rt.start_all_reduce(grad, "dp") if rank == 0 else None
+    gathered = rt.all_gather(torch.tensor([rank]), "dp", 0)
+    if rank == 1:
+        pending = rt.start_all_reduce(grad, "dp")
+    return gathered.tolist(), pending.wait().tolist()

@@ -30,6 +30,11 @@ class RankMesh:
         self.device = torch.device(device)
         self.device_mesh = init_device_mesh(self.device.type, mesh.shape, mesh_dim_names=mesh.axis_names)
         self.groups = {name: self.device_mesh.get_group(name) for name in mesh.axis_names}
+        # gradient syncs run on groups of their own: gloo and NCCL run one group's collectives in
+        # the order they were issued, so a synchronous collective later in backward (an
+        # all-gather) would otherwise wait behind every sync queued before it
+        self.sync_groups = {name: _new_group_along(self.device_mesh.mesh, axis)
+                            for axis, name in enumerate(mesh.axis_names)}
         self._gloo = dist.get_backend() == "gloo"
         self.bytes_moved: Counter = Counter()  # collective kind -> message bytes, as the cost model counts them
 
@@ -40,14 +45,15 @@ class RankMesh:
     # Each collective counts the message the plan asked for (the cost model's n), even where
     # gloo composes it from other calls, so counted and predicted bytes compare one to one.
     def all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
-        return self.start_all_reduce(x, axis).wait()
+        self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
+        return self._start_all_reduce(x, self.groups[axis]).wait()
 
     def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         self.bytes_moved["all_gather"] += x.numel() * x.element_size() * self._axis(axis)[1]
         return self._all_gather(x, axis, dim)
 
     def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-        return self.start_reduce_scatter(x, axis, dim).wait()
+        return self._start_reduce_scatter(x, axis, dim, self.groups[axis]).wait()
 
     def all_to_all(self, x: torch.Tensor, axis: str, src_dim: int, dst_dim: int) -> torch.Tensor:
         coord, p, group = self._axis(axis)
@@ -59,24 +65,29 @@ class RankMesh:
         dist.all_to_all(recvs, sends, group=group)
         return torch.cat(recvs, dim=src_dim)
 
-    # Asynchronous forms, for gradients: the program goes on computing and calls .wait() at the end.
+    # Asynchronous forms, for gradient syncs (on their own groups): the program goes on computing
+    # and calls .wait() at the end.
     def start_all_reduce(self, x: torch.Tensor, axis: str) -> "Pending":
         self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
-        return self._start_all_reduce(x, axis)
+        return self._start_all_reduce(x, self.sync_groups[axis])
 
     def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
-        coord, p, group = self._axis(axis)
+        return self._start_reduce_scatter(x, axis, dim, self.sync_groups[axis])
+
+    def _start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, group) -> "Pending":
+        coord, p, _ = self._axis(axis)
         self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
         if self._gloo:  # gloo has no reduce_scatter: all-reduce, then keep this rank's block
-            pending = self._start_all_reduce(x, axis)
+            pending = self._start_all_reduce(x, group)
             return Pending(pending.work, pending.out, lambda t: self.shard(t, axis, dim))
         parts = [c.contiguous() for c in x.chunk(p, dim)]
         out = torch.empty_like(parts[coord])
         return Pending(dist.reduce_scatter(out, parts, group=group, async_op=True), out)
 
-    def _start_all_reduce(self, x: torch.Tensor, axis: str) -> "Pending":
+    @staticmethod
+    def _start_all_reduce(x: torch.Tensor, group) -> "Pending":
         out = x.detach().clone()
-        return Pending(dist.all_reduce(out, group=self._axis(axis)[2], async_op=True), out)
+        return Pending(dist.all_reduce(out, group=group, async_op=True), out)
 
     def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         _, p, group = self._axis(axis)
@@ -122,6 +133,14 @@ class RankMesh:
         mask = local_shard(mask, Spec.from_json(spec), self.mesh, self.coords)
         scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
         return x.mul(mask).mul_(scale), mask
+
+
+def _new_group_along(ranks: torch.Tensor, axis: int):
+    """This rank's new process group among the ranks that differ only in ``axis`` of the mesh
+    ``ranks`` (a new one even where the mesh's own would be the world group)."""
+    along = ranks.movedim(axis, -1).reshape(-1, ranks.shape[axis]).tolist()
+    mine, _ = dist.new_subgroups_by_enumeration(along)
+    return mine
 
 
 class Pending:
