@@ -1,5 +1,7 @@
 """The emitted step behaves as the model it replaces: calling the module runs the forward
 program, ``loss.backward()`` the backward program with its gradient collectives."""
+import copy
+
 import pytest
 import torch
 
@@ -487,3 +489,29 @@ def test_a_synchronous_collective_never_waits_behind_a_gradient_sync():
     model's collectives): an all-gather completes while a sync it was issued after still waits."""
     results = get_cluster(2).run(workers.synchronous_collective_while_a_gradient_sync_waits)
     assert results == [([0, 1], [3.0] * 4), ([0, 1], [3.0] * 4)]
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 2**30])
+def test_gradient_syncs_go_out_in_buckets_and_still_equal_eager(bucket_bytes):
+    """The dp plan's gradient all-reduces go out as DDP's buckets do: one collective per bucket
+    (here all in one, or each in its own), with eager's loss and gradients."""
+    import io
+
+    from autopar.check import compare
+
+    model, batch = mlp.make(batch=8, width=64, hidden=128)
+    plan = autopar.baselines(model, batch, devices=2, hardware=workers.FAST, tp_degrees=[])["dp"]
+    syncs = [r for r in plan.redistributions if r.is_async]
+    assert len(syncs) >= 2
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    results = get_cluster(2).run(workers.step_counting_gradient_buckets, buffer.getvalue(), batch, plan.to_json(),
+                                 bucket_bytes)
+    eager = copy.deepcopy(model)
+    loss = eager(*batch)
+    loss.backward()
+    for got in results:
+        assert got["buckets"] == (len(syncs) if bucket_bytes == 1 else 1)
+        assert got["loss"] == pytest.approx(loss.item(), rel=1e-6)
+        for name, p in eager.named_parameters():
+            assert compare(name, got["grads"][name], p.grad).ok, name

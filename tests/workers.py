@@ -581,3 +581,25 @@ def synchronous_collective_while_a_gradient_sync_waits(rank, world_size):
     if rank == 1:
         pending = rt.start_all_reduce(grad, "dp")
     return gathered.tolist(), pending.wait().tolist()
+
+
+def step_counting_gradient_buckets(rank, world_size, model_bytes, batch, plan_json, bucket_bytes):
+    """One training step of the plan with gradient syncs bucketed at ``bucket_bytes``: the loss,
+    the gradients (whole) and how many buckets went out."""
+    import io
+
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.module import ParallelModule
+    from autopar.runtime.state import whole
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    rt = rank_mesh_for(plan.mesh)
+    rt.bucket_bytes, before = bucket_bytes, rt.calls["gradient bucket"]
+    try:
+        loss = ParallelModule(model, plan, rt, plan.emit("torch"))(*batch)
+        loss.backward()
+    finally:
+        rt.bucket_bytes = autopar.runtime.rank_mesh.BUCKET_BYTES
+    return {"loss": loss.item(), "buckets": rt.calls["gradient bucket"] - before,
+            "grads": {n: whole(p.grad) for n, p in model.named_parameters()}}

@@ -2,8 +2,9 @@
 
 Parameters and buffers are named by their path (``blocks.0.attn.q.weight`` ->
 ``blocks_0_attn_q_weight``), the model's inputs by forward's argument names, its other
-outputs by their place in its output (``logits``), and each gradient ``grad_<parameter>``;
-every other value keeps its graph name. The plan's own
+outputs by their place in its output (``logits``), each gradient ``grad_<parameter>``, and
+CPU flash attention's values ``attention`` (the program calls the device's kernel); every
+other value keeps its graph name. The plan's own
 node names (what plans, pins and explain use) do not change.
 """
 from __future__ import annotations
@@ -19,6 +20,9 @@ from autopar.lowering.schedule import moved_name
 _RESERVED = {"rt", "torch", "aten", "forward", "backward", "accumulate", "saved", "grad_loss", "sync", "unsynced",
              "None", "loss", "jax", "jnp", "lax", "np", "math", "P", "block", "forward_local", "backward_local",
              "local_step"}
+
+
+_CPU_ATTENTION = "_scaled_dot_product_flash_attention_for_cpu"
 
 
 def readable(plan):
@@ -55,6 +59,9 @@ def readable_names(graph) -> dict[str, str]:
     for grad, fqn in graph.grads.items():
         if grad not in wanted:  # a gradient that is also an input keeps the input's name
             wanted[grad] = "grad_" + identifier(fqn)
+    for node in graph.nodes:  # named by what it computes: the program runs the device's own kernel
+        if node.name.startswith(_CPU_ATTENTION):
+            wanted.setdefault(node.name, "attention" + node.name.removeprefix(_CPU_ATTENTION))
     taken = {n.name for n in graph.nodes if n.name not in wanted} | _RESERVED
     names = {}
     for node, name in wanted.items():

@@ -4,10 +4,17 @@ Collectives return new tensors and never change their input, because a value
 may still be read in its old layout by another consumer. On gloo, which lacks
 reduce-scatter and all-to-all on CPU tensors, those two are composed from
 all-reduce/all-gather plus a local slice (same result, more traffic).
+
+Gradient syncs (``start_*``, which the program waits for at the end of backward) go out in
+buckets, as DDP's reducer sends them: each all-reduce joins the open bucket of its axis and
+dtype, which is sent as one collective once it holds ``bucket_bytes`` or when the program
+first waits for a sync (every rank starts the same syncs in the same order, so every rank
+forms the same buckets). They run on process groups of their own.
 """
 from __future__ import annotations
 
 from collections import Counter
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -16,9 +23,12 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Shard, Spec
 from autopar.ir.redistribute import plan_steps
 
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
 
 class RankMesh:
-    def __init__(self, mesh: Mesh, rank: int | None = None, device: torch.device | str = "cpu"):
+    def __init__(self, mesh: Mesh, rank: int | None = None, device: torch.device | str = "cpu",
+                 bucket_bytes: int = BUCKET_BYTES):
         from torch.distributed.device_mesh import init_device_mesh
 
         if not dist.is_initialized():
@@ -37,6 +47,9 @@ class RankMesh:
                             for axis, name in enumerate(mesh.axis_names)}
         self._gloo = dist.get_backend() == "gloo"
         self.bytes_moved: Counter = Counter()  # collective kind -> message bytes, as the cost model counts them
+        self.calls: Counter = Counter()  # collective kind (or "gradient bucket") -> calls made to the library
+        self.bucket_bytes = bucket_bytes
+        self._buckets: dict[tuple, _Bucket] = {}  # (axis, dtype) -> the gradient syncs not sent yet
 
     def _axis(self, name: str) -> tuple[int, int, object]:
         axis = self.mesh.axis_names.index(name)
@@ -62,6 +75,7 @@ class RankMesh:
             return self.shard(self._all_gather(x, axis, src_dim), axis, dst_dim)
         sends = [c.contiguous() for c in x.chunk(p, dst_dim)]
         recvs = [torch.empty_like(sends[0]) for _ in range(p)]
+        self.calls["all_to_all"] += 1
         dist.all_to_all(recvs, sends, group=group)
         return torch.cat(recvs, dim=src_dim)
 
@@ -69,10 +83,37 @@ class RankMesh:
     # and calls .wait() at the end.
     def start_all_reduce(self, x: torch.Tensor, axis: str) -> "Pending":
         self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
-        return self._start_all_reduce(x, self.sync_groups[axis])
+        return self._join_bucket(x, axis)
 
     def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
+        if self._gloo:  # composed from an all-reduce, which joins a bucket
+            self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
+            return self._join_bucket(x, axis, then=lambda t: self.shard(t, axis, dim))
         return self._start_reduce_scatter(x, axis, dim, self.sync_groups[axis])
+
+    def _join_bucket(self, x: torch.Tensor, axis: str, then=None) -> "Pending":
+        key = (axis, x.dtype)
+        bucket = self._buckets.setdefault(key, _Bucket())
+        pending = Pending(None, None, then, send=self.send_buckets)
+        bucket.add(x, pending)
+        if bucket.nbytes >= self.bucket_bytes:
+            self._send(self._buckets.pop(key), axis)
+        return pending
+
+    def send_buckets(self) -> None:
+        """Send every open bucket (in the order they were opened: the same on every rank)."""
+        buckets, self._buckets = self._buckets, {}
+        for (axis, _), bucket in buckets.items():
+            self._send(bucket, axis)
+
+    def _send(self, bucket: "_Bucket", axis: str) -> None:
+        flat = torch.cat([x.reshape(-1) for x in bucket.tensors])  # a copy: the gradients stay as they were
+        self.calls["gradient bucket"] += 1
+        work = dist.all_reduce(flat, group=self.sync_groups[axis], async_op=True)
+        offset = 0
+        for x, pending in zip(bucket.tensors, bucket.pendings):
+            pending.work, pending.out = work, flat[offset:offset + x.numel()].view(x.shape)
+            offset += x.numel()
 
     def _start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, group) -> "Pending":
         coord, p, _ = self._axis(axis)
@@ -82,16 +123,18 @@ class RankMesh:
             return Pending(pending.work, pending.out, lambda t: self.shard(t, axis, dim))
         parts = [c.contiguous() for c in x.chunk(p, dim)]
         out = torch.empty_like(parts[coord])
+        self.calls["reduce_scatter"] += 1
         return Pending(dist.reduce_scatter(out, parts, group=group, async_op=True), out)
 
-    @staticmethod
-    def _start_all_reduce(x: torch.Tensor, group) -> "Pending":
+    def _start_all_reduce(self, x: torch.Tensor, group) -> "Pending":
         out = x.detach().clone()
+        self.calls["all_reduce"] += 1
         return Pending(dist.all_reduce(out, group=group, async_op=True), out)
 
     def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         _, p, group = self._axis(axis)
         x = x.contiguous()
+        self.calls["all_gather"] += 1
         if dim == 0 and not self._gloo:  # NCCL fills one buffer: no per-rank parts to concatenate
             out = x.new_empty((p * x.shape[0],) + tuple(x.shape[1:]))
             dist.all_gather_into_tensor(out, x, group=group)
@@ -143,13 +186,28 @@ def _new_group_along(ranks: torch.Tensor, axis: int):
     return mine
 
 
-class Pending:
-    """A collective in flight; ``wait()`` returns its result (after ``then``, a local finishing step)."""
+class _Bucket:
+    def __init__(self):
+        self.tensors: list[torch.Tensor] = []
+        self.pendings: list[Pending] = []
+        self.nbytes = 0
 
-    def __init__(self, work, out: torch.Tensor, then=None):
-        self.work, self.out, self.then = work, out, then
+    def add(self, x: torch.Tensor, pending: "Pending") -> None:
+        self.tensors.append(x)
+        self.pendings.append(pending)
+        self.nbytes += x.numel() * x.element_size()
+
+
+class Pending:
+    """A collective in flight, or a gradient sync in a bucket not sent yet (``send`` sends it);
+    ``wait()`` returns its result (after ``then``, a local finishing step)."""
+
+    def __init__(self, work, out: Optional[torch.Tensor], then=None, send=None):
+        self.work, self.out, self.then, self.send = work, out, then, send
 
     def wait(self) -> torch.Tensor:
+        if self.work is None:
+            self.send()
         self.work.wait()
         return self.then(self.out) if self.then else self.out
 

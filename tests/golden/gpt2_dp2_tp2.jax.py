@@ -268,9 +268,9 @@ def forward_local(
     # blocks.0.attn
     view_8 = aten_view(view_7, [8, 32, 4, 32])
     transpose_2 = aten_transpose(view_8, 1, 2)
-    _scaled_dot_product_flash_attention_for_cpu = aten_sdpa_flash_cpu(transpose, transpose_1, transpose_2, 0.0, True)
-    getitem_3 = _scaled_dot_product_flash_attention_for_cpu[0]
-    getitem_4 = _scaled_dot_product_flash_attention_for_cpu[1]
+    attention = aten_sdpa_flash_cpu(transpose, transpose_1, transpose_2, 0.0, True)
+    getitem_3 = attention[0]
+    getitem_4 = attention[1]
     detach = aten_identity(getitem_3)
     transpose_3 = aten_transpose(getitem_3, 1, 2)
     view_9 = aten_view(transpose_3, [8, 32, 128])
@@ -330,9 +330,9 @@ def forward_local(
     # blocks.1.attn
     view_24 = aten_view(view_23, [8, 32, 4, 32])
     transpose_6 = aten_transpose(view_24, 1, 2)
-    _scaled_dot_product_flash_attention_for_cpu_1 = aten_sdpa_flash_cpu(transpose_4, transpose_5, transpose_6, 0.0, True)
-    getitem_11 = _scaled_dot_product_flash_attention_for_cpu_1[0]
-    getitem_12 = _scaled_dot_product_flash_attention_for_cpu_1[1]
+    attention_1 = aten_sdpa_flash_cpu(transpose_4, transpose_5, transpose_6, 0.0, True)
+    getitem_11 = attention_1[0]
+    getitem_12 = attention_1[1]
     detach_1 = aten_identity(getitem_11)
     transpose_7 = aten_transpose(getitem_11, 1, 2)
     view_25 = aten_view(transpose_7, [8, 32, 128])
@@ -469,10 +469,10 @@ def backward_local(
     transpose_8 = aten_transpose(view_47, 1, 2)
     # blocks.1.attn
     detach_4 = aten_identity(detach_1)
-    _scaled_dot_product_flash_attention_for_cpu_backward = aten_sdpa_flash_cpu_backward(transpose_8, transpose_4, transpose_5, transpose_6, detach_4, getitem_12, 0.0, True)
-    getitem_27 = _scaled_dot_product_flash_attention_for_cpu_backward[0]
-    getitem_28 = _scaled_dot_product_flash_attention_for_cpu_backward[1]
-    getitem_29 = _scaled_dot_product_flash_attention_for_cpu_backward[2]
+    attention_backward = aten_sdpa_flash_cpu_backward(transpose_8, transpose_4, transpose_5, transpose_6, detach_4, getitem_12, 0.0, True)
+    getitem_27 = attention_backward[0]
+    getitem_28 = attention_backward[1]
+    getitem_29 = attention_backward[2]
     transpose_9 = aten_transpose(getitem_29, 1, 2)
     view_48 = aten_view(transpose_9, [8, 32, 128])
     view_49 = aten_view(view_48, [256, 128])
@@ -572,10 +572,10 @@ def backward_local(
     transpose_12 = aten_transpose(view_69, 1, 2)
     # blocks.0.attn
     detach_5 = aten_identity(detach)
-    _scaled_dot_product_flash_attention_for_cpu_backward_1 = aten_sdpa_flash_cpu_backward(transpose_12, transpose, transpose_1, transpose_2, detach_5, getitem_4, 0.0, True)
-    getitem_36 = _scaled_dot_product_flash_attention_for_cpu_backward_1[0]
-    getitem_37 = _scaled_dot_product_flash_attention_for_cpu_backward_1[1]
-    getitem_38 = _scaled_dot_product_flash_attention_for_cpu_backward_1[2]
+    attention_backward_1 = aten_sdpa_flash_cpu_backward(transpose_12, transpose, transpose_1, transpose_2, detach_5, getitem_4, 0.0, True)
+    getitem_36 = attention_backward_1[0]
+    getitem_37 = attention_backward_1[1]
+    getitem_38 = attention_backward_1[2]
     transpose_13 = aten_transpose(getitem_38, 1, 2)
     view_70 = aten_view(transpose_13, [8, 32, 128])
     view_71 = aten_view(view_70, [256, 128])

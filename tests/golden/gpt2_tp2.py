@@ -16,6 +16,8 @@
 # values: the model's other outputs, in their planned layouts.
 import torch
 
+from autopar.runtime import kernels  # kernels by what they compute, on any device
+
 aten = torch.ops.aten
 
 PLAN_HASH = '9dc2b6f38b6f'
@@ -136,10 +138,10 @@ def forward(
     del view_7
     transpose_2 = aten.transpose.int(view_8, 1, 2)  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
     del view_8
-    _scaled_dot_product_flash_attention_for_cpu = aten._scaled_dot_product_flash_attention_for_cpu.default(transpose, transpose_1, transpose_2, 0.0, True)  # -> (R), (R)
-    getitem_3 = _scaled_dot_product_flash_attention_for_cpu[0]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
-    getitem_4 = _scaled_dot_product_flash_attention_for_cpu[1]  # [8, 4, 32] -> local [8, 4, 32] (R)
-    del _scaled_dot_product_flash_attention_for_cpu
+    attention = kernels.attention_forward(transpose, transpose_1, transpose_2, 0.0, True)  # -> (R), (R)
+    getitem_3 = attention[0]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
+    getitem_4 = attention[1]  # [8, 4, 32] -> local [8, 4, 32] (R)
+    del attention
     detach = aten.detach.default(getitem_3)  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
     transpose_3 = aten.transpose.int(getitem_3, 1, 2)  # [8, 32, 4, 32] -> local [8, 32, 4, 32] (R)
     del getitem_3
@@ -228,10 +230,10 @@ def forward(
     del view_23
     transpose_6 = aten.transpose.int(view_24, 1, 2)  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
     del view_24
-    _scaled_dot_product_flash_attention_for_cpu_1 = aten._scaled_dot_product_flash_attention_for_cpu.default(transpose_4, transpose_5, transpose_6, 0.0, True)  # -> (R), (R)
-    getitem_11 = _scaled_dot_product_flash_attention_for_cpu_1[0]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
-    getitem_12 = _scaled_dot_product_flash_attention_for_cpu_1[1]  # [8, 4, 32] -> local [8, 4, 32] (R)
-    del _scaled_dot_product_flash_attention_for_cpu_1
+    attention_1 = kernels.attention_forward(transpose_4, transpose_5, transpose_6, 0.0, True)  # -> (R), (R)
+    getitem_11 = attention_1[0]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
+    getitem_12 = attention_1[1]  # [8, 4, 32] -> local [8, 4, 32] (R)
+    del attention_1
     detach_1 = aten.detach.default(getitem_11)  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
     transpose_7 = aten.transpose.int(getitem_11, 1, 2)  # [8, 32, 4, 32] -> local [8, 32, 4, 32] (R)
     del getitem_11
@@ -427,12 +429,12 @@ def backward(
     # blocks.1.attn
     detach_4 = aten.detach.default(detach_1)  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
     del detach_1
-    _scaled_dot_product_flash_attention_for_cpu_backward = aten._scaled_dot_product_flash_attention_for_cpu_backward.default(transpose_8, transpose_4, transpose_5, transpose_6, detach_4, getitem_12, 0.0, True)  # -> (R), (R), (R)
+    attention_backward = kernels.attention_backward(transpose_8, transpose_4, transpose_5, transpose_6, detach_4, getitem_12, 0.0, True)  # -> (R), (R), (R)
     del transpose_4, transpose_5, transpose_6, getitem_12, transpose_8, detach_4
-    getitem_27 = _scaled_dot_product_flash_attention_for_cpu_backward[0]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
-    getitem_28 = _scaled_dot_product_flash_attention_for_cpu_backward[1]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
-    getitem_29 = _scaled_dot_product_flash_attention_for_cpu_backward[2]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
-    del _scaled_dot_product_flash_attention_for_cpu_backward
+    getitem_27 = attention_backward[0]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
+    getitem_28 = attention_backward[1]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
+    getitem_29 = attention_backward[2]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
+    del attention_backward
     transpose_9 = aten.transpose.int(getitem_29, 1, 2)  # [8, 32, 4, 32] -> local [8, 32, 4, 32] (R)
     del getitem_29
     view_48 = aten.reshape.default(transpose_9, [8, 32, 128])  # [8, 32, 128] -> local [8, 32, 128] (R)
@@ -578,12 +580,12 @@ def backward(
     # blocks.0.attn
     detach_5 = aten.detach.default(detach)  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
     del detach
-    _scaled_dot_product_flash_attention_for_cpu_backward_1 = aten._scaled_dot_product_flash_attention_for_cpu_backward.default(transpose_12, transpose, transpose_1, transpose_2, detach_5, getitem_4, 0.0, True)  # -> (R), (R), (R)
+    attention_backward_1 = kernels.attention_backward(transpose_12, transpose, transpose_1, transpose_2, detach_5, getitem_4, 0.0, True)  # -> (R), (R), (R)
     del transpose, transpose_1, transpose_2, getitem_4, transpose_12, detach_5
-    getitem_36 = _scaled_dot_product_flash_attention_for_cpu_backward_1[0]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
-    getitem_37 = _scaled_dot_product_flash_attention_for_cpu_backward_1[1]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
-    getitem_38 = _scaled_dot_product_flash_attention_for_cpu_backward_1[2]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
-    del _scaled_dot_product_flash_attention_for_cpu_backward_1
+    getitem_36 = attention_backward_1[0]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
+    getitem_37 = attention_backward_1[1]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
+    getitem_38 = attention_backward_1[2]  # [8, 4, 32, 32] -> local [8, 4, 32, 32] (R)
+    del attention_backward_1
     transpose_13 = aten.transpose.int(getitem_38, 1, 2)  # [8, 32, 4, 32] -> local [8, 32, 4, 32] (R)
     del getitem_38
     view_70 = aten.reshape.default(transpose_13, [8, 32, 128])  # [8, 32, 128] -> local [8, 32, 128] (R)

@@ -19,6 +19,7 @@ from autopar.backends.printer import Sections, call_arguments, header, indented,
 from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
+from autopar.runtime.kernels import CPU_ONLY_OPS
 from autopar.units import human_bytes, human_seconds
 
 
@@ -36,6 +37,8 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
         "# values: the model's other outputs, in their planned layouts.",
         "import torch",
         "",
+    ] + (["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
+         if _uses_device_neutral_kernels(plan) else []) + [
         "aten = torch.ops.aten",
         "",
         f"PLAN_HASH = {plan.hash!r}",
@@ -226,7 +229,10 @@ class _Printer:
             f"  # -> {', '.join(str(x) for x in self.plan.strategies[node.name].out_specs)}"
         fallback = "  [replicated: no sharding rule]" if node.name in self.plan.fallback_nodes else ""
         op = _LOCAL_EQUIVALENT.get(node.target, node.target)
-        op = op if op.startswith("aten.") else f"torch.ops.{op}"  # a library's custom op keeps its namespace
+        if op in CPU_ONLY_OPS:  # no CUDA kernel: the device's own
+            op = f"kernels.{CPU_ONLY_OPS[op]}"
+        elif not op.startswith("aten."):
+            op = f"torch.ops.{op}"  # a library's custom op keeps its namespace
         return f"{s.defines} = {op}({arguments}){comment}{fallback}"
 
 
@@ -238,6 +244,10 @@ def _describe(r, i: int) -> str:
 # output is contiguous, say), so a view that was valid globally may not be
 # locally. The graph is functional, so reshape (a view when possible, else a
 # copy) computes the same values.
+def _uses_device_neutral_kernels(plan) -> bool:
+    return any(n.target in CPU_ONLY_OPS for n in plan.graph.nodes)
+
+
 _LOCAL_EQUIVALENT = {"aten.view.default": "aten.reshape.default", "aten._unsafe_view.default": "aten.reshape.default"}
 
 
