@@ -40,7 +40,7 @@ from autopar.cost_models.hardware import get_hardware
 from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Shard
-from autopar.ir.program import descendants
+from autopar.ir.program import descendants, tensor_inputs
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.passes.base import Pass
 from autopar.planning.pipeline import plan_captured
@@ -189,7 +189,10 @@ class BatchOverDataParallel(Pass):
         return f"{len(restricted)} activations split along the batch over {self.axis}"
 
     def splits_batch(self, node, strategy, axis: int) -> bool:
-        for spec, shape in zip(strategy.out_specs, _shapes(node)):
+        """The strategy reads and writes every batch-carrying value split along the batch (a
+        layout that gathers an input to compute would not be data parallel)."""
+        inputs = [_shapes(arg)[0] if _shapes(arg) else () for arg in tensor_inputs(node)]
+        for spec, shape in list(zip(strategy.out_specs, _shapes(node))) + list(zip(strategy.in_specs, inputs)):
             batch_dims = [d for d, size in enumerate(shape) if size in self.batch_sizes]
             p = spec.placements[axis]
             if batch_dims and not (isinstance(p, Shard) and p.dim in batch_dims):

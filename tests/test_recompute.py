@@ -11,6 +11,7 @@ from torch import nn
 import autopar
 from autopar.errors import AutoparError, SolverError
 from autopar.lowering.memory import simulate
+from autopar.lowering.naming import readable_names
 from autopar.lowering.schedule import schedule
 from autopar.passes.recompute import build_problem
 from autopar.solvers.recompute import RecomputeProblem, brute_force, memory_of, solve
@@ -236,14 +237,15 @@ def test_the_emitted_backward_recomputes_and_the_forward_copy_is_freed(recompute
     source = plan.emit()
     lines = source.splitlines()
     loss_line = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{plan.graph.loss} = "))
+    printed = readable_names(plan.graph)  # the name the program gives a value (attention's, say)
     ops_again = 0
-    for var in plan.recompute:
+    for var in (printed.get(v, v) for v in plan.recompute):
         copy = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{var}__rc = "))
         assert copy > loss_line and "[recomputed for backward" in lines[copy]
         freed = next(i for i, line in enumerate(lines)
                      if line.strip().startswith("del ") and re.search(rf"\b{var}\b", line))
         assert freed < copy  # the forward copy is gone before backward computes it again
-        ops_again += "= aten." in lines[copy]
+        ops_again += "= aten." in lines[copy] or "= kernels." in lines[copy]
     assert ops_again >= 5  # forward ops really run again, not just views
 
 

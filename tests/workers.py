@@ -600,6 +600,6 @@ def step_counting_gradient_buckets(rank, world_size, model_bytes, batch, plan_js
         loss = ParallelModule(model, plan, rt, plan.emit("torch"))(*batch)
         loss.backward()
     finally:
-        rt.bucket_bytes = autopar.runtime.rank_mesh.BUCKET_BYTES
+        rt.bucket_bytes = autopar.ir.hardware.GRADIENT_BUCKET_BYTES
     return {"loss": loss.item(), "buckets": rt.calls["gradient bucket"] - before,
             "grads": {n: whole(p.grad) for n, p in model.named_parameters()}}

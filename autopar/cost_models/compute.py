@@ -18,3 +18,9 @@ def largest(*values):
     if all(isinstance(v, (int, float)) for v in values):
         return max(values)
     return sympy.Max(*values)
+
+
+def smallest(*values):
+    if all(isinstance(v, (int, float)) for v in values):
+        return min(values)
+    return sympy.Min(*values)

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from autopar.cost_models.collectives import axis_placement, collective_time
-from autopar.cost_models.compute import roofline_time
+from autopar.cost_models.compute import roofline_time, smallest
 from autopar.cost_models.hardware import Hardware
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Spec
@@ -22,8 +22,10 @@ class CostModel:
     def op_time(self, flops: float, nbytes: float, itemsize: int) -> float:
         return roofline_time(flops, nbytes, itemsize, self.hardware)
 
-    def step_times(self, meta: TensorMeta, src: Spec, dst: Spec) -> list[tuple[Step, float, float]]:
-        """Each step of src -> dst with its time and the bytes it moves (full message size)."""
+    def step_times(self, meta: TensorMeta, src: Spec, dst: Spec,
+                   bucketed: bool = False) -> list[tuple[Step, float, float]]:
+        """Each step of src -> dst with its time and the bytes it moves (full message size).
+        ``bucketed``: a gradient's sync, whose first step joins a bucket (see _bucket_share)."""
         out = []
         sharded = dict(src.sharded_dims())  # dim -> axis, tracked as steps change it
         for step in plan_steps(src, dst):
@@ -36,8 +38,11 @@ class CostModel:
             elif step.kind == "zero_partial":  # a local fill with zeros
                 seconds, moved = local / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
             else:  # every collective also pays a launch, like any kernel, and the library's own
-                seconds = collective_time(step.kind, message, axis_placement(self.mesh, step.axis, hw), hw) \
-                    + hw.kernel_floor_s + hw.collective_launch_s
+                where = axis_placement(self.mesh, step.axis, hw)
+                fixed = collective_time(step.kind, 0.0, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
+                seconds = collective_time(step.kind, message, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
+                if bucketed and not out and self._joins_bucket(step.kind):
+                    seconds -= fixed * (1.0 - smallest(1.0, message / hw.gradient_bucket_bytes))
                 moved = message
             out.append((step, seconds, moved))
             if step.kind in ("all_gather", "all_to_all"):
@@ -46,24 +51,30 @@ class CostModel:
                 sharded[step.dim] = step.axis
         return out
 
+    def _joins_bucket(self, kind: str) -> bool:
+        """The runtime buckets gradient all-reduces (and gloo's reduce-scatters, which are
+        all-reduces): a bucket pays one call's fixed costs (latency, launch), which each of its
+        gradients shares by its bytes."""
+        return kind == "all_reduce" or (kind == "reduce_scatter" and kind in self.hardware.emulated_collectives)
+
     def async_time(self, meta: TensorMeta, src: Spec, dst: Spec) -> float:
         """Of a gradient's move into its parameter's layout, the part that can overlap backward:
         the first step, when it is an all-reduce or reduce-scatter (the emitted program starts it
-        asynchronously)."""
-        steps = self._cached_steps(meta, src, dst)
+        asynchronously, in a bucket)."""
+        steps = self._cached_steps(meta, src, dst, bucketed=True)
         return steps[0][1] if steps and steps[0][0].kind in ASYNC_KINDS else 0.0
 
-    def reshard_time(self, meta: TensorMeta, src: Spec, dst: Spec) -> float:
-        return sum(t for _, t, _ in self._cached_steps(meta, src, dst))
+    def reshard_time(self, meta: TensorMeta, src: Spec, dst: Spec, bucketed: bool = False) -> float:
+        return sum(t for _, t, _ in self._cached_steps(meta, src, dst, bucketed))
 
-    def _cached_steps(self, meta: TensorMeta, src: Spec, dst: Spec) -> list:
+    def _cached_steps(self, meta: TensorMeta, src: Spec, dst: Spec, bucketed: bool = False) -> list:
         """step_times, kept: the solver asks for the same moves once per strategy pair."""
         if src == dst:
             return []
-        key = (meta, src, dst)
+        key = (meta, src, dst, bucketed)
         hit = self._reshard_cache.get(key)
         if hit is None:
-            hit = self._reshard_cache[key] = self.step_times(meta, src, dst)
+            hit = self._reshard_cache[key] = self.step_times(meta, src, dst, bucketed)
         return hit
 
 

@@ -22,6 +22,9 @@ class Link:
     latency: float  # seconds per step
 
 
+GRADIENT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
 @dataclass(frozen=True)
 class Hardware:
     name: str
@@ -54,6 +57,9 @@ class Hardware:
     # under (the emitted program starts it as soon as the gradient exists and waits at the end);
     # 0 on a device that cannot compute and communicate at once (CPU processes sharing cores)
     gradient_overlap: float = 0.0
+    # gradient syncs go out in buckets of this many bytes (autopar.runtime.rank_mesh), so each
+    # pays its share of one call's fixed costs
+    gradient_bucket_bytes: float = GRADIENT_BUCKET_BYTES
 
     def flops_rate(self, dtype_bytes: int) -> float:
         return self.peak_flops if dtype_bytes <= 2 else self.peak_flops * self.fp32_flops_ratio

@@ -64,7 +64,8 @@ def find_redistributions(program: Program, choice: dict, cost,
     for k, ((value, dst), entry) in enumerate(found.items()):
         wire = wire_dtype.get(value) if "output" in entry["consumers"] else None
         moved = meta[value][0] if wire is None else dataclasses.replace(meta[value][0], dtype=wire)
-        timed = cost.step_times(moved, entry["src"], dst)
+        # a gradient's sync alone (nothing in backward reads it) starts asynchronously, in a bucket
+        timed = cost.step_times(moved, entry["src"], dst, bucketed=entry["consumers"] == ["output"])
         redistributions.append(Redistribution(
             id=f"r{k}", value=value, src=entry["src"], dst=dst, steps=tuple(s for s, _, _ in timed),
             step_seconds=tuple(t for _, t, _ in timed), step_bytes=tuple(b for _, _, b in timed),

@@ -68,7 +68,8 @@ class CostFormulaPass(Pass):
                 compute.append(seconds)
         comm, async_comm, moved = [], [], {}
         for r in program.table("redistributions"):
-            for i, (step, seconds, nbytes) in enumerate(ctx.cost.step_times(sym[r.value][0], r.src, r.dst)):
+            steps = ctx.cost.step_times(sym[r.value][0], r.src, r.dst, bucketed=r.is_async)
+            for i, (step, seconds, nbytes) in enumerate(steps):
                 (async_comm if r.is_async and i == 0 else comm).append(seconds)
                 if moved_name(r.value, r.id) in recomputed:
                     comm.append(seconds)

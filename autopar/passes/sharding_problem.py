@@ -115,12 +115,12 @@ class _Builder:
                           self.reshard_time(m, strategies[arg.name][a].out_specs[0],
                                             strategies[node.name][b].in_specs[j], keep_partial=keep))
 
-    def reshard_time(self, meta, src, dst, keep_partial: bool = False) -> float:
+    def reshard_time(self, meta, src, dst, keep_partial: bool = False, bucketed: bool = False) -> float:
         if self.forbidden_move is not None and self.forbidden_move(src, dst):
             return math.inf
         if keep_partial and _reduces(src, dst):
             return math.inf
-        return self.cost.reshard_time(meta, src, dst)
+        return self.cost.reshard_time(meta, src, dst, bucketed)
 
     def add_edge(self, src: str, dst: str, kind, price, into: Optional[dict] = None) -> None:
         """Add price(src strategy, dst strategy) to the edge between their groups (``into``: the
@@ -181,7 +181,8 @@ def _require_gradients_in_parameter_layouts(builder: _Builder, program: Program)
 
         hideable = builder.kappa > 0 and builder.group_of[grad] != builder.group_of[param]
         builder.add_edge(grad, param, ("sync", hideable), lambda a, b, layouts=layouts, hideable=hideable:
-                         builder.reshard_time(*layouts(a, b)) - (cost.async_time(*layouts(a, b)) if hideable else 0.0))
+                         builder.reshard_time(*layouts(a, b), bucketed=True)
+                         - (cost.async_time(*layouts(a, b)) if hideable else 0.0))
         if hideable:
             builder.add_edge(grad, param, "hidden sync", lambda a, b, layouts=layouts: cost.async_time(*layouts(a, b)),
                              into=builder.hidden)

@@ -19,16 +19,15 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from autopar.ir.hardware import GRADIENT_BUCKET_BYTES
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Shard, Spec
 from autopar.ir.redistribute import plan_steps
 
-BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
-
 
 class RankMesh:
     def __init__(self, mesh: Mesh, rank: int | None = None, device: torch.device | str = "cpu",
-                 bucket_bytes: int = BUCKET_BYTES):
+                 bucket_bytes: float = GRADIENT_BUCKET_BYTES):
         from torch.distributed.device_mesh import init_device_mesh
 
         if not dist.is_initialized():
