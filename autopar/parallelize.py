@@ -257,6 +257,10 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
             f"under autocast to {plan.graph.autocast}"
         raise AutoparError(f"precision={str(mixed)!r} differs from the given plan's, which was made {made}: leave "
                            f"precision out to run the plan as made")
+    if plan is not None and mixed is None and plan.graph.autocast is not None:
+        # programs planned later (evaluation, other shapes) compute as the given plan does; the plan
+        # keeps its compute dtype only, so they reduce gradients in float32
+        mixed = MixedPrecision(plan.graph.autocast)
 
     def runner() -> _Runner:
         return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init, mixed)

@@ -158,6 +158,7 @@ def test_fp16_skip_decisions_agree_on_every_rank_when_one_rank_overflows():
     results = _run(workers.train_fp16_with_loss_scaling, model, x, plan.to_json(), world=2)
     assert [r["local_rows"] for r in results] == [(4, 8), (4, 8)]
     for got in results:
+        assert got["programs"] == [("forward", "float16"), ("step", "float16")]
         assert got["taken"] == want["taken"] and got["scales"] == want["scales"]
         for name, value in want["params"].items():
             assert compare(name, got["params"][name], value, MIXED_TOLERANCE["float16"]).ok, name

@@ -565,6 +565,10 @@ def train_fp16_with_loss_scaling(rank, world_size, model_bytes, x, plan_json):
     autopar.autoparallelize(model, mesh=plan.mesh, plan=plan, example_inputs=(x,))
     out = scaled_fp16_steps(model, x)
     out["local_rows"] = tuple(model.fc.weight.to_local().shape)
+    with torch.no_grad():  # a forward program, planned now: in the given plan's precision
+        model(x)
+    programs = autopar.parallelize.parallel_module(model).programs.values()
+    out["programs"] = sorted((p.plan.graph.kind, p.plan.graph.autocast) for p in programs)
     return out
 
 
