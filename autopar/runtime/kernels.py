@@ -2,13 +2,11 @@
 
 Capture runs on fake CPU tensors (this project's torch build has no CUDA kernels, and fake
 CUDA tensors abort in it), so attention comes out of capture as CPU's flash kernel, which
-has no CUDA implementation. The program calls these functions instead, which run the
-kernel of the device the tensors are on: CPU's flash attention on the CPU, the
-memory-efficient kernel on CUDA (its forward keeps the log-sum-exp backward needs, as
-CPU's does; its sequence dim is padded to a multiple of 32 there, which no rule splits).
-
-CPU_ONLY_OPS lists the ops the code generator must not print as they are, because no CUDA
-kernel implements them (checked by the tests against a GPU preset's program).
+has no CUDA implementation (autopar.ops.devices lists such ops). The program calls these
+functions instead, which run the kernel of the device the tensors are on: CPU's flash
+attention on the CPU, the memory-efficient kernel on CUDA (its forward keeps the
+log-sum-exp backward needs, as CPU's does; its sequence dim is padded to a multiple of 32
+there, which no rule splits).
 """
 from __future__ import annotations
 
@@ -17,12 +15,6 @@ import torch
 from autopar.errors import AutoparError
 
 aten = torch.ops.aten
-
-CPU_ONLY_OPS = {
-    "aten._scaled_dot_product_flash_attention_for_cpu.default": "attention_forward",
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": "attention_backward",
-}
-
 
 def attention_forward(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
                       scale=None):

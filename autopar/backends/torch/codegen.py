@@ -19,7 +19,7 @@ from autopar.backends.printer import Sections, call_arguments, header, indented,
 from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
-from autopar.runtime.kernels import CPU_ONLY_OPS
+from autopar.ops.devices import CPU_ONLY_OPS
 from autopar.units import human_bytes, human_seconds
 
 
