@@ -40,7 +40,7 @@ from autopar.cost_models.hardware import get_hardware
 from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Shard
-from autopar.ir.program import descendants, tensor_inputs
+from autopar.ir.program import descendants, output_metas, tensor_inputs
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.passes.base import Pass
 from autopar.planning.pipeline import plan_captured
@@ -191,7 +191,7 @@ class BatchOverDataParallel(Pass):
     def splits_batch(self, node, strategy, axis: int) -> bool:
         """The strategy reads and writes every batch-carrying value split along the batch (a
         layout that gathers an input to compute would not be data parallel)."""
-        inputs = [_shapes(arg)[0] if _shapes(arg) else () for arg in tensor_inputs(node)]
+        inputs = [_shapes(arg)[0] for arg in tensor_inputs(node)]
         for spec, shape in list(zip(strategy.out_specs, _shapes(node))) + list(zip(strategy.in_specs, inputs)):
             batch_dims = [d for d, size in enumerate(shape) if size in self.batch_sizes]
             p = spec.placements[axis]
@@ -200,9 +200,9 @@ class BatchOverDataParallel(Pass):
         return True
 
 
-def _shapes(node) -> list:
-    val = node.meta.get("val")
-    return [v.shape for v in (val if isinstance(val, (tuple, list)) else [val]) if isinstance(v, torch.Tensor)]
+def _shapes(node) -> list[tuple]:
+    """Each output's global shape, () for an output that is no tensor (in step with out_specs)."""
+    return [() if meta is None else meta.shape for meta in output_metas(node)]
 
 
 def _batch(example_inputs) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import io
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -13,7 +14,7 @@ from autopar.capture.export import find_loss, program_inputs
 from autopar.errors import AutoparError, MeshError
 from autopar.ir.mesh import Mesh
 from autopar.ir.plan import Plan
-from autopar.ir.precision import parse_precision
+from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import STEP
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.parallelize import check_plan_is_for
@@ -138,30 +139,13 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     ``torch.autocast`` in the same dtype, and tensors compare at MIXED_TOLERANCE (2e-2 of a
     tensor's largest entry for bf16, 5e-3 for fp16, or 1e-5 absolute) instead of 1e-4 or 1e-6.
     """
-    from autopar.api import plan as make_plan
-
     inputs = program_inputs(example_inputs)
     kwargs = dict(kwargs or {})
-    if plan is None and mesh is None:
-        raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
     if backend not in ("torch", "jax"):
         raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'jax'")
     if backend == "jax" and kwargs:
         raise ValueError("check(backend='jax') runs the JAX program on positional inputs; pass them positionally")
-    if plan is not None and mesh is not None and Mesh.parse(mesh) != plan.mesh:
-        raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.mesh}")
-    mesh = Mesh.parse(mesh) if plan is None else plan.mesh
-    if plan is not None and plan.graph.kind != STEP:
-        raise ValueError(f"check compares training steps, and plan {plan.hash} is a forward program alone; check "
-                         f"the training step's plan (the forward program runs the same statements without backward)")
-    mixed = parse_precision(precision)
-    if plan is None:
-        plan = make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=mesh, hardware=hardware, precision=mixed)
-    else:
-        if mixed is not None and mixed.compute != plan.graph.autocast:
-            raise ValueError(f"precision={str(mixed)!r} differs from plan {plan.hash}'s; leave it out to check the "
-                             f"plan as made")
-        check_plan_is_for(plan, model, *inputs, loss_fn=loss_fn, **kwargs)
+    plan = _plan_to_check(model, inputs, kwargs, loss_fn, mesh, hardware, plan, parse_precision(precision))
     autocast = plan.graph.autocast
     tolerance = (RTOL, ATOL) if autocast is None else MIXED_TOLERANCE[autocast]
     steps = 1 if backend == "jax" else steps
@@ -173,8 +157,8 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
 
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    results = get_cluster(mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(), steps, lr,
-                                         measure_memory)
+    results = get_cluster(plan.mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(), steps,
+                                              lr, measure_memory)
 
     moved = {}
     for r in results:
@@ -183,6 +167,29 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     return CheckReport(plan, _compared(results, reference_losses, reference_grads, reference_values, tolerance),
                        results[0]["losses"], reference_losses, moved,
                        tuple(r["peak_memory"] for r in results) if measure_memory else ())
+
+
+def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh, hardware: str,
+                   plan: Optional[Plan], mixed: Optional[MixedPrecision]) -> Plan:
+    """The plan check runs: ``plan``, refused where it is not a training step of this model and
+    these inputs on ``mesh`` in ``mixed`` precision, or one made now."""
+    from autopar.api import plan as make_plan
+
+    if plan is None:
+        if mesh is None:
+            raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
+        return make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=Mesh.parse(mesh), hardware=hardware,
+                         precision=mixed)
+    if mesh is not None and Mesh.parse(mesh) != plan.mesh:
+        raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.mesh}")
+    if plan.graph.kind != STEP:
+        raise ValueError(f"check compares training steps, and plan {plan.hash} is a forward program alone; check "
+                         f"the training step's plan (the forward program runs the same statements without backward)")
+    if mixed is not None and mixed.compute != plan.graph.autocast:
+        raise ValueError(f"precision={str(mixed)!r} differs from plan {plan.hash}'s; leave it out to check the "
+                         f"plan as made")
+    check_plan_is_for(plan, model, *inputs, loss_fn=loss_fn, **kwargs)
+    return plan
 
 
 def _under_autocast(step, dtype: "str | None"):

@@ -37,6 +37,7 @@ import autopar  # noqa: E402
 from autopar.cost_models.hardware import get_hardware  # noqa: E402
 from autopar.errors import AutoparError  # noqa: E402
 from autopar.runtime.local_cluster import get_cluster  # noqa: E402
+from benchmarks.cost_accuracy import measure  # noqa: E402
 
 WORLD = 4
 # baselines recognise a batch-carrying dim by its size: batch x sequence (512) is no other dim's
@@ -133,14 +134,8 @@ def run_dtensor_tp(rank, world_size, model_bytes, inputs, steps):
 
 
 def run_autopar(rank, world_size, model_bytes, inputs, plan_json, steps):
-    from autopar.check import rank_mesh_for
-    from autopar.runtime.module import ParallelModule
-
     torch.set_num_threads(1)
-    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    plan = autopar.Plan.from_json(plan_json)
-    parallel = ParallelModule(model, plan, rank_mesh_for(plan.mesh), plan.emit("torch"))
-    return _timed_steps(_sgd_step(parallel, torch.optim.SGD(model.parameters(), lr=0.01), inputs), steps)
+    return measure(rank, world_size, model_bytes, inputs, plan_json, steps)[0]  # the same SGD step, timed alike
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from autopar.check import MIXED_TOLERANCE, compare
 from autopar.ir.precision import MixedPrecision
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2, mlp
-from tests import workers
+from tests import precision_workers, state_workers, workers
 
 BF16 = MIXED_TOLERANCE["bfloat16"]
 
@@ -130,8 +130,8 @@ def test_autoparallelize_bf16_mixed_trains_float32_masters_with_adamw_like_eager
     autocast of the plan's dtype runs, and so does a call under no_grad (a forward program
     planned in the same precision); a call under another autocast is refused."""
     model, batch = mlp.make(batch=8, width=64, hidden=128)
-    results = _run(workers.train_bf16_mixed, model, batch, "dp=2,tp=2")
-    want = workers.train_clipped(copy.deepcopy(model), batch, "adamw", True, autocast=torch.bfloat16)
+    results = _run(precision_workers.train_bf16_mixed, model, batch, "dp=2,tp=2")
+    want = state_workers.train_clipped(copy.deepcopy(model), batch, "adamw", True, autocast=torch.bfloat16)
     for got in results:
         assert got["dtensors"] and got["sharded"] > 0
         assert got["master_dtypes"] == ["torch.float32"] and got["state_dtypes"] == ["torch.float32"]
@@ -149,13 +149,13 @@ def test_fp16_skip_decisions_agree_on_every_rank_when_one_rank_overflows():
     found-inf reduction reads the first gradient's placement, the replicated gain's); autopar
     makes the overflow every rank's, so every rank skips the first step as eager does, and the
     next two steps match eager's."""
-    model = workers.OverflowingLinear()
+    model = precision_workers.OverflowingLinear()
     x = torch.rand(8, 8, generator=torch.Generator().manual_seed(0)) * 1e-3
     plan = autopar.plan(model, (x,), mesh="dp=2", hardware=workers.FAST, precision="fp16-mixed",
                         pin={"fc.weight": "S(0)", "gain": "R"})
-    want = workers.scaled_fp16_steps(copy.deepcopy(model), x, autocast=True)
+    want = precision_workers.scaled_fp16_steps(copy.deepcopy(model), x, autocast=True)
     assert want["taken"] == [False, True, True]
-    results = _run(workers.train_fp16_with_loss_scaling, model, x, plan.to_json(), world=2)
+    results = _run(precision_workers.train_fp16_with_loss_scaling, model, x, plan.to_json(), world=2)
     assert [r["local_rows"] for r in results] == [(4, 8), (4, 8)]
     for got in results:
         assert got["programs"] == [("forward", "float16"), ("step", "float16")]

@@ -10,7 +10,7 @@ import torch
 from autopar.check import compare
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2, mlp
-from tests import workers
+from tests import state_workers
 
 
 def _run(job, model, *args, world=4):
@@ -29,8 +29,8 @@ def test_dtensor_parameters_train_with_torch_optimizers_and_global_clipping(opti
         model, batch = gpt2.make("tiny")
     else:
         model, batch = mlp.make(batch=8, width=64, hidden=128)
-    results = _run(workers.train_dtensor_state, model, batch, "dp=2,tp=2", optimizer, foreach)
-    want = workers.train_clipped(copy.deepcopy(model), batch, optimizer, foreach)
+    results = _run(state_workers.train_dtensor_state, model, batch, "dp=2,tp=2", optimizer, foreach)
+    want = state_workers.train_clipped(copy.deepcopy(model), batch, optimizer, foreach)
     assert want["norms"][0] > 0.1  # the clip bites
     for got in results:
         assert got["dtensors"] and got["sharded"] > 0
@@ -44,7 +44,7 @@ def test_an_optimizer_built_on_the_parameters_before_sharding_is_refused():
     """Sharding replaces each parameter by a DTensor: an optimizer holding the old ones would
     step tensors that get no gradient, silently."""
     model, batch = mlp.make(batch=8, width=64, hidden=128)
-    for message in _run(workers.step_an_optimizer_built_too_early, model, batch, "dp=2,tp=2"):
+    for message in _run(state_workers.step_an_optimizer_built_too_early, model, batch, "dp=2,tp=2"):
         assert message is not None and "built on parameters that autopar has since replaced" in message
         assert "fc1.weight" in message
 
@@ -55,8 +55,8 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_the_same_losses(tmp_path):
     losses."""
     model, batch = gpt2.make("tiny")
     directory = str(tmp_path / "step2")
-    uninterrupted = _run(workers.train_and_checkpoint, model, batch, "dp=2,tp=2", 4, 2, directory)
-    resumed = _run(workers.resume_from_checkpoint, model, batch, "dp=2,tp=2", 2, directory)
+    uninterrupted = _run(state_workers.train_and_checkpoint, model, batch, "dp=2,tp=2", 4, 2, directory)
+    resumed = _run(state_workers.resume_from_checkpoint, model, batch, "dp=2,tp=2", 2, directory)
     for whole_run, tail in zip(uninterrupted, resumed):
         assert tail == whole_run[2:]
 
@@ -70,17 +70,17 @@ def test_a_checkpoint_loads_into_another_plan_and_into_a_single_process_model(tm
 
     model, batch = gpt2.make("tiny")
     directory = str(tmp_path / "step2")
-    uninterrupted = _run(workers.train_and_checkpoint, model, batch, "dp=4", 4, 2, directory)[0]
-    resharded = _run(workers.resume_from_checkpoint, model, batch, "dp=2,tp=2", 2, directory)[0]
+    uninterrupted = _run(state_workers.train_and_checkpoint, model, batch, "dp=4", 4, 2, directory)[0]
+    resharded = _run(state_workers.resume_from_checkpoint, model, batch, "dp=2,tp=2", 2, directory)[0]
     assert resharded == pytest.approx(uninterrupted[2:], rel=1e-5)
 
     eager = copy.deepcopy(model)
-    opt = workers.make_optimizer("adamw", eager.parameters(), foreach=True)
+    opt = state_workers.make_optimizer("adamw", eager.parameters(), foreach=True)
     model_state, optim_state = get_state_dict(eager, opt)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=directory, no_dist=True)
     set_state_dict(eager, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    assert workers._steps(eager, opt, batch, 2) == pytest.approx(uninterrupted[2:], rel=1e-5)
+    assert state_workers._steps(eager, opt, batch, 2) == pytest.approx(uninterrupted[2:], rel=1e-5)
 
 
 def test_a_hugging_face_model_exports_a_checkpoint_from_pretrained_reads(tmp_path):
@@ -94,7 +94,7 @@ def test_a_hugging_face_model_exports_a_checkpoint_from_pretrained_reads(tmp_pat
                                          max_position_embeddings=32, use_cache=False))
     ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "labels": ids}
-    logits = _run(workers.train_and_export_pretrained, model, batch, "dp=2,tp=2", str(tmp_path))[0]
+    logits = _run(state_workers.train_and_export_pretrained, model, batch, "dp=2,tp=2", str(tmp_path))[0]
     loaded = LlamaForCausalLM.from_pretrained(str(tmp_path))
     with torch.no_grad():
         torch.testing.assert_close(loaded(**batch).logits, logits, rtol=1e-4, atol=1e-5)
@@ -108,7 +108,7 @@ def test_each_data_parallel_block_passes_its_own_samples_with_inputs_local():
     model, (idx, targets) = gpt2.make("tiny")
     g = torch.Generator().manual_seed(8)
     dataset = (torch.randint(0, 256, (16, 32), generator=g), torch.randint(0, 256, (16, 32), generator=g))
-    results = _run(workers.train_on_local_batches, model, dataset, "dp=2,tp=2", 4)
+    results = _run(state_workers.train_on_local_batches, model, dataset, "dp=2,tp=2", 4)
     assert [r["data_parallel"] for r in results] == [(0, 2), (0, 2), (1, 2), (1, 2)]
     eager = copy.deepcopy(model)
     opt = torch.optim.SGD(eager.parameters(), lr=0.1)
@@ -134,15 +134,15 @@ def test_a_model_built_on_the_meta_device_is_materialized_shard_by_shard():
     its blocks plus one module whole); after it each holds its blocks alone."""
     model, batch = gpt2.make("tiny", seed=0)  # the single-process init (gpt2.make seeds 0)
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    results = get_cluster(4).run(workers.materialize_on_meta, batch, "dp=2,tp=2")
+    results = get_cluster(4).run(state_workers.materialize_on_meta, batch, "dp=2,tp=2")
     eager = copy.deepcopy(model)
-    losses = workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
+    losses = state_workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
     for got in results:
         for name, value in model.named_parameters():
             assert torch.equal(got["params"][name], value), name
         assert got["losses"] == pytest.approx(losses, rel=1e-5)
     budget = 0.75 * full_bytes
-    memory = get_cluster(4).run(workers.materialization_memory, batch, "dp=2,tp=2")
+    memory = get_cluster(4).run(state_workers.materialization_memory, batch, "dp=2,tp=2")
     for rank, got in enumerate(memory):
         assert got["peak"] <= budget < full_bytes, (rank, got["peak"], full_bytes)
         assert got["blocks"] < full_bytes / 1.9  # the plan shards nearly everything over tp=2
@@ -154,9 +154,9 @@ def test_a_full_state_dict_streams_from_rank0_into_an_uninitialized_meta_model()
     model, batch = gpt2.make("tiny", seed=3)
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
-    results = get_cluster(4).run(workers.load_full_state_dict_streamed, buffer.getvalue(), batch, "dp=2,tp=2")
+    results = get_cluster(4).run(state_workers.load_full_state_dict_streamed, buffer.getvalue(), batch, "dp=2,tp=2")
     eager = copy.deepcopy(model)
-    losses = workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
+    losses = state_workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
     for got in results:
         assert got == pytest.approx(losses, rel=1e-5)
 
@@ -165,9 +165,9 @@ def test_values_come_from_rank0_while_the_other_ranks_build_on_meta():
     """FSDP's sync_module_states pattern: rank 0 holds the weights (loaded, say), the others build
     the model on the meta device; each receives its blocks and trains as eager."""
     model, batch = gpt2.make("tiny", seed=4)
-    results = _run(workers.real_on_rank0_meta_elsewhere, model, batch, "dp=2,tp=2")
+    results = _run(state_workers.real_on_rank0_meta_elsewhere, model, batch, "dp=2,tp=2")
     eager = copy.deepcopy(model)
-    losses = workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
+    losses = state_workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
     for got in results:
         assert got == pytest.approx(losses, rel=1e-5)
 
@@ -176,10 +176,10 @@ def test_uninitialized_meta_models_and_disagreeing_local_batches_are_refused_on_
     """init=None cannot fill a non-persistent buffer (no state dict holds it); with inputs="local"
     ranks whose batches differ in shape would wait on each other, and tp peers that pass
     different samples would compute different steps: each is an error on every rank."""
-    for message in get_cluster(2).run(workers.meta_model_left_uninitialized):
+    for message in get_cluster(2).run(state_workers.meta_model_left_uninitialized):
         assert message is not None and "non-persistent buffers scale" in message
     model, _ = gpt2.make("tiny")
-    for message in _run(workers.local_batches_that_disagree, model, "ragged"):
+    for message in _run(state_workers.local_batches_that_disagree, model, "ragged"):
         assert message is not None and "differ between ranks" in message
-    for message in _run(workers.local_batches_that_disagree, model, "peers differ"):
+    for message in _run(state_workers.local_batches_that_disagree, model, "peers differ"):
         assert message is not None and "autopar.data_parallel_info" in message

@@ -39,9 +39,9 @@ class CostModel:
                 seconds, moved = local / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
             else:  # every collective also pays a launch, like any kernel, and the library's own
                 where = axis_placement(self.mesh, step.axis, hw)
-                fixed = collective_time(step.kind, 0.0, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
                 seconds = collective_time(step.kind, message, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
                 if bucketed and not out and self._joins_bucket(step.kind):
+                    fixed = collective_time(step.kind, 0.0, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
                     seconds -= fixed * (1.0 - smallest(1.0, message / hw.gradient_bucket_bytes))
                 moved = message
             out.append((step, seconds, moved))

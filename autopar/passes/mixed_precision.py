@@ -40,24 +40,22 @@ def partial_sums_to_keep(program: Program, meta: dict, precision: Optional[Mixed
     when reduced in the compute dtype (then its sync reduces it)."""
     if precision is None:
         return frozenset()
-    keep = set()
-    for grad in _mixed_gradients(program, meta):
-        keep |= {(src, dst) for src, dst, dtype in _gradient_chain(program, meta, grad)
-                 if (dtype in LOW_PRECISION) == precision.reduces_in_float32}
-    return frozenset(keep)
+    return frozenset((src, dst) for chain in _mixed_gradient_chains(program, meta).values()
+                     for src, dst, dtype in chain if (dtype in LOW_PRECISION) == precision.reduces_in_float32)
 
 
 def gradients_to_reduce_on_the_wire(program: Program, meta: dict, precision: Optional[MixedPrecision]) -> list[str]:
     """The gradients whose syncs move them in the compute dtype."""
     if precision is None or precision.reduces_in_float32:
         return []
-    return _mixed_gradients(program, meta)
+    return list(_mixed_gradient_chains(program, meta))
 
 
-def _mixed_gradients(program: Program, meta: dict) -> list[str]:
-    """The gradients computed in low precision (a LayerNorm's, computed in float32, are not)."""
-    return [grad for grad in program.grads
-            if any(dtype in LOW_PRECISION for *_, dtype in _gradient_chain(program, meta, grad))]
+def _mixed_gradient_chains(program: Program, meta: dict) -> dict[str, list]:
+    """gradient -> its chain, for the gradients computed in low precision (a LayerNorm's,
+    computed in float32, are not)."""
+    chains = {grad: _gradient_chain(program, meta, grad) for grad in program.grads}
+    return {grad: chain for grad, chain in chains.items() if any(dtype in LOW_PRECISION for *_, dtype in chain)}
 
 
 def _gradient_chain(program: Program, meta: dict, grad: str) -> list[tuple[str, str, str]]:
