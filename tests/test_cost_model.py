@@ -237,3 +237,23 @@ def test_cpu_hardware_reads_the_calibrated_spec(tmp_path, monkeypatch):
         get_hardware("cpu")
     save_hardware(HW, tmp_path / "cpu.json")
     assert get_hardware("cpu") == dataclasses.replace(HW, collectives_library="gloo")  # CPU processes run gloo
+
+
+def test_a_bucketed_gradient_sync_pays_its_byte_share_of_one_calls_fixed_costs():
+    """Gradient syncs go out in buckets (autopar.runtime.rank_mesh): a small gradient's all-reduce
+    pays the bandwidth of its bytes and its share of the bucket's latency and launch; a gradient
+    as large as a bucket pays a whole call."""
+    from autopar.ir.placement import Partial, Replicate, Spec
+    from autopar.ir.program import TensorMeta
+
+    hw = dataclasses.replace(get_hardware("h100-sxm"), collective_launch_s=1e-3, gradient_bucket_bytes=2**20)
+    cost = CostModel(Mesh.of(dp=4), hw)
+    src, dst = Spec((Partial(),)), Spec((Replicate(),))
+    small, large = TensorMeta((2**10,), "float32"), TensorMeta((2**18,), "float32")  # 4 KiB, one bucket
+    where = axis_placement(cost.mesh, 0, hw)
+    fixed = collective_time("all_reduce", 0.0, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
+    alone = cost.reshard_time(small, src, dst)
+    assert cost.reshard_time(small, src, dst, bucketed=True) == pytest.approx(
+        alone - fixed * (1 - small.nbytes / hw.gradient_bucket_bytes))
+    assert cost.async_time(small, src, dst) == pytest.approx(cost.reshard_time(small, src, dst, bucketed=True))
+    assert cost.reshard_time(large, src, dst, bucketed=True) == pytest.approx(cost.reshard_time(large, src, dst))
