@@ -16,8 +16,9 @@ run like any other):
   al. 2019): attention and MLP input projections column-parallel (weight rows split),
   output projections row-parallel (weight columns split), embedding and LM head split
   over the vocabulary, norms replicated; replicated over ``dp``. Without sequence
-  parallelism no activation is split along the sequence on ``tp``; ``-sp`` lets the
-  solver split the norm and dropout regions along it (Korthikanti et al. 2022).
+  parallelism no activation is split along the sequence on ``tp``; with it (``-sp``) the
+  norms run on sequence shards over ``tp`` (Korthikanti et al. 2022), and the solver lays
+  the residual and dropout regions between them.
 - ``megatron-tp{t}-fsdp`` (and ``-sp``): the same, with parameters also sharded over
   ``dp`` along their other dim (2-D FSDP + TP, as torchtitan runs Llama).
 
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from autopar.capture.export import capture
+from autopar.capture.module_paths import module_paths
 from autopar.cost_models.hardware import get_hardware
 from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
@@ -49,6 +51,8 @@ from autopar.planning.pipeline import plan_captured
 _COLUMN = re.compile(r"(^|\.)(q|k|v|q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|wq|wk|wv|gate_proj|up_proj|"
                      r"fc|fc1|c_fc|w1|w3|intermediate\.dense)$")
 _ROW = re.compile(r"(^|\.)(o_proj|out_proj|proj|c_proj|wo|down_proj|fc2|w2|out|output\.dense)$")
+# module names of the norms Megatron's sequence parallelism runs on sequence shards
+_NORM = re.compile(r"(^|\.)(\w*norm\w*|ln_?\w*)$", re.IGNORECASE)
 _VOCAB = re.compile(r"(embed_tokens|wte|word_embeddings|tok_embeddings|lm_head|(^|\.)head|(^|\.)output)$")
 
 
@@ -75,8 +79,8 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
     batch_over_dp = (BatchOverDataParallel(frozenset({batch} | ({batch * tokens[1]} if tokens else set()))),)
     if program is None:
         program = capture(model, example_inputs)
-    layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None),
-               "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None)}
+    layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None, ()),
+               "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None, ())}
     degrees = tp_degrees if tp_degrees is not None else [
         t for t in range(2, devices + 1) if devices % t == 0 and hw.devices_per_node % t == 0
         and (heads is None or heads % t == 0)]
@@ -86,9 +90,10 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
             pin = {n: _megatron(n, p, t, devices // t if fsdp else 1) for n, p in params.items()}
             for sp in (False, True):
                 name = f"megatron-tp{t}" + ("-fsdp" if fsdp else "") + ("-sp" if sp else "")
-                layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1))
+                layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1),
+                                 (NormsOverSequence(tokens[1]),) if sp and tokens else ())
     out = Baselines()
-    for name, (mesh, pin, restrict) in layouts.items():
+    for name, (mesh, pin, restrict, passes) in layouts.items():
         if batch % mesh.shape[0]:
             out.skipped[name] = (f"the batch of {batch} samples does not split over dp={mesh.shape[0]}: data "
                                  f"parallelism needs a multiple of {mesh.shape[0]}")
@@ -97,7 +102,7 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
             progress(f"baseline {name} on {mesh} ...")
         try:
             out[name] = plan_captured(program, model, example_inputs, mesh=mesh, hardware=hw, pin=pin,
-                                      restrict=restrict, passes=batch_over_dp if mesh.shape[0] > 1 else (),
+                                      restrict=restrict, passes=(batch_over_dp if mesh.shape[0] > 1 else ()) + passes,
                                       progress=progress, **plan_options)
         except AutoparError as exc:  # e.g. replicated parameters do not fit the memory budget
             out.skipped[name] = str(exc)
@@ -198,6 +203,36 @@ class BatchOverDataParallel(Pass):
             if batch_dims and not (isinstance(p, Shard) and p.dim in batch_dims):
                 return False
         return True
+
+
+class NormsOverSequence(Pass):
+    """Megatron's sequence parallelism (Korthikanti et al. 2022): every norm (forward and
+    backward) runs on sequence shards over the ``tp`` axis, so its activations are not
+    replicated over tp. A norm is an op of a module named like one (``ln_1``, ``norm``,
+    ``input_layernorm``); its sequence dim is dim 1 of a value of rank 3 whose size is the
+    sequence length."""
+
+    name = "norms_over_sequence"
+    requires = ("strategies",)
+
+    def __init__(self, seq: int, axis: str = "tp"):
+        self.seq, self.axis = seq, axis
+
+    def run(self, program, ctx) -> str:
+        axis = ctx.mesh.axis_names.index(self.axis)
+        strategies = program.table("strategies")
+        norms = {name for name, path in module_paths(program).items()
+                 if name in strategies and _NORM.search(path) and self.carries_sequence(program.node(name))}
+        ctx.constraints.forbid(lambda node, strategy: node.name in norms and not self.splits_sequence(node, strategy,
+                                                                                                         axis))
+        return f"{len(norms)} norm ops split along the sequence over {self.axis}"
+
+    def carries_sequence(self, node) -> bool:
+        return any(len(shape) == 3 and shape[1] == self.seq for shape in _shapes(node))
+
+    def splits_sequence(self, node, strategy, axis: int) -> bool:
+        return all(spec.placements[axis] == Shard(1) for spec, shape in zip(strategy.out_specs, _shapes(node))
+                   if len(shape) == 3 and shape[1] == self.seq)
 
 
 def _shapes(node) -> list[tuple]:

@@ -122,7 +122,7 @@ def output_values(output, loss=None) -> dict:
 
 def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None = None, loss_fn=None,
           hardware: str = DEFAULT_HARDWARE, plan: Plan | None = None, steps: int = 1, lr: float = 0.1,
-          measure_memory: bool = False, backend: str = "torch", precision=None) -> CheckReport:
+          measure_memory: bool = False, backend: str = "torch", precision=None, compile: bool = False) -> CheckReport:
     """Run the plan of ``model(*example_inputs, **kwargs)`` on a local gloo group of the mesh's
     size; compare the loss, every gradient and the output's other tensors with eager's
     (``loss_fn``: as autopar.plan takes it).
@@ -138,6 +138,9 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     ``precision`` (autopar.plan's; a given plan's own by default): eager runs its forward under
     ``torch.autocast`` in the same dtype, and tensors compare at MIXED_TOLERANCE (2e-2 of a
     tensor's largest entry for bf16, 5e-3 for fp16, or 1e-5 absolute) instead of 1e-4 or 1e-6.
+
+    ``compile=True`` runs the programs as autoparallelize(compile=True) does, through
+    torch.compile (each rank compiles them on the first step).
     """
     inputs = program_inputs(example_inputs)
     kwargs = dict(kwargs or {})
@@ -145,6 +148,8 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
         raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'jax'")
     if backend == "jax" and kwargs:
         raise ValueError("check(backend='jax') runs the JAX program on positional inputs; pass them positionally")
+    if backend == "jax" and compile:
+        raise ValueError("compile=True compiles the torch programs; the JAX program is compiled by XLA already")
     plan = _plan_to_check(model, inputs, kwargs, loss_fn, mesh, hardware, plan, parse_precision(precision))
     autocast = plan.graph.autocast
     tolerance = (RTOL, ATOL) if autocast is None else MIXED_TOLERANCE[autocast]
@@ -158,7 +163,7 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     buffer = io.BytesIO()
     torch.save(model, buffer)
     results = get_cluster(plan.mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(), steps,
-                                              lr, measure_memory)
+                                              lr, measure_memory, compile)
 
     moved = {}
     for r in results:
@@ -246,14 +251,14 @@ def rank_mesh_for(mesh: Mesh):
 
 
 def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, kwargs: dict, plan_json: str,
-                 steps: int, lr: float, measure_memory: bool) -> dict:
+                 steps: int, lr: float, measure_memory: bool, compile: bool) -> dict:
     from autopar.runtime.module import ParallelModule
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
     plan = Plan.from_json(plan_json)
     rt = rank_mesh_for(plan.mesh)
     rt.bytes_moved.clear()
-    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"), compile=compile)
     if measure_memory:
         peak = _measure_peak_memory(model, lambda: _autopar_loss(parallel(*inputs, **kwargs)).backward())
     rt.bytes_moved.clear()

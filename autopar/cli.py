@@ -111,7 +111,7 @@ def cmd_check(args) -> int:
 
     model, inputs = load_factory(args.factory)
     report = check(model, inputs, mesh=args.mesh, hardware=args.hardware, steps=args.steps, backend=args.backend,
-                   precision=args.precision)
+                   precision=args.precision, compile=args.compile)
     print(report)
     return 0 if report.ok else 1
 
@@ -162,6 +162,8 @@ def main(argv=None) -> int:
     c.add_argument("--steps", type=int, default=1, help="optimizer steps to compare (torch backend)")
     c.add_argument("--backend", default="torch", choices=["torch", "jax"],
                    help="run the torch program on gloo processes, or the JAX program on CPU devices")
+    c.add_argument("--compile", action="store_true",
+                   help="run the torch programs through torch.compile (Inductor), as autoparallelize(compile=True)")
     c.set_defaults(run=cmd_check)
     k = sub.add_parser("calibrate", help="measure this machine (local gloo processes) and write a hardware spec")
     k.add_argument("--out", help="where to write the spec (JSON); default: the file --hardware cpu reads")

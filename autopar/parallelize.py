@@ -51,8 +51,10 @@ class _Runner:
     """Plans on the first call, then runs the emitted programs on every call."""
 
     def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple,
-                 loss_fn: Optional[Callable], replan: bool, inputs: str, init, precision: Optional[MixedPrecision]):
+                 loss_fn: Optional[Callable], replan: bool, inputs: str, init, precision: Optional[MixedPrecision],
+                 compile: bool):
         self.mesh = Mesh.parse(mesh)
+        self.compile = compile
         self.precision = precision
         self.passes = passes
         self.hardware = hardware
@@ -108,7 +110,7 @@ class _Runner:
         # initializes one module at a time)
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
                               planner=self._planner, replan=self.replan, local_inputs=self.local_inputs,
-                              init=initializer(self.init))
+                              init=initializer(self.init), compile=self.compile)
 
     def _first_plan(self, model: nn.Module, call: FlatCall) -> Plan:
         """The training step of the first call, in training mode whatever the model's mode: its
@@ -224,7 +226,7 @@ _RUNNER_FACTORIES: dict[type, Callable[[], _Runner]] = {}  # a decorated class -
 def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
                     device: Optional[str] = None, passes: Sequence = (), loss_fn: Optional[Callable] = None,
                     replan: bool = True, inputs: str = "global", init="reset_parameters", precision=None,
-                    example_inputs=None, example_kwargs: Optional[dict] = None):
+                    compile: bool = False, example_inputs=None, example_kwargs: Optional[dict] = None):
     """Use on an instance (returns it, its calls now running autopar's programs) or as a class
     decorator. ``passes``: extra passes for the plans (autopar.plan's ``passes``);
     ``loss_fn(output)``: picks the loss out of the model's output where autopar would not find
@@ -243,6 +245,9 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     optimizer's state stay float32 while the programs compute in the low precision; call the
     model without torch.autocast (the programs hold their casts). With "fp16-mixed", scale the
     loss with torch.amp.GradScaler: every rank skips a step where any rank's gradients overflow.
+    ``compile=True``: every emitted program runs through torch.compile (Inductor), its
+    collectives functional so that communication is part of the compiled graph; each program
+    compiles at its first call (seconds to minutes).
     ``example_inputs`` / ``example_kwargs`` (instances only): plan and shard now, as a first call
     with them would (see autopar.prepare)."""
     Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
@@ -263,7 +268,7 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
         mixed = MixedPrecision(plan.graph.autocast)
 
     def runner() -> _Runner:
-        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init, mixed)
+        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init, mixed, compile)
 
     if model is None or isinstance(model, type):
         if example_inputs is not None or example_kwargs:

@@ -58,18 +58,19 @@ def variants(layers: int, world: int) -> list[tuple[str, dict]]:
     ]
 
 
-def measure(rank, world_size, model_bytes, inputs, plan_json, steps):
-    """On each worker: median step time (forward+backward+SGD) and one step's counted bytes."""
+def measure(rank, world_size, model_bytes, inputs, plan_json, steps, compile=False):
+    """On each worker: median step time (forward+backward+SGD) and one step's counted bytes
+    (none where ``compile``: a compiled program's collectives run no Python to count them)."""
     from autopar.check import rank_mesh_for
     from autopar.runtime.module import ParallelModule
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
     plan = autopar.Plan.from_json(plan_json)
     rt = rank_mesh_for(plan.mesh)
-    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"), compile=compile)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     times = []
-    for i in range(steps + 1):  # the first step warms up
+    for i in range(steps + 1):  # the first step warms up (and compiles)
         torch.distributed.barrier()
         rt.bytes_moved.clear()
         start = time.perf_counter()

@@ -91,7 +91,7 @@ def _joint(parallel, inputs) -> None:
     from autopar.ir.call import flatten_call
 
     program = parallel.first
-    args = program.arguments(parallel.model, flatten_call(inputs))
+    args = program.arguments(parallel.model, dict(parallel.model.named_parameters()), flatten_call(inputs))
     with torch.no_grad():
         loss, saved, _, _ = program.module.forward(parallel.rt, *args)
         program.module.backward(parallel.rt, *args, saved, torch.ones_like(loss), True, {})

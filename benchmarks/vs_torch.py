@@ -9,7 +9,9 @@ unchanged) trains for SGD steps under five methods on 4 processes of one thread 
 
 - torch DDP (each rank its quarter of the batch) and autopar's ``dp`` baseline plan;
 - DTensor's ColwiseParallel/RowwiseParallel on tp=4 and autopar's ``megatron-tp4`` plan;
-- the plan autopar picks itself for 4 devices (``mesh=4``).
+- the plan autopar picks itself for 4 devices (``mesh=4``);
+- with ``--compile``, the dp plan and the own pick again with ``compile=True`` (ratios to
+  their uncompiled runs printed apart: they are not the targets' figures).
 
 Every method runs once per round, rounds in turn (the machine is shared and noisy), and each
 figure is the median over rounds of the slowest rank's median step. Printed: the step times,
@@ -133,9 +135,10 @@ def run_dtensor_tp(rank, world_size, model_bytes, inputs, steps):
     return _timed_steps(_sgd_step(model, torch.optim.SGD(model.parameters(), lr=0.01), inputs), steps)
 
 
-def run_autopar(rank, world_size, model_bytes, inputs, plan_json, steps):
+def run_autopar(rank, world_size, model_bytes, inputs, plan_json, compile, steps):
     torch.set_num_threads(1)
-    return measure(rank, world_size, model_bytes, inputs, plan_json, steps)[0]  # the same SGD step, timed alike
+    # the same SGD step, timed alike
+    return measure(rank, world_size, model_bytes, inputs, plan_json, steps, compile=compile)[0]
 
 
 def main() -> None:
@@ -145,6 +148,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--compile", action="store_true", help="also time the dp plan and the own pick with "
+                                                               "compile=True (torch.compile, Inductor)")
     args = parser.parse_args()
     try:
         hw = get_hardware(args.hardware)
@@ -163,7 +168,10 @@ def main() -> None:
     torch.save(model, buffer)
     cluster = get_cluster(WORLD)
     jobs = {"torch DDP": (run_ddp,), "DTensor TP": (run_dtensor_tp,)}
-    jobs.update({name: (run_autopar, plan.to_json()) for name, plan in plans.items()})
+    jobs.update({name: (run_autopar, plan.to_json(), False) for name, plan in plans.items()})
+    if args.compile:
+        jobs.update({f"{name} compiled": (run_autopar, plans[name].to_json(), True)
+                     for name in ("autopar dp", "autopar own pick")})
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M-parameter decoder, batch {args.batch}x{SEQ}, "
           f"{WORLD} gloo processes of one thread; plans priced with {hw.name}; {args.rounds} rounds of "
           f"{args.steps} steps", flush=True)
@@ -176,13 +184,16 @@ def main() -> None:
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     ms = {name: 1e3 * statistics.median(times) for name, times in rounds.items()}
     for name, value in ms.items():
-        mesh = f"  plan on {plans[name].mesh}" if name in plans else ""
+        plan = plans.get(name.removesuffix(" compiled"))
+        mesh = f"  plan on {plan.mesh}" if plan is not None else ""
         print(f"{name:<22} {value:8.1f} ms per step{mesh}")
     ratios = {"autopar dp / torch DDP": ms["autopar dp"] / ms["torch DDP"],
               "autopar megatron-tp4 / DTensor TP": ms["autopar megatron-tp4"] / ms["DTensor TP"],
               "autopar own pick / fastest torch": ms["autopar own pick"] / min(ms["torch DDP"], ms["DTensor TP"])}
     for name, ratio in ratios.items():
         print(f"{name:<36} {ratio:.2f}")
+    for name in [n for n in ms if n.endswith(" compiled")]:
+        print(f"{name + ' / uncompiled':<36} {ms[name] / ms[name.removesuffix(' compiled')]:.2f}")
     print(f"worst autopar/torch ratio: {max(ratios.values()):.2f}")
 
 

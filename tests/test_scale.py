@@ -1,10 +1,13 @@
 """Scale features: repeated-layer clustering, the solver time limit, mesh search, baselines."""
 import dataclasses
+import re
 import warnings
 
 import pytest
 
 import autopar
+from autopar.capture.export import capture
+from autopar.capture.module_paths import module_paths
 from autopar.ir.mesh import Mesh
 from autopar.planning.meshes import candidate_meshes
 from examples import gpt2, mlp
@@ -121,6 +124,17 @@ def test_baselines_are_real_plans_that_pass_check(fast_network):
             p = out.placements[1]
             if meta is not None and isinstance(p, autopar.Shard) and node.op == "call":
                 assert meta.shape[p.dim] not in (48, 192), (name, meta, out)
+    # with sequence parallelism every norm runs on sequence shards over tp, forward and backward
+    paths = module_paths(capture(model, inputs))
+    for name in ("megatron-tp2-sp", "megatron-tp4-sp", "megatron-tp2-fsdp-sp"):
+        plan, norms = plans[name], 0
+        for node in plan.graph.nodes:
+            if node.op == "call" and re.search(r"\.ln\w*$|^ln_f$", paths.get(node.name, "")):
+                for meta, out in zip(node.outputs, plan.strategies[node.name].out_specs):
+                    if meta is not None and len(meta.shape) == 3:
+                        norms += 1
+                        assert out.placements[1] == autopar.Shard(1), (name, node.name, str(out))
+        assert norms >= 10, (name, norms)
     # data parallel as DDP runs it: every activation that carries the batch, forward and
     # backward, is split along it over dp (the solver alone replicates some on this preset)
     batch, seq = inputs[0].shape

@@ -491,6 +491,12 @@ def test_a_synchronous_collective_never_waits_behind_a_gradient_sync():
     assert results == [([0, 1], [3.0] * 4), ([0, 1], [3.0] * 4)]
 
 
+def test_an_all_reduce_at_its_inputs_last_read_reuses_its_memory_only_where_nothing_else_reads_it():
+    for rank, got in enumerate(get_cluster(2).run(workers.all_reduces_at_their_inputs_last_read)):
+        assert got["in place"] and got["reduced"] == [3.0] * 4
+        assert got["view"] == [rank + 1.0] * 3 and got["kept"] == [rank + 1.0] * 4
+
+
 @pytest.mark.parametrize("bucket_bytes", [1, 2**30])
 def test_gradient_syncs_go_out_in_buckets_and_still_equal_eager(bucket_bytes):
     """The dp plan's gradient all-reduces go out as DDP's buckets do: one collective per bucket
@@ -515,3 +521,25 @@ def test_gradient_syncs_go_out_in_buckets_and_still_equal_eager(bucket_bytes):
         assert got["loss"] == pytest.approx(loss.item(), rel=1e-6)
         for name, p in eager.named_parameters():
             assert compare(name, got["grads"][name], p.grad).ok, name
+
+
+def test_a_bucket_buffer_is_reused_only_once_no_gradient_from_it_is_read():
+    """Gradients handed out from a bucket's buffer may live in ``.grad`` past the step (accumulated
+    over two backwards): the next bucket takes a new buffer then, and reuses one once they are gone."""
+    import io
+
+    model, batch = mlp.make(batch=8, width=64, hidden=128)
+    plan = autopar.baselines(model, batch, devices=2, hardware=workers.FAST, tp_degrees=[])["dp"]
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    g = torch.Generator().manual_seed(1)
+    batches = [batch] + [tuple(torch.randn(x.shape, generator=g) for x in batch) for _ in range(2)]
+    results = get_cluster(2).run(workers.bucket_buffers_over_three_backwards, buffer.getvalue(), batches,
+                                 plan.to_json())
+    eager = copy.deepcopy(model)
+    eager(*batches[0]).backward()  # two batches of other gradients: a buffer reused too early shows
+    eager(*batches[1]).backward()
+    for got in results:
+        for name, p in eager.named_parameters():
+            torch.testing.assert_close(got["summed"][name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+        assert got["buffers"] == [1, 2, 2]

@@ -261,3 +261,82 @@ def step_counting_gradient_buckets(rank, world_size, model_bytes, batch, plan_js
         rt.bucket_bytes = autopar.ir.hardware.GRADIENT_BUCKET_BYTES
     return {"loss": loss.item(), "buckets": rt.calls["gradient bucket"] - before,
             "grads": {n: whole(p.grad) for n, p in model.named_parameters()}}
+
+
+def compiled_training_steps(rank, world_size, model_bytes, inputs, plan_json, steps):
+    """check's steps of the plan with compile=True, and what Dynamo counted meanwhile: the graphs
+    it compiled and the graph breaks it met."""
+    from torch._dynamo.utils import counters
+
+    from autopar.check import _run_on_rank
+
+    torch._dynamo.reset()
+    counters.clear()
+    result = _run_on_rank(rank, world_size, model_bytes, inputs, {}, plan_json, steps, 0.1, False, True)
+    result["graphs"] = counters["stats"]["unique_graphs"]
+    result["graph_breaks"] = dict(counters["graph_break"])
+    return result
+
+
+def functional_and_eager_collectives(rank, world_size):
+    """Each collective of a program's runtime, eager (RankMesh) and functional (TracedCollectives),
+    on the same rank-dependent tensor: the pairs must agree."""
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.traced_collectives import TracedCollectives
+
+    rt = rank_mesh_for(autopar.Mesh.of(dp=2))
+    traced = TracedCollectives(rt)
+    x = torch.arange(24.0).reshape(2, 4, 3) * (rank + 1)
+    calls = {
+        "all_reduce": lambda m: m.all_reduce(x, "dp"),
+        "all_gather dim 1": lambda m: m.all_gather(x, "dp", 1),
+        "reduce_scatter dim 1": lambda m: m.reduce_scatter(x, "dp", 1),
+        "all_to_all 0->1": lambda m: m.all_to_all(x, "dp", src_dim=0, dst_dim=1),
+        "all_to_all 2->0": lambda m: m.all_to_all(x[:, :, :2], "dp", src_dim=2, dst_dim=0),
+        "gradient all_reduce": lambda m: m.wait(m.start_all_reduce(x, "dp")),
+        "gradient reduce_scatter dim 2": lambda m: m.wait(m.start_reduce_scatter(x[:, :, :2], "dp", 2)),
+    }
+    plain = (lambda t: t.wait() if hasattr(t, "wait") else t)  # an AsyncCollectiveTensor, once waited for
+    return {name: (call(rt), plain(call(traced))) for name, call in calls.items()}
+
+
+def bucket_buffers_over_three_backwards(rank, world_size, model_bytes, batches, plan_json):
+    """Two backwards that accumulate into ``.grad`` (the first's gradients, handed out from its
+    bucket's buffer, are still read), then a third after the gradients were dropped: the summed
+    gradients, and how many bucket buffers the runtime held after the second and the third."""
+    import io
+
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.module import ParallelModule
+    from autopar.runtime.state import whole
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    rt = rank_mesh_for(plan.mesh)
+    rt._bucket_buffers.clear()
+    parallel = ParallelModule(model, plan, rt, plan.emit("torch"))
+    counts = []
+    for i, batch in enumerate(batches):
+        parallel(*batch).backward()
+        if i == 1:
+            summed = {n: whole(p.grad) for n, p in model.named_parameters()}
+            model.zero_grad()
+        counts.append(sum(len(buffers) for buffers in rt._bucket_buffers.values()))
+    return {"summed": summed, "buffers": counts}
+
+
+def all_reduces_at_their_inputs_last_read(rank, world_size):
+    """An all-reduce marked as its input's last read runs in the input's memory only where no other
+    tensor shares it: not where a view of it lives on, nor on a value zero_partial passed through."""
+    from autopar.check import rank_mesh_for
+
+    rt = rank_mesh_for(autopar.Mesh.of(dp=2))
+    alone = torch.full((4,), float(rank + 1))
+    reduced = rt.all_reduce(alone, "dp", last_read=True)
+    viewed = torch.full((4,), float(rank + 1))
+    view = viewed[1:]
+    rt.all_reduce(viewed, "dp", last_read=True)
+    kept = torch.full((4,), float(rank + 1))
+    rt.all_reduce(rt.zero_partial(kept, "dp"), "dp", last_read=True)
+    return {"in place": reduced is alone, "view": view.tolist(), "kept": kept.tolist(),
+            "reduced": reduced.tolist()}

@@ -57,12 +57,13 @@ class _Step(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, parallel: "ParallelModule", program: RankProgram, args: list, results: dict, *params):
+        # ``params``: the parameters that get gradients, in program.grad_fqns' order
         # autograd sees the loss alone; the other values and the buffers' new values, which need no
         # gradient, come back through ``results``
         with autocast_off(parallel.rt.device):
-            loss, saved, results["values"], results["updates"] = program.module.forward(parallel.rt, *args)
+            loss, saved, results["values"], results["updates"] = program.forward(args)
         # as DDP: whether this step's backward syncs is decided when its forward runs
-        ctx.parallel, ctx.program, ctx.args, ctx.saved = parallel, program, args, saved
+        ctx.parallel, ctx.program, ctx.args, ctx.saved, ctx.params = parallel, program, args, saved, params
         ctx.sync = parallel.require_gradient_sync
         return loss
 
@@ -75,16 +76,15 @@ class _Step(torch.autograd.Function):
         parallel, program = ctx.parallel, ctx.program
         unsynced = parallel.unsynced_for(program, ctx.sync)
         with torch.no_grad(), autocast_off(parallel.rt.device):
-            grads = program.module.backward(parallel.rt, *ctx.args, saved, grad_loss, ctx.sync, unsynced)
+            grads = program.backward(ctx.args, saved, grad_loss, ctx.sync, unsynced)
             if ctx.sync and program.plan.graph.autocast == "float16":
                 agree_on_overflow(list(grads.values()), parallel.rt.device)
-        ctx.args = None
+        params, ctx.args, ctx.params = ctx.params, None, None
         none = (None,) * 4
         if not ctx.sync:  # local gradients, before any collective: kept for the next synced backward
             for fqn, grad in grads.items():
                 unsynced[fqn] = grad if fqn not in unsynced else unsynced[fqn] + grad
             return none + (None,) * len(program.grad_fqns)
-        params = (parallel.model.get_parameter(fqn) for fqn in program.grad_fqns)
         return none + tuple(None if fqn not in grads else as_gradient(p, grads[fqn])
                             for fqn, p in zip(program.grad_fqns, params))
 
@@ -92,17 +92,19 @@ class _Step(torch.autograd.Function):
 class ParallelModule(nn.Module):
     def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str, *,
                  planner: Optional[Planner] = None, replan: bool = True, local_inputs: bool = False,
-                 init: Optional[Callable[[nn.Module], None]] = None):
+                 init: Optional[Callable[[nn.Module], None]] = None, compile: bool = False):
         """``local_inputs``: each rank passes its block of the batch (dim 0, split over the mesh's
         "dp" axes: autopar.ir.mesh.Mesh.data_parallel), not the whole batch. ``init``: how rank
-        0 initializes a module of a model on the meta device (autopar.runtime.state.distribute)."""
+        0 initializes a module of a model on the meta device (autopar.runtime.state.distribute).
+        ``compile``: run every program through torch.compile (autopar.runtime.program.RankProgram)."""
         super().__init__()
         check_plan_matches(plan, model)
         self.model = model
         self.rt = rank_mesh
         self.planner, self.replan = planner, replan
         self.given = batch_blocks(plan.mesh) if local_inputs else None  # the layout of the call's tensors
-        first = RankProgram(plan, source, rank_mesh)
+        self.compile = compile
+        first = RankProgram(plan, source, rank_mesh, compile)
         self.programs: dict[tuple, RankProgram] = {first.key: first}
         self.first = first
         graph = plan.graph
@@ -139,17 +141,17 @@ class ParallelModule(nn.Module):
         if self.given is not None:
             check_local_batches(call, self.rt)
         program = self.program_for(call if self.given is None else global_call(call, self.plan.mesh))
-        arguments = program.arguments(self.model, call, self.given)
+        params = dict(self.model.named_parameters())  # one walk of the modules, not one per parameter
+        arguments = program.arguments(self.model, params, call, self.given)
         if program.is_step and torch.is_grad_enabled():
             # autograd sees _Step alone (it runs the programs with grad mode off), whose inputs are the
             # parameters that get gradients
             results: dict = {}
-            params = (self.model.get_parameter(fqn) for fqn in program.grad_fqns)
-            loss = _Step.apply(self, program, arguments, results, *params)
+            loss = _Step.apply(self, program, arguments, results, *(params[fqn] for fqn in program.grad_fqns))
             values, updates = results["values"], results["updates"]
         else:
             with torch.no_grad(), autocast_off(self.rt.device):
-                loss, _, values, updates = program.module.forward(self.rt, *arguments)
+                loss, _, values, updates = program.forward(arguments)
         program.write_buffers(self.model, updates)
         return program.output(loss, values)
 
@@ -178,7 +180,7 @@ class ParallelModule(nn.Module):
             check_call_fits(self.plan, call)  # names the shape or structure that differs
             raise PlanMismatchError(self._no_program_message(kind))
         plan, source = self.planner(kind, self.model, call, dict(self.layouts))
-        program = RankProgram(plan, source, self.rt)
+        program = RankProgram(plan, source, self.rt, self.compile)
         self.programs[program.key] = program
         return program
 

@@ -28,6 +28,7 @@ from autopar.ir.program import STEP
 from autopar.lowering.schedule import programs
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.state import as_dtensor, local
+from autopar.runtime.traced_collectives import TracedCollectives
 
 
 def load_program(source: str, name: str = "autopar_generated") -> types.ModuleType:
@@ -57,9 +58,23 @@ def plan_key(plan: Plan) -> tuple:
 
 
 class RankProgram:
-    def __init__(self, plan: Plan, source: str, rank_mesh: RankMesh):
+    """A plan's programs on this rank. ``compiled``: each runs through ``torch.compile``
+    (Inductor) and calls functional collectives (autopar.runtime.traced_collectives), so its
+    graph holds the communication; compiled once per program, at its first call."""
+
+    def __init__(self, plan: Plan, source: str, rank_mesh: RankMesh, compiled: bool = False):
         self.plan, self.rt = plan, rank_mesh
         self.module = load_program(source, f"autopar_plan_{plan.hash}")
+        self._forward, self._backward = self.module.forward, getattr(self.module, "backward", None)
+        self._rt = rank_mesh
+        if compiled:
+            # fallback_random: random ops draw from torch's generator, as the eager model does;
+            # Inductor's own bucketing coalesces the gradient syncs as RankMesh's buckets do (one
+            # collective per gradient costs a compiled dp step twice its uncompiled time on gloo)
+            options = {"fallback_random": True, "bucket_all_reduces_fx": "all", "bucket_reduce_scatters_fx": "all"}
+            self._forward = torch.compile(self._forward, options=options)
+            self._backward = self._backward and torch.compile(self._backward, options=options)
+            self._rt = TracedCollectives(rank_mesh)
         graph = plan.graph
         self.key = plan_key(plan)
         self.grad_fqns = tuple(dict.fromkeys(graph.grads.values()))  # the parameters backward gives gradients
@@ -67,20 +82,29 @@ class RankProgram:
         self._keep_old = _buffers_backward_reads_before_update(plan)
         self._warned_dropped = False
 
+    def forward(self, args: list):
+        """(loss, saved, values, {buffer: new value}) of the forward program on ``args``."""
+        return self._forward(self._rt, *args)
+
+    def backward(self, args: list, saved: list, grad_loss: torch.Tensor, sync: bool, unsynced: dict) -> dict:
+        """{parameter: gradient} of the backward program (autopar.backends.torch.codegen)."""
+        return self._backward(self._rt, *args, saved, grad_loss, sync, unsynced)
+
     @property
     def is_step(self) -> bool:
         return self.plan.graph.kind == STEP
 
-    def arguments(self, model: nn.Module, call: FlatCall, given: Optional[Spec] = None) -> list:
-        """The programs' arguments: parameters, buffers and this rank's block of each input, in the
-        plan's placeholder order. ``given``: the layout the call's tensors are in, where they are
-        this rank's blocks (autoparallelize's inputs="local"); None: they are whole."""
+    def arguments(self, model: nn.Module, params: dict, call: FlatCall, given: Optional[Spec] = None) -> list:
+        """The programs' arguments: parameters (``params``: the model's named_parameters), buffers and
+        this rank's block of each input, in the plan's placeholder order. ``given``: the layout the
+        call's tensors are in, where they are this rank's blocks (autoparallelize's
+        inputs="local"); None: they are whole."""
         graph, plan = self.plan.graph, self.plan
         tensors = dict(zip(graph.inputs, call.tensors))
         args = []
         for name in self._placeholders:
             if name in graph.params:
-                args.append(local(model.get_parameter(graph.params[name]).detach()))
+                args.append(local(params[graph.params[name]]).detach())  # a DTensor's detach dispatches
             elif name in graph.buffers:
                 buffer = local(model.get_buffer(graph.buffers[name]))
                 args.append(buffer.clone() if name in self._keep_old else buffer)

@@ -1,7 +1,9 @@
 """What emitted programs call: this rank's place on the mesh and its collectives.
 
 Collectives return new tensors and never change their input, because a value
-may still be read in its old layout by another consumer. On gloo, which lacks
+may still be read in its old layout by another consumer; the exception is an all-reduce (or
+reduce-scatter) the program marks as its input's last read, which runs in the input's memory
+where no other tensor shares it. On gloo, which lacks
 reduce-scatter and all-to-all on CPU tensors, those two are composed from
 all-reduce/all-gather plus a local slice (same result, more traffic).
 
@@ -49,6 +51,7 @@ class RankMesh:
         self.calls: Counter = Counter()  # collective kind (or "gradient bucket") -> calls made to the library
         self.bucket_bytes = bucket_bytes
         self._buckets: dict[tuple, _Bucket] = {}  # (axis, dtype) -> the gradient syncs not sent yet
+        self._bucket_buffers: dict[tuple, list[torch.Tensor]] = {}  # (elements, dtype) -> flat buffers
 
     def _axis(self, name: str) -> tuple[int, int, object]:
         axis = self.mesh.axis_names.index(name)
@@ -56,16 +59,18 @@ class RankMesh:
 
     # Each collective counts the message the plan asked for (the cost model's n), even where
     # gloo composes it from other calls, so counted and predicted bytes compare one to one.
-    def all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
+    # ``last_read``: the program reads ``x`` no more, so where no other tensor shares its memory
+    # either, it is reduced in place instead of in a copy
+    def all_reduce(self, x: torch.Tensor, axis: str, last_read: bool = False) -> torch.Tensor:
         self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
-        return self._start_all_reduce(x, self.groups[axis]).wait()
+        return self._start_all_reduce(x, self.groups[axis], in_place=last_read and _alone(x)).wait()
 
     def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         self.bytes_moved["all_gather"] += x.numel() * x.element_size() * self._axis(axis)[1]
         return self._all_gather(x, axis, dim)
 
-    def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-        return self._start_reduce_scatter(x, axis, dim, self.groups[axis]).wait()
+    def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, last_read: bool = False) -> torch.Tensor:
+        return self._start_reduce_scatter(x, axis, dim, self.groups[axis], in_place=last_read and _alone(x)).wait()
 
     def all_to_all(self, x: torch.Tensor, axis: str, src_dim: int, dst_dim: int) -> torch.Tensor:
         coord, p, group = self._axis(axis)
@@ -90,6 +95,12 @@ class RankMesh:
             return self._join_bucket(x, axis, then=lambda t: self.shard(t, axis, dim))
         return self._start_reduce_scatter(x, axis, dim, self.sync_groups[axis])
 
+    @staticmethod
+    def wait(pending: "Pending") -> torch.Tensor:
+        """A gradient sync's result (the program calls ``rt.wait``, which a compiled program's
+        runtime answers without a handle)."""
+        return pending.wait()
+
     def _join_bucket(self, x: torch.Tensor, axis: str, then=None) -> "Pending":
         key = (axis, x.dtype)
         bucket = self._buckets.setdefault(key, _Bucket())
@@ -106,7 +117,8 @@ class RankMesh:
             self._send(bucket, axis)
 
     def _send(self, bucket: "_Bucket", axis: str) -> None:
-        flat = torch.cat([x.reshape(-1) for x in bucket.tensors])  # a copy: the gradients stay as they were
+        # a copy into the bucket's buffer: the gradients stay as they were
+        flat = torch.cat([x.reshape(-1) for x in bucket.tensors], out=self._bucket_buffer(bucket))
         self.calls["gradient bucket"] += 1
         work = dist.all_reduce(flat, group=self.sync_groups[axis], async_op=True)
         offset = 0
@@ -114,19 +126,32 @@ class RankMesh:
             pending.work, pending.out = work, flat[offset:offset + x.numel()].view(x.shape)
             offset += x.numel()
 
-    def _start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, group) -> "Pending":
+    def _bucket_buffer(self, bucket: "_Bucket") -> torch.Tensor:
+        """A flat buffer for ``bucket``, reused from an earlier step where no tensor shares its
+        memory any more (no gradient handed out from it is alive, in ``.grad`` say), as DDP keeps
+        its buckets: allocating tens of MB anew costs its page faults on every step, four times
+        the copy into it on a CPU."""
+        numel, dtype = sum(x.numel() for x in bucket.tensors), bucket.tensors[0].dtype
+        buffers = self._bucket_buffers.setdefault((numel, dtype), [])
+        free = next((b for b in buffers if _tensors_sharing_memory(b) == 1), None)
+        if free is None:
+            free = torch.empty(numel, dtype=dtype, device=self.device)
+            buffers.append(free)
+        return free
+
+    def _start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, group, in_place: bool = False) -> "Pending":
         coord, p, _ = self._axis(axis)
         self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
         if self._gloo:  # gloo has no reduce_scatter: all-reduce, then keep this rank's block
-            pending = self._start_all_reduce(x, group)
+            pending = self._start_all_reduce(x, group, in_place)
             return Pending(pending.work, pending.out, lambda t: self.shard(t, axis, dim))
         parts = [c.contiguous() for c in x.chunk(p, dim)]
         out = torch.empty_like(parts[coord])
         self.calls["reduce_scatter"] += 1
         return Pending(dist.reduce_scatter(out, parts, group=group, async_op=True), out)
 
-    def _start_all_reduce(self, x: torch.Tensor, group) -> "Pending":
-        out = x.detach().clone()
+    def _start_all_reduce(self, x: torch.Tensor, group, in_place: bool = False) -> "Pending":
+        out = x if in_place else x.detach().clone()
         self.calls["all_reduce"] += 1
         return Pending(dist.all_reduce(out, group=group, async_op=True), out)
 
@@ -150,7 +175,9 @@ class RankMesh:
     def zero_partial(self, x: torch.Tensor, axis: str) -> torch.Tensor:
         """Replicate -> Partial: one rank keeps the value, the others hold zeros, so the sum is unchanged."""
         coord, _, _ = self._axis(axis)
-        return x if coord == 0 else torch.zeros_like(x)
+        # a new tensor object even where it holds x's values: an all_reduce of the result in place
+        # must see that x shares its memory (_alone)
+        return x.detach() if coord == 0 else torch.zeros_like(x)
 
     def redistribute(self, x: torch.Tensor, src: Spec, dst: Spec) -> torch.Tensor:
         """``x``, this rank's block of a tensor in layout ``src``, as its block in layout ``dst``
@@ -175,6 +202,18 @@ class RankMesh:
         mask = local_shard(mask, Spec.from_json(spec), self.mesh, self.coords)
         scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
         return x.mul(mask).mul_(scale), mask
+
+
+def _alone(x: torch.Tensor) -> bool:
+    """``x`` may be written in place: contiguous, and no other tensor shares its memory."""
+    return x.is_contiguous() and _tensors_sharing_memory(x) == 1
+
+
+def _tensors_sharing_memory(x: torch.Tensor) -> int:
+    """How many tensors hold ``x``'s storage, ``x`` included (a view, a detached alias and a
+    DTensor's local tensor each count: a tensor's own use count would miss the last two)."""
+    storage = x.untyped_storage()
+    return torch._C._storage_Use_Count(storage._cdata) - 1  # less the storage object made here
 
 
 def _new_group_along(ranks: torch.Tensor, axis: int):

@@ -43,7 +43,7 @@ def forward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     fc2_bias__r0 = rt.zero_partial(fc2_bias, 'tp')  # r0 forward: (R) -> (P), 0 B, 0.0 us
     addmm_1 = aten.addmm.default(fc2_bias__r0, gelu, t_1)  # [8, 1024] -> local [8, 1024] (P)
     del t_1, fc2_bias__r0
-    addmm_1__r1 = rt.all_reduce(addmm_1, 'tp')  # r1 forward: (P) -> (R), 32.8 KB, 4.1 us
+    addmm_1__r1 = rt.all_reduce(addmm_1, 'tp', last_read=True)  # r1 forward: (P) -> (R), 32.8 KB, 4.1 us
     del addmm_1
     # <model>
     sub = aten.sub.Tensor(addmm_1__r1, y)  # [8, 1024] -> local [8, 1024] (R)

@@ -189,8 +189,11 @@ class _Printer:
                 f"device=rt.device).reshape({list(node.outputs[0].shape)})  # constant")
 
     def move(self, s: Statement) -> str:
-        r = s.redistribution
-        call = _step_call(r.steps[s.step], self.wire_in(r, s.step, s.uses[0]), self.plan.mesh.axis_names)
+        r, step = s.redistribution, s.redistribution.steps[s.step]
+        var = self.wire_in(r, s.step, s.uses[0])
+        call = _step_call(step, var, self.plan.mesh.axis_names)
+        if step.kind in _MAY_REDUCE_IN_PLACE and var in s.frees:  # the program reads it no more
+            call = call[:-1] + ", last_read=True)"
         return f"{s.defines} = {self.wire_out(r, s.step, call)}  # {_describe(r, s.step)}"
 
     def start(self, s: Statement) -> str:
@@ -199,7 +202,7 @@ class _Printer:
         return f"{s.defines} = {call}  # {_describe(r, 0)}, overlaps the rest of backward"
 
     def wait(self, s: Statement) -> str:
-        return (f"{s.defines} = {self.wire_out(s.redistribution, 0, f'{s.uses[0]}.wait()')}  "
+        return (f"{s.defines} = {self.wire_out(s.redistribution, 0, f'rt.wait({s.uses[0]})')}  "
                 f"# {s.redistribution.id}: the gradient sync started above")
 
     @staticmethod
@@ -247,6 +250,10 @@ def _describe(r, i: int) -> str:
 def _uses_device_neutral_kernels(plan) -> bool:
     return any(n.target in CPU_ONLY_OPS for n in plan.graph.nodes)
 
+
+# collectives the runtime may run in the input's own memory where the program reads it no more
+# (RankMesh.all_reduce): each reads a partial sum, which an op computed just before
+_MAY_REDUCE_IN_PLACE = ("all_reduce", "reduce_scatter")
 
 _LOCAL_EQUIVALENT = {"aten.view.default": "aten.reshape.default", "aten._unsafe_view.default": "aten.reshape.default"}
 

@@ -1,0 +1,76 @@
+"""What a compiled program calls instead of RankMesh: the same collectives as functional ones.
+
+``torch.compile`` cannot trace ``torch.distributed``'s in-place, work-handle collectives, so a
+program calling them would break its graph at every collective. Functional collectives
+(``torch.distributed._functional_collectives``) return new tensors, which Dynamo traces into
+the graph as ``_c10d_functional`` ops with a wait before the first use of each result:
+Inductor sees the whole forward (or backward), communication included, and may schedule
+compute between a collective and its wait.
+
+A gradient sync's start is the collective itself and its wait is where the result is first
+read, so syncs still overlap the rest of backward. They run on the sync process groups, as
+RankMesh's do; Inductor's own bucketing passes coalesce them (autopar.runtime.program), where
+RankMesh fills buckets from Python between kernels. Counting bytes is left to RankMesh: a
+compiled graph runs no Python per call.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed._functional_collectives as funcol
+
+from autopar.runtime.rank_mesh import RankMesh
+
+
+class TracedCollectives:
+    """The ``rt`` of a compiled program: RankMesh's programs' interface, each collective functional."""
+
+    def __init__(self, rank_mesh: RankMesh):
+        self.rank_mesh = rank_mesh
+        self.device = rank_mesh.device
+        self._sizes = dict(zip(rank_mesh.mesh.axis_names, rank_mesh.mesh.shape))
+
+    # ``last_read`` (RankMesh's: reduce in the input's memory) has nothing to do here: Inductor
+    # plans a compiled graph's buffers
+    def all_reduce(self, x: torch.Tensor, axis: str, last_read: bool = False) -> torch.Tensor:
+        return funcol.all_reduce(x, "sum", self.rank_mesh.groups[axis])
+
+    def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        return funcol.all_gather_tensor(x.contiguous(), dim, self.rank_mesh.groups[axis])
+
+    def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, last_read: bool = False) -> torch.Tensor:
+        return self._reduce_scatter(x, axis, dim, self.rank_mesh.groups[axis])
+
+    def all_to_all(self, x: torch.Tensor, axis: str, src_dim: int, dst_dim: int) -> torch.Tensor:
+        """Split ``x`` along ``dst_dim``, send block i to rank i, join what comes back along
+        ``src_dim`` (one all_to_all_single on the blocks laid out along dim 0)."""
+        p = self._sizes[axis]
+        blocks = torch.stack(x.chunk(p, dst_dim))  # [p, *block]: block i for rank i
+        received = funcol.all_to_all_single(blocks.reshape(p, -1).contiguous(), None, None,
+                                            self.rank_mesh.groups[axis])
+        return torch.cat(received.reshape(blocks.shape).unbind(0), dim=src_dim)
+
+    def start_all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
+        return funcol.all_reduce(x, "sum", self.rank_mesh.sync_groups[axis])
+
+    def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        return self._reduce_scatter(x, axis, dim, self.rank_mesh.sync_groups[axis])
+
+    @staticmethod
+    def wait(x: torch.Tensor) -> torch.Tensor:
+        """A functional collective's result is waited for where it is first read."""
+        return x
+
+    def _reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, group) -> torch.Tensor:
+        # reduce_scatter_tensor splits along dim 0: bring ``dim`` there and back
+        out = funcol.reduce_scatter_tensor(x.movedim(dim, 0).contiguous(), "sum", 0, group)
+        return out.movedim(0, dim).contiguous()
+
+    def shard(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        return self.rank_mesh.shard(x, axis, dim)
+
+    def zero_partial(self, x: torch.Tensor, axis: str) -> torch.Tensor:
+        return self.rank_mesh.zero_partial(x, axis)
+
+    @torch.compiler.disable  # draws a global mask and keeps this rank's block: Python the graph breaks around
+    def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
+        return self.rank_mesh.native_dropout(x, p, train, global_shape, spec)

@@ -1,0 +1,46 @@
+"""compile=True: the emitted programs through torch.compile (Inductor), their collectives
+functional (autopar.runtime.traced_collectives) so that communication stays inside the graph."""
+import io
+import re
+
+import pytest
+import torch
+
+import autopar
+from autopar.check import compare, train
+from autopar.runtime.local_cluster import get_cluster
+from examples import gpt2
+from tests import workers
+
+SMALL = gpt2.GPT2Config(vocab=384, seq=48, layers=2, heads=4, width=128, batch=4)
+
+
+def test_functional_collectives_equal_the_eager_runtimes():
+    for rank_results in get_cluster(2).run(workers.functional_and_eager_collectives):
+        for name, (eager, functional) in rank_results.items():
+            torch.testing.assert_close(functional, eager, msg=name)
+
+
+def test_a_compiled_decoder_on_dp2_tp2_equals_eager_in_one_graph_per_program():
+    model, inputs = gpt2.make(SMALL)
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=workers.FAST)
+    source = plan.emit("torch")
+    kinds = set(re.findall(r"rt\.(\w+)\(", source))
+    # every kind of collective the programs call, on both axes: the graphs hold communication
+    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "start_all_reduce"} <= kinds, kinds
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    steps = 2
+    results = get_cluster(4).run(workers.compiled_training_steps, buffer.getvalue(), inputs, plan.to_json(), steps)
+    eager_losses, eager_grads, _ = train(model, lambda: model(*inputs), steps, lr=0.1)  # grads of the first step
+    for got in results:
+        assert got["graph_breaks"] == {} and got["graphs"] == 2, (got["graph_breaks"], got["graphs"])
+        assert got["losses"] == pytest.approx(eager_losses, rel=1e-5)
+        for name, want in eager_grads.items():
+            assert compare(name, got["grads"][name], want).ok, name
+
+
+def test_compile_is_refused_for_the_jax_backend():
+    model, inputs = gpt2.make("tiny")
+    with pytest.raises(ValueError, match="compile=True compiles the torch programs"):
+        autopar.check(model, inputs, mesh="dp=2", backend="jax", compile=True)
