@@ -144,3 +144,58 @@ def test_when_the_budget_loop_gives_up_the_leanest_layout_is_taken_if_it_fits(mo
     assert plan.solver.objective_s == pytest.approx(plan.predicted.step_time_s - plan.predicted.recompute_s, rel=0.05)
     below = f"{parse_bytes(leanest) / 2**20 - 5:.1f}MiB"
     assert suggested(below) == leanest
+
+
+def test_zero3_gathers_start_a_layer_ahead_where_the_budget_allows():
+    """ZeRO-3's parameter all-gathers are prefetched as FSDP2 does: a layer's gathers start when
+    the previous layer's first gathered parameter is waited for (one layer ahead, never two), in
+    forward and in backward. The memory model sees the second layer held, and a budget that
+    only the program without prefetch meets gets that program, with nothing recomputed."""
+    from autopar.lowering.memory import simulate
+    from autopar.lowering.schedule import programs, schedule
+    from tests.workers import FAST
+
+    model, inputs = gpt2.make(gpt2.GPT2Config(vocab=384, seq=48, layers=2, heads=4, width=128, batch=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        plan = autopar.baselines(model, inputs, devices=4, hardware=FAST, tp_degrees=[], optimizer="sgd")["zero3"]
+    assert plan.prefetch
+    split = programs(plan)
+    for part, least in ((split.forward, 4), (split.backward, 2)):  # backward gathers the blocks' weights
+        gathers = [(i, s) for i, s in enumerate(part) if s.kind in ("move", "start", "wait") and s.step == 0
+                   and s.redistribution.steps[0].kind == "all_gather"
+                   and _layer_of(plan, s.redistribution.value) is not None]
+        assert gathers and not [s for _, s in gathers if s.kind == "move"]  # every gather is started ahead
+        first_start, first_wait = {}, {}
+        for i, s in gathers:
+            (first_start if s.kind == "start" else first_wait).setdefault(_layer_of(plan, s.redistribution.value), i)
+        layers = sorted(first_start, key=first_start.get)
+        assert len(layers) >= least and sorted(first_wait, key=first_wait.get) == layers, layers
+        for j in range(1, len(layers)):
+            assert first_start[layers[j]] < first_wait[layers[j - 1]], layers[j]  # one layer ahead
+            if j >= 2:
+                assert first_start[layers[j]] > first_wait[layers[j - 2]], layers[j]  # not two
+    args = (plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute, "gloo")
+    prefetched = simulate(schedule(*args, prefetch=True), plan.graph, plan.strategies, plan.mesh, "sgd")
+    plain = simulate(schedule(*args), plan.graph, plan.strategies, plan.mesh, "sgd")
+    assert plan.predicted.peak_memory_bytes == prefetched.peak_bytes > plain.peak_bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        tight = autopar.baselines(model, inputs, devices=4, hardware=FAST, tp_degrees=[], optimizer="sgd",
+                                  memory_budget=(prefetched.peak_bytes + plain.peak_bytes) / 2)["zero3"]
+    assert not tight.prefetch and tight.recompute == () and tight.predicted.peak_memory_bytes == plain.peak_bytes
+    for made in (plan, tight):
+        assert autopar.check(model, inputs, plan=made, steps=2).ok
+
+
+def _layer_of(plan, value: str):
+    """The layer of the parameter ``value`` is, or is a transpose or view of (blocks.N, else its
+    module); None for another value."""
+    node = plan.graph.node(value)
+    while node.name not in plan.graph.params:
+        if node.target not in ("aten.t.default", "aten.view.default", "aten.transpose.int"):
+            return None
+        (ref,) = node.refs()
+        node = plan.graph.node(ref)
+    fqn = plan.graph.params[node.name]
+    return ".".join(fqn.split(".")[:2]) if fqn.startswith("blocks.") else fqn.rpartition(".")[0]

@@ -98,6 +98,9 @@ def _module_lines(plan) -> list[str]:
 
 
 def _recompute_line(plan) -> str:
+    if plan.prefetch:
+        return ("recomputation: none; parameter all-gathers start a layer ahead (prefetched, as FSDP does: the "
+                "budget holds two layers' gathered parameters)")
     if not plan.recompute:
         return "recomputation: none (every forward value backward reads is kept)"
     shown = ", ".join(plan.recompute[:_MAX_SITES]) + (" ..." if len(plan.recompute) > _MAX_SITES else "")

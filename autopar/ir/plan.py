@@ -53,6 +53,7 @@ class Plan:
     fallback_modules: dict = field(default_factory=dict)  # fallback node -> module path it sits in
     formula: Optional[CostFormula] = None  # present when planned with symbolic_dims
     recompute: tuple[str, ...] = ()  # forward variables the program computes again in backward
+    prefetch: bool = False  # parameter all-gathers start a layer ahead (ZeRO-3 / FSDP prefetch)
     modules: dict = field(default_factory=dict)  # call node -> module path it comes from ("" = the model)
     format_version: int = FORMAT_VERSION
 
@@ -83,6 +84,8 @@ class Plan:
         body = {"graph": self.fingerprint, "mesh": self.mesh.to_json(), "hardware": self.hardware,
                 "strategies": {n: _strategy_json(s) for n, s in sorted(self.strategies.items())},
                 "recompute": sorted(self.recompute)}
+        if self.prefetch:  # named only where taken: a plan without keeps the hash it had before prefetching
+            body["prefetch"] = True
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
     def cost_formula(self) -> sympy.Expr:
@@ -151,6 +154,7 @@ class Plan:
             "history": [r.__dict__ for r in self.history],
             "formula": self.formula.to_json() if self.formula else None,
             "recompute": list(self.recompute),
+            "prefetch": self.prefetch,
             "modules": self.modules,
         }
         return json.dumps(body, indent=1)
@@ -179,6 +183,7 @@ class Plan:
                 history=tuple(PassRecord(**r) for r in d["history"]),
                 formula=CostFormula.from_json(d["formula"]) if d.get("formula") else None,
                 recompute=tuple(d.get("recompute", ())),  # absent in plans from before it existed
+                prefetch=bool(d.get("prefetch", False)),  # likewise
                 modules=dict(d.get("modules", {})),  # likewise
                 format_version=version,
             )

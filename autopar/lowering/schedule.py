@@ -46,15 +46,19 @@ class Statement:
     alias_of: Optional[str] = None  # a view: the variable whose storage it shares
     frees: list[str] = field(default_factory=list)  # variables dead after it: the program deletes them
     recomputed: bool = False  # a forward statement run again in backward (autopar.passes.recompute)
+    prefetch: bool = False  # a parameter gather started ahead of its layer (prefetch_parameter_gathers)
 
 
 def schedule(graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, recompute=(),
-             library: str = "nccl") -> list[Statement]:
+             library: str = "nccl", prefetch: bool = False) -> list[Statement]:
     """The program of a plan (or of a solution being planned) in the order it runs. The forward
     variables in ``recompute`` are dropped after their last forward use and computed again (as
     ``<name>__rc``) right before backward first reads them, with whatever they read in turn.
-    ``library`` (Hardware.collectives_library) sizes the buffers collectives hold."""
-    return _Scheduler(graph, strategies, redistributions, mesh, recompute, _SCRATCH[library]).run()
+    ``library`` (Hardware.collectives_library) sizes the buffers collectives hold. ``prefetch``:
+    parameter all-gathers start a layer ahead (prefetch_parameter_gathers, as the recompute pass
+    decided for the plan); without, each runs where it is first read."""
+    statements = _Scheduler(graph, strategies, redistributions, mesh, recompute, _SCRATCH[library]).run()
+    return with_frees(prefetch_parameter_gathers(statements, graph) if prefetch else statements)
 
 
 def backward_start(statements: list[Statement]) -> int:
@@ -78,7 +82,8 @@ class Split:
 
 def programs(plan) -> Split:
     """A plan's forward and backward programs, as both code generators print them."""
-    return split(schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute))
+    return split(schedule(plan.graph, plan.strategies, plan.redistributions, plan.mesh, plan.recompute,
+                          prefetch=plan.prefetch))
 
 
 def split(statements: list[Statement]) -> Split:
@@ -132,7 +137,6 @@ class _Scheduler:
                 self.forward_return()
             if node.op == "output" and self.graph.kind == STEP:
                 self.finish()
-        _mark_frees(self.out)
         return self.out
 
     def emit(self, statement: Statement) -> None:
@@ -225,12 +229,81 @@ class _Scheduler:
         self.out.append(Statement("output", None, outs))
 
 
+def prefetch_parameter_gathers(statements: list[Statement], graph: GraphIR) -> list[Statement]:
+    """ZeRO-3 / FSDP prefetch, as FSDP2 runs it: the all-gathers of one layer's parameters start
+    together when the previous layer's first gathered parameter is waited for, so they run while
+    that layer computes; each is waited for where the program first reads it (a ``wait``, then
+    any later steps of its move). The first layer starts its own gathers and the next's at its
+    first. At most two layers' gathered parameters are held at once, each from its start on.
+    A parameter gathered through views (forward gathers a weight's transpose) takes its views
+    along. A layer is a parameter's path through its first numbered module (``layers.3``), else
+    its module; its gathers form a run of consecutive parameter gathers (forward's, then
+    backward's where it gathers again); none starts in forward to be waited for in backward."""
+    defined_at = {s.defines: i for i, s in enumerate(statements) if s.defines is not None}
+    boundary = backward_start(statements)
+    runs: list[tuple[tuple, list[tuple[int, list[int]]]]] = []  # (layer, in backward) -> (index, view chain)s
+    for i, s in enumerate(statements):
+        if s.kind == "move" and s.step == 0 and s.redistribution.steps[0].kind == "all_gather":
+            found = _parameter_view_chain(s.uses[0], statements, defined_at, graph)
+            if found is None:
+                continue
+            layer = (_layer(graph.params[found[0]]), i >= boundary)
+            if runs and runs[-1][0] == layer:
+                runs[-1][1].append((i, found[1]))
+            else:
+                runs.append((layer, [(i, found[1])]))
+    starts: dict[int, list[Statement]] = {}  # statement index -> the statements issued right before it
+    replaced: dict[int, Optional[Statement]] = {}  # index -> its wait, or None for a view moved up
+    for j, (_, run) in enumerate(runs):
+        anchor = runs[max(j - 1, 0)][1][0][0]
+        if (anchor < boundary) != (run[0][0] < boundary):  # no gather runs from forward into backward
+            anchor = run[0][0]
+        for i, chain in run:
+            s = statements[i]
+            for v in chain:  # the views the gather reads, from where they were, unless defined already
+                if v > anchor and v not in replaced:
+                    starts.setdefault(anchor, []).append(statements[v])
+                    replaced[v] = None
+            pending = f"{s.defines}_pending"
+            starts.setdefault(anchor, []).append(replace(s, kind="start", defines=pending, prefetch=True))
+            replaced[i] = Statement("wait", s.defines, (pending,), redistribution=s.redistribution,
+                                    alias_of=pending, recomputed=s.recomputed)
+    out: list[Statement] = []
+    for i, s in enumerate(statements):
+        out += starts.get(i, [])
+        if replaced.get(i, s) is not None:
+            out.append(replaced.get(i, s))
+    return out
+
+
+def _parameter_view_chain(var: str, statements: list[Statement], defined_at: dict,
+                          graph: GraphIR) -> Optional[tuple[str, list[int]]]:
+    """(the parameter placeholder ``var`` is, or is a chain of views of, the indices of those
+    views in program order), or None where ``var`` is computed otherwise."""
+    chain = []
+    while var not in graph.params:
+        i = defined_at.get(var)
+        if i is None or statements[i].kind != "call" or statements[i].alias_of is None or len(statements[i].uses) != 1:
+            return None
+        chain.append(i)
+        var = statements[i].uses[0]
+    return var, chain[::-1]
+
+
+def _layer(fqn: str) -> str:
+    parts = fqn.split(".")
+    numbered = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
+    return ".".join(parts[:numbered + 1]) if numbered is not None else fqn.rpartition(".")[0]
+
+
 def _result_bytes(step, nbytes: float, mesh) -> float:
     return _RESULT.get(step.kind, lambda n, p: n)(nbytes, mesh.shape[step.axis])
 
 
-def _mark_frees(statements: list[Statement]) -> None:
-    """After each statement, the variables it was the last to read (or that nothing reads)."""
+def with_frees(statements: list[Statement]) -> list[Statement]:
+    """``statements``, each with the variables it was the last to read (or that nothing reads)
+    as its ``frees``."""
+    statements = [replace(s, frees=[]) for s in statements]
     last: dict[str, int] = {}
     for i, s in enumerate(statements):
         if s.defines is not None:
@@ -241,3 +314,4 @@ def _mark_frees(statements: list[Statement]) -> None:
     for v, i in last.items():
         if v not in placeholders and statements[i].kind not in RETURNS:
             statements[i].frees.append(v)
+    return statements

@@ -27,7 +27,15 @@ from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
 from autopar.ir.program import STEP, Program
 from autopar.lowering.memory import MemoryEstimate, simulate
-from autopar.lowering.schedule import RETURNS, Statement, backward_start, recomputed_name, schedule
+from autopar.lowering.schedule import (
+    RETURNS,
+    Statement,
+    backward_start,
+    prefetch_parameter_gathers,
+    recomputed_name,
+    schedule,
+    with_frees,
+)
 from autopar.passes.base import Pass, PassContext, side_table
 from autopar.solvers.recompute import RecomputeProblem, least_memory, limit_at, solve
 from autopar.units import human_bytes, human_seconds
@@ -50,6 +58,9 @@ class Recompute:
     variables: tuple[str, ...]  # forward variables recomputed in backward
     seconds: float  # the time recomputation adds to a step
     memory: MemoryEstimate  # the program's memory with this recomputation
+    # parameter gathers start a layer ahead (autopar.lowering.schedule.prefetch_parameter_gathers):
+    # taken where the program fits the budget so without recomputing anything
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class RecomputePass(Pass):
         program.tables["recompute"] = chosen
         program.tables["memory"] = chosen.memory
         peak = f"peak {human_bytes(chosen.memory.peak_bytes)} per device at {chosen.memory.peak_at}"
+        if chosen.prefetch:
+            return f"parameter gathers prefetched a layer ahead, {peak}"
         if not chosen.variables:
             return peak
         return (f"{len(chosen.variables)} values recomputed (+{human_seconds(chosen.seconds)}), {peak} "
@@ -104,6 +117,9 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
     """The memory of this solution, and the recomputation it takes to fit ``budget``."""
     mode = check_mode(mode or ctx.request.recompute) if graph.kind == STEP else "none"  # no backward to recompute in
     fitter = _Fitter(graph, strategies, redistributions, ctx, budget)
+    prefetched = fitter.prefetched
+    if prefetched is not None and mode != "full" and prefetched.peak_bytes <= budget:
+        return Fit(prefetched, Recompute((), 0.0, prefetched, prefetch=True))
     plain = fitter.plain
     if mode == "none" or (mode == "auto" and plain.peak_bytes <= budget):
         return Fit(plain, Recompute((), 0.0, plain) if plain.peak_bytes <= budget else None)
@@ -118,7 +134,12 @@ class _Fitter:
     def __init__(self, graph, strategies: dict, redistributions, ctx: PassContext, budget: float):
         self.graph, self.strategies, self.redistributions = graph, strategies, redistributions
         self.ctx, self.budget = ctx, budget
+        # recomputation is solved on the program whose parameter gathers run where they are read:
+        # prefetching them holds two layers' parameters at once, the memory recomputing is for
         self.plain_statements, self.plain = self.program_of()
+        prefetching = prefetch_parameter_gathers(self.plain_statements, graph)
+        self.prefetched = None if not any(s.prefetch for s in prefetching) else \
+            simulate(with_frees(prefetching), graph, strategies, ctx.mesh, ctx.request.optimizer)
         self.extra_points: list[int] = []
         self.problem, self.names = None, []
 

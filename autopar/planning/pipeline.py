@@ -106,6 +106,7 @@ class _MeshPlanner:
             redistributions=tuple(program.table("redistributions")),
             predicted=program.table("predicted"),
             recompute=program.table("recompute").variables,
+            prefetch=program.table("recompute").prefetch,
             fallback_nodes=dict(fallback),
             fallback_modules={n: p for n, p in self.modules.items() if n in fallback},
             modules=self.modules,

@@ -89,6 +89,12 @@ class RankMesh:
         self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
         return self._join_bucket(x, axis)
 
+    def start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
+        """A parameter's gather started a layer ahead (ZeRO-3 prefetch), on the axis's own group
+        in program order: every rank starts the same gathers in the same order."""
+        self.bytes_moved["all_gather"] += x.numel() * x.element_size() * self._axis(axis)[1]
+        return self._start_all_gather(x, axis, dim)
+
     def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
         if self._gloo:  # composed from an all-reduce, which joins a bucket
             self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
@@ -156,16 +162,17 @@ class RankMesh:
         return Pending(dist.all_reduce(out, group=group, async_op=True), out)
 
     def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        return self._start_all_gather(x, axis, dim).wait()
+
+    def _start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
         _, p, group = self._axis(axis)
         x = x.contiguous()
         self.calls["all_gather"] += 1
         if dim == 0 and not self._gloo:  # NCCL fills one buffer: no per-rank parts to concatenate
             out = x.new_empty((p * x.shape[0],) + tuple(x.shape[1:]))
-            dist.all_gather_into_tensor(out, x, group=group)
-            return out
+            return Pending(dist.all_gather_into_tensor(out, x, group=group, async_op=True), out)
         parts = [torch.empty_like(x) for _ in range(p)]
-        dist.all_gather(parts, x, group=group)
-        return torch.cat(parts, dim=dim)
+        return Pending(dist.all_gather(parts, x, group=group, async_op=True), None, lambda _: torch.cat(parts, dim=dim))
 
     def shard(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         """This rank's block, copied: a view would keep the whole tensor's storage alive."""

@@ -49,6 +49,9 @@ class TracedCollectives:
                                             self.rank_mesh.groups[axis])
         return torch.cat(received.reshape(blocks.shape).unbind(0), dim=src_dim)
 
+    def start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+        return self.all_gather(x, axis, dim)
+
     def start_all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
         return funcol.all_reduce(x, "sum", self.rank_mesh.sync_groups[axis])
 

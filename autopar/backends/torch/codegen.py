@@ -199,11 +199,14 @@ class _Printer:
     def start(self, s: Statement) -> str:
         r = s.redistribution
         call = _step_call(r.steps[0], self.wire_in(r, 0, s.uses[0]), self.plan.mesh.axis_names, "start_")
-        return f"{s.defines} = {call}  # {_describe(r, 0)}, overlaps the rest of backward"
+        overlaps = "prefetched: runs while the previous layer computes" if s.prefetch else \
+            "overlaps the rest of backward"
+        return f"{s.defines} = {call}  # {_describe(r, 0)}, {overlaps}"
 
     def wait(self, s: Statement) -> str:
+        started = "the parameter gather" if s.redistribution.steps[0].kind == "all_gather" else "the gradient sync"
         return (f"{s.defines} = {self.wire_out(s.redistribution, 0, f'rt.wait({s.uses[0]})')}  "
-                f"# {s.redistribution.id}: the gradient sync started above")
+                f"# {s.redistribution.id}: {started} started above")
 
     @staticmethod
     def wire_in(r, step: int, var: str) -> str:
