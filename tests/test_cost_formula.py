@@ -91,3 +91,16 @@ def test_bad_requests_for_formulas_are_explained(planned, fast_network):
         plain.cost_formula()
     with pytest.raises(AutoparError, match="no example input has dim 5"):
         autopar.plan(model, inputs, mesh="dp=2", hardware=fast_network, symbolic_dims={"batch": 5})
+
+
+def test_the_formula_hides_prefetched_gathers_as_the_prediction_does(fast_network):
+    """A ZeRO-3 layout whose parameter gathers start a layer ahead: the formula prices them partly
+    hidden under compute (Hardware.gradient_overlap) exactly as the predicted step time does."""
+    model, inputs = gpt2.make("tiny")
+    pin = {n: "S(0)" if p.shape[0] % 4 == 0 else "R" for n, p in model.named_parameters()}
+    plan = autopar.plan(model, inputs, mesh="dp=4", hardware=fast_network, symbolic_dims=SIZES, pin=pin)
+    assert plan.prefetch and fast_network.gradient_overlap > 0
+    assert plan.evaluate() == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+    gathers = sum(r.step_seconds[0] for r in plan.redistributions
+                  if r.steps[0].kind == "all_gather" and r.phase == "forward")
+    assert plan.predicted.hidden_communication_s > 0 and gathers > 0

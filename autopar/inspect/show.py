@@ -50,7 +50,7 @@ def _header(plan) -> Panel:
     grid.add_row("mesh", Text(f"{plan.mesh} on {plan.hardware}"))
     grid.add_row("graph", f"{plan.fingerprint} ({n_calls} ops)")
     grid.add_row("solver", f"{s.backend} {s.status} in {s.seconds:.2f} s, gap {s.gap:.2%}")
-    hidden = f"; {human_seconds(p.hidden_communication_s)} of gradient sync hidden under backward" \
+    hidden = f"; {human_seconds(p.hidden_communication_s)} of communication hidden under compute" \
         if p.hidden_communication_s else ""
     recompute = f", of it recompute {human_seconds(p.recompute_s)}" if p.recompute_s else ""
     grid.add_row("step time", f"{human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)}{recompute} "

@@ -38,7 +38,8 @@ def summarize(plan) -> str:
         *_precision_lines(plan),
         f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
         f"+ communication {human_seconds(p.communication_s)}"
-        + (f" (and {human_seconds(p.hidden_communication_s)} of gradient sync hidden under backward)"
+        + (f" (and {human_seconds(p.hidden_communication_s)} of communication hidden under compute: gradient "
+           f"syncs, prefetched gathers)"
            if p.hidden_communication_s else "") + f"; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
         f"peak memory per device: {human_bytes(p.peak_memory_bytes)} = "
         + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),

@@ -81,7 +81,7 @@ class Predicted:
     memory_bytes: dict  # per device, by category, at the peak (autopar.lowering.memory.CATEGORIES)
     sharded_flops_fraction: float = 0.0  # share of the step's FLOPs split (not repeated) over some mesh axis
     total_flops: float = 0.0  # FLOPs of one training step of the whole model (forward and backward)
-    hidden_communication_s: float = 0.0  # gradient syncs that run under the backward pass
+    hidden_communication_s: float = 0.0  # gradient syncs and prefetched gathers that run under compute
     memory_timeline: tuple = ()  # (variable, bytes live after the statement defining it), in program order
     recompute_s: float = 0.0  # forward ops and collectives run again in backward (counted in compute_s)
 

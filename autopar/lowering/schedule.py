@@ -46,7 +46,7 @@ class Statement:
     alias_of: Optional[str] = None  # a view: the variable whose storage it shares
     frees: list[str] = field(default_factory=list)  # variables dead after it: the program deletes them
     recomputed: bool = False  # a forward statement run again in backward (autopar.passes.recompute)
-    prefetch: bool = False  # a parameter gather started ahead of its layer (prefetch_parameter_gathers)
+    prefetch: bool = False  # a parameter gather started a layer ahead (prefetch_parameter_gathers)
 
 
 def schedule(graph: GraphIR, strategies: dict, redistributions, mesh: Mesh, recompute=(),
@@ -258,6 +258,7 @@ def prefetch_parameter_gathers(statements: list[Statement], graph: GraphIR) -> l
         anchor = runs[max(j - 1, 0)][1][0][0]
         if (anchor < boundary) != (run[0][0] < boundary):  # no gather runs from forward into backward
             anchor = run[0][0]
+        ahead = anchor != run[0][0]
         for i, chain in run:
             s = statements[i]
             for v in chain:  # the views the gather reads, from where they were, unless defined already
@@ -265,7 +266,7 @@ def prefetch_parameter_gathers(statements: list[Statement], graph: GraphIR) -> l
                     starts.setdefault(anchor, []).append(statements[v])
                     replaced[v] = None
             pending = f"{s.defines}_pending"
-            starts.setdefault(anchor, []).append(replace(s, kind="start", defines=pending, prefetch=True))
+            starts.setdefault(anchor, []).append(replace(s, kind="start", defines=pending, prefetch=ahead))
             replaced[i] = Statement("wait", s.defines, (pending,), redistribution=s.redistribution,
                                     alias_of=pending, recomputed=s.recomputed)
     out: list[Statement] = []

@@ -66,18 +66,21 @@ class CostFormulaPass(Pass):
             (compute if node.name in forward else backward).append(seconds)
             if node.name in recomputed:
                 compute.append(seconds)
-        comm, async_comm, moved = [], [], {}
+        ahead = set(program.table("recompute").ahead)  # parameter gathers started a layer ahead
+        comm, async_comm, ahead_forward, moved = [], [], [], {}
         for r in program.table("redistributions"):
             steps = ctx.cost.step_times(sym[r.value][0], r.src, r.dst, bucketed=r.is_async)
             for i, (step, seconds, nbytes) in enumerate(steps):
-                (async_comm if r.is_async and i == 0 else comm).append(seconds)
+                hidden = async_comm if r.is_async or r.phase == "backward" else ahead_forward
+                (hidden if i == 0 and (r.is_async or r.id in ahead) else comm).append(seconds)
                 if moved_name(r.value, r.id) in recomputed:
                     comm.append(seconds)
                 if step.kind in COMMUNICATING:
                     moved[f"{r.id}.{i}"] = sympy.nsimplify(nbytes)  # whole bytes: exact rationals read best
-        backward_s = sympy.Add(*backward)
-        comm_s = sympy.Add(*comm) + exposed(sympy.Add(*async_comm), backward_s, ctx.cost.hardware.gradient_overlap)
+        backward_s, overlap = sympy.Add(*backward), ctx.cost.hardware.gradient_overlap
+        comm_s = sympy.Add(*comm) + exposed(sympy.Add(*async_comm), backward_s, overlap) + \
+            exposed(sympy.Add(*ahead_forward), sympy.Add(*compute), overlap)
         formula = CostFormula(dict(self.sizes.values), sympy.Add(*compute) + backward_s, comm_s, moved)
         program.tables["cost_formula"] = formula
-        terms = len(compute) + len(backward) + len(comm) + len(async_comm)
+        terms = len(compute) + len(backward) + len(comm) + len(async_comm) + len(ahead_forward)
         return f"step time formula of {terms} terms in {', '.join(self.sizes.dims)}"

@@ -23,8 +23,13 @@ class PredictPass(Pass):
         backward = sum(choice[n.name].compute_s for n in program.nodes()
                        if n.op == "call_function" and n.name not in forward)
         redistributions = program.table("redistributions")
-        async_s = sum(r.async_seconds for r in redistributions)
-        exposed_async = exposed(async_s, backward, ctx.cost.hardware.gradient_overlap)
+        overlap = ctx.cost.hardware.gradient_overlap
+        ahead = prefetched_seconds(redistributions, program.table("recompute").ahead)
+        # gradient syncs and the backward gathers started a layer ahead share backward's compute;
+        # the forward gathers started ahead run under forward's
+        async_s = sum(r.async_seconds for r in redistributions) + ahead["backward"] + ahead["forward"]
+        exposed_async = exposed(async_s - ahead["forward"], backward, overlap) + \
+            exposed(ahead["forward"], compute - recompute_s - backward, overlap)
         comm = sum(r.seconds for r in redistributions) - async_s + exposed_async
         memory = program.table("memory")
         flops = program.table("flops")
@@ -37,9 +42,20 @@ class PredictPass(Pass):
                 f" + {1e3 * (async_s - exposed_async):.4f} hidden), {fraction:.0%} of FLOPs sharded")
 
 
-def exposed(async_s, backward_s, overlap: float):
-    """The part of the asynchronous gradient syncs that backward compute cannot hide."""
-    return largest(0.0, async_s - overlap * backward_s)
+def exposed(async_s, compute_s, overlap: float):
+    """The part of the asynchronous collectives (gradient syncs under backward, prefetched
+    gathers under their phase) that the compute beside them cannot hide."""
+    return largest(0.0, async_s - overlap * compute_s)
+
+
+def prefetched_seconds(redistributions, ahead) -> dict:
+    """phase -> the time of the parameter gathers started a layer ahead (their first step)."""
+    ahead = set(ahead)
+    out = {"forward": 0.0, "backward": 0.0}
+    for r in redistributions:
+        if r.id in ahead:
+            out[r.phase] += r.step_seconds[0]
+    return out
 
 
 def _splits_work(strategy, mesh) -> bool:

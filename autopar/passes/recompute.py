@@ -58,9 +58,11 @@ class Recompute:
     variables: tuple[str, ...]  # forward variables recomputed in backward
     seconds: float  # the time recomputation adds to a step
     memory: MemoryEstimate  # the program's memory with this recomputation
-    # parameter gathers start a layer ahead (autopar.lowering.schedule.prefetch_parameter_gathers):
-    # taken where the program fits the budget so without recomputing anything
+    # parameter gathers start together per layer, a layer ahead (autopar.lowering.schedule.
+    # prefetch_parameter_gathers): taken where the program fits the budget so without recomputing
+    # anything; ``ahead`` names the redistributions started a layer ahead, which run under compute
     prefetch: bool = False
+    ahead: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
     fitter = _Fitter(graph, strategies, redistributions, ctx, budget)
     prefetched = fitter.prefetched
     if prefetched is not None and mode != "full" and prefetched.peak_bytes <= budget:
-        return Fit(prefetched, Recompute((), 0.0, prefetched, prefetch=True))
+        return Fit(prefetched, Recompute((), 0.0, prefetched, prefetch=True, ahead=fitter.ahead))
     plain = fitter.plain
     if mode == "none" or (mode == "auto" and plain.peak_bytes <= budget):
         return Fit(plain, Recompute((), 0.0, plain) if plain.peak_bytes <= budget else None)
@@ -138,8 +140,10 @@ class _Fitter:
         # prefetching them holds two layers' parameters at once, the memory recomputing is for
         self.plain_statements, self.plain = self.program_of()
         prefetching = prefetch_parameter_gathers(self.plain_statements, graph)
-        self.prefetched = None if not any(s.prefetch for s in prefetching) else \
-            simulate(with_frees(prefetching), graph, strategies, ctx.mesh, ctx.request.optimizer)
+        self.ahead = tuple(s.redistribution.id for s in prefetching if s.prefetch)
+        gathers = len(prefetching) > len(self.plain_statements)  # each parameter gather gained a start
+        self.prefetched = simulate(with_frees(prefetching), graph, strategies, ctx.mesh,
+                                   ctx.request.optimizer) if gathers else None
         self.extra_points: list[int] = []
         self.problem, self.names = None, []
 

@@ -200,6 +200,7 @@ class _Printer:
         r = s.redistribution
         call = _step_call(r.steps[0], self.wire_in(r, 0, s.uses[0]), self.plan.mesh.axis_names, "start_")
         overlaps = "prefetched: runs while the previous layer computes" if s.prefetch else \
+            "started with its layer's other gathers" if r.steps[0].kind == "all_gather" else \
             "overlaps the rest of backward"
         return f"{s.defines} = {call}  # {_describe(r, 0)}, {overlaps}"
 
