@@ -11,7 +11,8 @@ Gradient syncs (``start_*``, which the program waits for at the end of backward)
 buckets, as DDP's reducer sends them: each all-reduce joins the open bucket of its axis and
 dtype, which is sent as one collective once it holds ``bucket_bytes`` or when the program
 first waits for a sync (every rank starts the same syncs in the same order, so every rank
-forms the same buckets). They run on process groups of their own.
+forms the same buckets). They run on process groups of their own. ``start_all_gather`` is a
+parameter gather the program starts a layer ahead of its use (ZeRO-3 prefetch).
 """
 from __future__ import annotations
 
@@ -103,8 +104,8 @@ class RankMesh:
 
     @staticmethod
     def wait(pending: "Pending") -> torch.Tensor:
-        """A gradient sync's result (the program calls ``rt.wait``, which a compiled program's
-        runtime answers without a handle)."""
+        """A started collective's result: a gradient sync's, or a prefetched parameter gather's
+        (the program calls ``rt.wait``, which a compiled program's runtime answers without a handle)."""
         return pending.wait()
 
     def _join_bucket(self, x: torch.Tensor, axis: str, then=None) -> "Pending":
