@@ -172,28 +172,44 @@ def _no_sequence_split(program, tokens: Optional[tuple[int, int]], axis: int):
     return allowed
 
 
-class BatchOverDataParallel(Pass):
+class _LayoutRule(Pass):
+    """A baseline's rule on one mesh axis (``axis``): the nodes ``restricted`` names keep only the
+    strategies ``keeps`` accepts."""
+
+    requires = ("strategies",)
+    axis: str
+    what: str  # what the restricted nodes are, for the plan's history
+
+    def run(self, program, ctx) -> str:
+        axis = ctx.mesh.axis_names.index(self.axis)
+        restricted = self.restricted(program, program.table("strategies"), axis)
+        ctx.constraints.forbid(lambda node, strategy: node.name in restricted and not self.keeps(node, strategy, axis))
+        return f"{len(restricted)} {self.what} over {self.axis}"
+
+    def restricted(self, program, strategies: dict, axis: int) -> set:
+        raise NotImplementedError
+
+    def keeps(self, node, strategy, axis: int) -> bool:
+        raise NotImplementedError
+
+
+class BatchOverDataParallel(_LayoutRule):
     """Every activation that carries the batch (a dim of one of ``batch_sizes``: the batch, and
     batch x sequence flattened for token ids), in forward and backward, split along it over mesh axis
     ``axis``, where one of its strategies does that (an op without a rule keeps its choice)."""
 
     name = "batch_over_dp"
-    requires = ("strategies",)
+    what = "activations split along the batch"
 
     def __init__(self, batch_sizes: frozenset, axis: str = "dp"):
         self.batch_sizes, self.axis = batch_sizes, axis
 
-    def run(self, program, ctx) -> str:
-        axis = ctx.mesh.axis_names.index(self.axis)
-        strategies = program.table("strategies")
+    def restricted(self, program, strategies: dict, axis: int) -> set:
         activations = descendants([program.node(n) for n in program.user_inputs]) & set(strategies)
-        restricted = {name for name in activations
-                      if any(self.splits_batch(program.node(name), s, axis) for s in strategies[name])}
-        ctx.constraints.forbid(lambda node, strategy: node.name in restricted
-                               and not self.splits_batch(node, strategy, axis))
-        return f"{len(restricted)} activations split along the batch over {self.axis}"
+        return {name for name in activations
+                if any(self.keeps(program.node(name), s, axis) for s in strategies[name])}
 
-    def splits_batch(self, node, strategy, axis: int) -> bool:
+    def keeps(self, node, strategy, axis: int) -> bool:
         """The strategy reads and writes every batch-carrying value split along the batch (a
         layout that gathers an input to compute would not be data parallel)."""
         inputs = [_shapes(arg)[0] for arg in tensor_inputs(node)]
@@ -205,7 +221,7 @@ class BatchOverDataParallel(Pass):
         return True
 
 
-class NormsOverSequence(Pass):
+class NormsOverSequence(_LayoutRule):
     """Megatron's sequence parallelism (Korthikanti et al. 2022): every norm (forward and
     backward) runs on sequence shards over the ``tp`` axis, so its activations are not
     replicated over tp. A norm is an op of a module named like one (``ln_1``, ``norm``,
@@ -213,24 +229,19 @@ class NormsOverSequence(Pass):
     sequence length."""
 
     name = "norms_over_sequence"
-    requires = ("strategies",)
+    what = "norm ops split along the sequence"
 
     def __init__(self, seq: int, axis: str = "tp"):
         self.seq, self.axis = seq, axis
 
-    def run(self, program, ctx) -> str:
-        axis = ctx.mesh.axis_names.index(self.axis)
-        strategies = program.table("strategies")
-        norms = {name for name, path in module_paths(program).items()
-                 if name in strategies and _NORM.search(path) and self.carries_sequence(program.node(name))}
-        ctx.constraints.forbid(lambda node, strategy: node.name in norms and not self.splits_sequence(node, strategy,
-                                                                                                         axis))
-        return f"{len(norms)} norm ops split along the sequence over {self.axis}"
+    def restricted(self, program, strategies: dict, axis: int) -> set:
+        return {name for name, path in module_paths(program).items()
+                if name in strategies and _NORM.search(path) and self.carries_sequence(program.node(name))}
 
     def carries_sequence(self, node) -> bool:
         return any(len(shape) == 3 and shape[1] == self.seq for shape in _shapes(node))
 
-    def splits_sequence(self, node, strategy, axis: int) -> bool:
+    def keeps(self, node, strategy, axis: int) -> bool:
         return all(spec.placements[axis] == Shard(1) for spec, shape in zip(strategy.out_specs, _shapes(node))
                    if len(shape) == 3 and shape[1] == self.seq)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
@@ -119,10 +120,11 @@ def fit(graph, strategies: dict, redistributions, ctx: PassContext, budget: floa
     """The memory of this solution, and the recomputation it takes to fit ``budget``."""
     mode = check_mode(mode or ctx.request.recompute) if graph.kind == STEP else "none"  # no backward to recompute in
     fitter = _Fitter(graph, strategies, redistributions, ctx, budget)
-    prefetched = fitter.prefetched
-    if prefetched is not None and mode != "full" and prefetched.peak_bytes <= budget:
-        return Fit(prefetched, Recompute((), 0.0, prefetched, prefetch=True, ahead=fitter.ahead))
     plain = fitter.plain
+    # prefetching only allocates earlier, so its peak is never below plain's: tried where plain fits
+    prefetched = fitter.prefetched() if mode != "full" and plain.peak_bytes <= budget else None
+    if prefetched is not None and prefetched.memory.peak_bytes <= budget:
+        return Fit(prefetched.memory, prefetched)
     if mode == "none" or (mode == "auto" and plain.peak_bytes <= budget):
         return Fit(plain, Recompute((), 0.0, plain) if plain.peak_bytes <= budget else None)
     if not fitter.build():
@@ -139,11 +141,6 @@ class _Fitter:
         # recomputation is solved on the program whose parameter gathers run where they are read:
         # prefetching them holds two layers' parameters at once, the memory recomputing is for
         self.plain_statements, self.plain = self.program_of()
-        prefetching = prefetch_parameter_gathers(self.plain_statements, graph)
-        self.ahead = tuple(s.redistribution.id for s in prefetching if s.prefetch)
-        gathers = len(prefetching) > len(self.plain_statements)  # each parameter gather gained a start
-        self.prefetched = simulate(with_frees(prefetching), graph, strategies, ctx.mesh,
-                                   ctx.request.optimizer) if gathers else None
         self.extra_points: list[int] = []
         self.problem, self.names = None, []
 
@@ -153,6 +150,17 @@ class _Fitter:
         self.problem, self.names = build_problem(self.plain_statements, self.plain.during, self.strategies,
                                                  self.extra_points)
         return bool(self.names)
+
+    def prefetched(self) -> Optional[Recompute]:
+        """The plain program with its parameter gathers started a layer ahead; None where it
+        gathers no parameter."""
+        prefetching = prefetch_parameter_gathers(self.plain_statements, self.graph)
+        if len(prefetching) == len(self.plain_statements):  # each parameter gather gains a start
+            return None
+        memory = simulate(with_frees(prefetching), self.graph, self.strategies, self.ctx.mesh,
+                          self.ctx.request.optimizer)
+        return Recompute((), 0.0, memory, prefetch=True, ahead=tuple(s.redistribution.id for s in prefetching
+                                                                      if s.prefetch))
 
     def program_of(self, variables=()) -> tuple[list[Statement], MemoryEstimate]:
         ctx = self.ctx

@@ -67,8 +67,7 @@ class RankMesh:
         return self._start_all_reduce(x, self.groups[axis], in_place=last_read and _alone(x)).wait()
 
     def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-        self.bytes_moved["all_gather"] += x.numel() * x.element_size() * self._axis(axis)[1]
-        return self._all_gather(x, axis, dim)
+        return self.start_all_gather(x, axis, dim).wait()
 
     def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, last_read: bool = False) -> torch.Tensor:
         return self._start_reduce_scatter(x, axis, dim, self.groups[axis], in_place=last_read and _alone(x)).wait()
