@@ -245,9 +245,7 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     optimizer's state stay float32 while the programs compute in the low precision; call the
     model without torch.autocast (the programs hold their casts). With "fp16-mixed", scale the
     loss with torch.amp.GradScaler: every rank skips a step where any rank's gradients overflow.
-    ``compile=True``: every emitted program runs through torch.compile (Inductor), its
-    collectives functional so that communication is part of the compiled graph; each program
-    compiles at its first call (seconds to minutes).
+    ``compile=True``: programs run through torch.compile, communication inside their graphs.
     ``example_inputs`` / ``example_kwargs`` (instances only): plan and shard now, as a first call
     with them would (see autopar.prepare)."""
     Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
