@@ -23,6 +23,7 @@ from autopar.passes.base import Pass
 from autopar.passes.registry import pipeline
 from autopar.planning import cache as plan_cache
 from autopar.planning.pipeline import run, warn_if_unproven
+from autopar.planning.pipelined import has_pipeline
 from autopar.planning.request import resolve
 from autopar.planning.state import remember, state_from_program
 
@@ -33,7 +34,9 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
          pin: Optional[dict] = None, memory_budget: "str | float | None" = None,
          optimizer: str = DEFAULT_OPTIMIZER, recompute: str = DEFAULT_RECOMPUTE,
          symbolic_dims: Optional[dict[str, int]] = None, cluster_layers: bool = True,
-         precision=None, restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
+         precision=None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
+         partition: str = "balanced",
+         restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
          cache_dir: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
     """Plan the training step of ``model(*example_inputs, **kwargs)`` over ``mesh``.
@@ -69,6 +72,14 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     autopar.MixedPrecision) captures the step under ``torch.autocast``: float32 parameters as
     master weights, compute in bf16, gradients summed across ranks in float32 (see
     autopar.ir.precision; fp16 needs torch.amp.GradScaler's loss scaling).
+    A mesh with a ``pp`` axis first ({"pp": 4, "dp": 2, "tp": 8}) pipelines the model: its
+    repeated layers are split into contiguous stages, one per pp rank (or several, for the
+    interleaved and V schedules), and the layout of the other axes, the partition, the
+    micro-batch count and the schedule are chosen together (``plan.pipeline``). ``schedule``
+    (torch.distributed.pipelining's class name without "Schedule": "GPipe", "1F1B",
+    "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV") and
+    ``microbatches`` pin them; by default both are searched. ``partition="even"`` splits the
+    layers into equal runs (as Megatron-LM does) instead of the balanced, memory-aware split.
     ``cache``: a plan of the same graph, meshes, hardware spec, options and autopar code is
     loaded from ``cache_dir`` (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans) instead
     of solved; plans with ``restrict`` or custom passes are not cached (autopar.planning.cache).
@@ -78,8 +89,12 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     # a bad option, mesh or hardware fails here, before any work; so does a misplaced pass
     request = resolve(mesh, hardware, solver=solver, solver_time_limit_s=solver_time_limit_s, pin=pin,
                       memory_budget=memory_budget, optimizer=optimizer, recompute=recompute,
-                      symbolic_dims=symbolic_dims, cluster_layers=cluster_layers, precision=precision)
+                      symbolic_dims=symbolic_dims, cluster_layers=cluster_layers, precision=precision,
+                      schedule=schedule, microbatches=microbatches, partition=partition)
     pipeline(passes)
+    if kwargs and any(has_pipeline(m) for m in request.meshes):
+        raise AutoparError("a pipeline splits the positional inputs into micro-batches; call the model with "
+                           "positional arguments to plan it on a mesh with 'pp'")
     if symbolic_dims is not None and kwargs:
         raise AutoparError("symbolic_dims names dims of positional inputs; call the model with positional "
                            "arguments to plan with symbolic_dims")

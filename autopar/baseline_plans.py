@@ -21,6 +21,11 @@ run like any other):
   the residual and dropout regions between them.
 - ``megatron-tp{t}-fsdp`` (and ``-sp``): the same, with parameters also sharded over
   ``dp`` along their other dim (2-D FSDP + TP, as torchtitan runs Llama).
+- ``megatron-pp{p}-tp{t}-1f1b`` and ``-interleaved``: Megatron-LM's 3-D layouts (Narayanan et
+  al. 2021) past one node: ``(pp=p, dp, tp=t)``, TP as above inside a node, the layers split
+  into equal runs over the stages (embedding on the first, head on the last), one sample per
+  data-parallel rank in each micro-batch, under 1F1B or interleaved 1F1B; priced by the same
+  pipeline simulator as autopar's own pipelines.
 
 A baseline whose ``dp`` does not divide the batch is left out (``skipped`` says why).
 
@@ -106,7 +111,41 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
                                       progress=progress, **plan_options)
         except AutoparError as exc:  # e.g. replicated parameters do not fit the memory budget
             out.skipped[name] = str(exc)
+    _add_3d(out, program, model, example_inputs, devices, hw, params, tokens, batch, max(degrees, default=1),
+            progress, plan_options)
     return out
+
+
+def _add_3d(out: Baselines, program, model, example_inputs, devices: int, hw, params: dict, tokens, batch: int,
+            tp: int, progress, plan_options: dict) -> None:
+    """Megatron-LM's 3-D layouts: pipelines whose stages hold whole nodes, TP of degree ``tp``
+    inside each node, micro-batches of one sample per data-parallel rank."""
+    if tp < 2:
+        return
+    for pp in (2, 4, 8):
+        if devices % (pp * tp) or (devices // pp) % hw.devices_per_node:
+            continue
+        dp = devices // (pp * tp)
+        for schedule, label in (("1F1B", "1f1b"), ("Interleaved1F1B", "interleaved")):
+            name = f"megatron-pp{pp}-tp{tp}-{label}"
+            if batch % dp or batch // dp < pp:
+                out.skipped[name] = (f"the batch of {batch} samples gives {batch // dp} micro-batches of one sample "
+                                     f"per dp rank (dp={dp}), fewer than the {pp} stages")
+                continue
+            m = batch // dp
+            micro = (batch // m, tokens[1]) if tokens else None
+            micro_batch = frozenset({batch // m} | ({(batch // m) * tokens[1]} if tokens else set()))
+            if progress is not None:
+                progress(f"baseline {name} on (pp={pp}, dp={dp}, tp={tp}) ...")
+            try:
+                out[name] = plan_captured(
+                    program, model, example_inputs, mesh=Mesh.of(pp=pp, dp=dp, tp=tp), hardware=hw,
+                    pin={n: _megatron(n, p, tp, 1) for n, p in params.items()},
+                    restrict=_no_sequence_split(program, micro, axis=1),
+                    passes=(BatchOverDataParallel(micro_batch),) if dp > 1 else (), progress=progress,
+                    schedule=schedule, microbatches=m, partition="even", **plan_options)
+            except AutoparError as exc:
+                out.skipped[name] = str(exc)
 
 
 def best(plans: dict):

@@ -13,6 +13,7 @@ from torch import nn
 from autopar.capture.export import find_loss, program_inputs
 from autopar.errors import AutoparError, MeshError
 from autopar.ir.mesh import Mesh
+from autopar.ir.pipeline import refuse_to_run
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import STEP
@@ -183,6 +184,8 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
     if plan is None:
         if mesh is None:
             raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
+        if "pp" in Mesh.parse(mesh).axis_names:
+            refuse_to_run(f"check on mesh {Mesh.parse(mesh)}")
         return make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=Mesh.parse(mesh), hardware=hardware,
                          precision=mixed)
     if mesh is not None and Mesh.parse(mesh) != plan.mesh:

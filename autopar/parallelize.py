@@ -39,6 +39,7 @@ from autopar.errors import AutoparError, MeshError, NoLossError, PlanMismatchErr
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
+from autopar.ir.pipeline import refuse_to_run
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import FORWARD, STEP
@@ -137,7 +138,8 @@ class _Runner:
         args, kwargs = call.rebuild(call.tensors)
         program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP,
                           precision=self.precision)
-        request = resolve(self.mesh, self.hardware, pin=pins, precision=self.precision)
+        # pipelined plans are not run yet: a device count searches the meshes without pp
+        request = resolve(self.mesh, self.hardware, pin=pins, precision=self.precision, pipelines=False)
         return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
 
 
@@ -248,7 +250,8 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     ``compile=True``: programs run through torch.compile, communication inside their graphs.
     ``example_inputs`` / ``example_kwargs`` (instances only): plan and shard now, as a first call
     with them would (see autopar.prepare)."""
-    Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
+    if "pp" in Mesh.parse(mesh).axis_names:  # a malformed mesh fails here, at decoration time
+        refuse_to_run(f"autoparallelize on mesh {Mesh.parse(mesh)}")
     pipeline(passes)  # so does a misplaced pass
     if inputs not in ("global", "local"):
         raise ValueError(f"inputs={inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "

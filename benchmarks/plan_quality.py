@@ -44,6 +44,7 @@ MODELS = {
     "gpt3-1.3b": ("gpt", 2048, 16, 16, 4 * 2048, 51200, 2048),
     "gpt3-6.7b": ("gpt", 4096, 32, 32, 4 * 4096, 51200, 2048),
     "gpt3-13b": ("gpt", 5120, 40, 40, 4 * 5120, 51200, 2048),
+    "gpt3-175b": ("gpt", 12288, 96, 96, 4 * 12288, 51200, 2048),
     "llama-8b": ("llama", 4096, 32, 8, 14336, 128256, 4096),
     "llama-70b": ("llama", 8192, 64, 8, 28672, 128256, 4096),
 }
@@ -67,7 +68,7 @@ def build(name: str, layers: int, batch: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(m for m in MODELS if m != "gpt3-175b"))
     parser.add_argument("--devices", default="8,64")
     parser.add_argument("--batches", default="16,128", help="global batch sizes, in sequences")
     parser.add_argument("--layers", type=int, default=4)

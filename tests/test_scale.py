@@ -46,8 +46,12 @@ def test_a_hit_time_limit_returns_a_valid_plan_with_its_gap(fast_network):
 def test_mesh_search_tries_every_factorisation_and_keeps_the_cheapest():
     hw = autopar.PRESETS["h100-sxm"]
     assert candidate_meshes(8, hw) == [Mesh.of(dp=8), Mesh.of(dp=4, tp=2), Mesh.of(dp=2, tp=4)]
-    # 2 nodes of 8: tp groups inside a node (2, 4, 8) or spanning both (no 16 = the 1-D mesh)
-    assert [m.shape for m in candidate_meshes(16, hw)] == [(16,), (8, 2), (4, 4), (2, 8)]
+    # 2 nodes of 8: tp groups inside a node (2, 4, 8) or spanning both (no 16 = the 1-D mesh), and a
+    # pipeline of two stages, one node each, over each layout of a node
+    assert [m.shape for m in candidate_meshes(16, hw)] == [(16,), (8, 2), (4, 4), (2, 8), (2, 8), (2, 4, 2),
+                                                           (2, 2, 4)]
+    assert [m.axis_names[0] for m in candidate_meshes(16, hw)[4:]] == ["pp"] * 3
+    assert all("pp" not in m.axis_names for m in candidate_meshes(16, hw, pipelines=False))
     model, inputs = mlp.make(batch=16, width=256, hidden=1024)
     searched = autopar.plan(model, inputs, mesh=8, hardware="h100-sxm")
     each = {str(m): autopar.plan(model, inputs, mesh=m, hardware="h100-sxm").predicted.step_time_s

@@ -2,12 +2,15 @@
 
 Importing this package registers ``Plan.summary`` and ``Plan.explain``."""
 from autopar.inspect.explain import explain
+from autopar.inspect.pipeline_view import explain_pipeline
 from autopar.inspect.summary import summarize
 from autopar.ir.plan import register_view
 from autopar.planning.state import planning_state
 
 
 def _explain(plan, target, model=None, example_inputs=None, hardware=None):
+    if target == "pp":  # the pipeline's decisions, which the plan carries whole
+        return explain_pipeline(plan)
     program, ctx = planning_state(plan, model, example_inputs, hardware)
     return explain(plan, program, ctx, target)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from autopar.backends.printer import shape_text
+from autopar.inspect.pipeline_view import pipeline_lines
 from autopar.inspect.plan_layers import TOP_LEVEL, module_rows
 from autopar.units import human_bytes, human_seconds
 
@@ -29,7 +30,7 @@ def summarize(plan) -> str:
     axes = ", ".join(plan.mesh.axis_names)
     s = plan.solver
     out = [
-        f"autopar plan {plan.hash}: mesh {plan.mesh} on {plan.hardware}, graph {plan.fingerprint} "
+        f"autopar plan {plan.hash}: mesh {plan.device_mesh} on {plan.hardware}, graph {plan.fingerprint} "
         f"({n_calls} ops: {n_forward} forward, {n_calls - n_forward} backward)",
         f"solver: {s.backend} {s.status} in {s.seconds:.2f} s ({s.n_variables} variables), "
         f"objective {human_seconds(s.objective_s)}, gap {s.gap:.2%}",
@@ -38,12 +39,14 @@ def summarize(plan) -> str:
         *_precision_lines(plan),
         f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
         f"+ communication {human_seconds(p.communication_s)}"
+        + (f" + pipeline bubbles and P2P waits {human_seconds(p.bubble_s)}" if plan.pipeline else "")
         + (f" (and {human_seconds(p.hidden_communication_s)} of communication hidden under compute: gradient "
            f"syncs, prefetched gathers)"
            if p.hidden_communication_s else "") + f"; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
         f"peak memory per device: {human_bytes(p.peak_memory_bytes)} = "
         + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
         _recompute_line(plan),
+        *pipeline_lines(plan),
         "",
         f"by module (compute per step; parameters with their placement per mesh axis: {axes}):",
     ]

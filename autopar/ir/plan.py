@@ -12,6 +12,7 @@ from autopar.errors import AutoparError, PlanFormatError
 from autopar.ir.cost_formula import CostFormula
 from autopar.ir.graph import GraphIR
 from autopar.ir.mesh import Mesh
+from autopar.ir.pipeline import Pipeline, refuse_to_run
 from autopar.ir.placement import Spec
 from autopar.ir.records import PassRecord, Predicted, Redistribution, SolverStats
 from autopar.ir.redistribute import COMMUNICATING
@@ -55,6 +56,9 @@ class Plan:
     recompute: tuple[str, ...] = ()  # forward variables the program computes again in backward
     prefetch: bool = False  # parameter all-gathers start a layer ahead (ZeRO-3 / FSDP prefetch)
     modules: dict = field(default_factory=dict)  # call node -> module path it comes from ("" = the model)
+    # on a mesh with a pp axis: the stages, schedule and micro-batches; ``mesh`` is then one
+    # stage's devices and the layouts are those of every stage
+    pipeline: Optional[Pipeline] = None
     format_version: int = FORMAT_VERSION
 
     # ---- queries -------------------------------------------------------------------
@@ -75,6 +79,13 @@ class Plan:
         return self.predicted.sharded_flops_fraction
 
     @property
+    def device_mesh(self) -> Mesh:
+        """The whole mesh: ``mesh``, with the pipeline's pp axis first where the plan has one."""
+        if self.pipeline is None:
+            return self.mesh
+        return Mesh(("pp",) + self.mesh.axis_names, (self.pipeline.pp,) + self.mesh.shape)
+
+    @property
     def fingerprint(self) -> str:
         return self.graph.fingerprint()
 
@@ -86,6 +97,8 @@ class Plan:
                 "recompute": sorted(self.recompute)}
         if self.prefetch:  # named only where taken: a plan without keeps the hash it had before prefetching
             body["prefetch"] = True
+        if self.pipeline is not None:  # likewise
+            body["pipeline"] = self.pipeline.decisions()
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
     def cost_formula(self) -> sympy.Expr:
@@ -119,6 +132,8 @@ class Plan:
     # ---- output: dispatched to what backends/ and inspect/ register ------------------
     def emit(self, backend: str = "torch") -> str:
         """The per-rank program for ``backend`` ("torch" or "jax") as source text."""
+        if self.pipeline is not None:
+            refuse_to_run(f"plan {self.hash} has {self.pipeline.pp} pipeline stages")
         return _registered(_EMITTERS, backend, "backend")(self)
 
     def explain(self, target: str, model=None, example_inputs=None, hardware=None) -> str:
@@ -147,6 +162,7 @@ class Plan:
                           "total_flops": self.predicted.total_flops,
                           "hidden_communication_s": self.predicted.hidden_communication_s,
                           "recompute_s": self.predicted.recompute_s,
+                          "bubble_s": self.predicted.bubble_s,
                           "memory_timeline": [list(t) for t in self.predicted.memory_timeline]},
             "fallback_nodes": self.fallback_nodes,
             "fallback_modules": self.fallback_modules,
@@ -156,6 +172,7 @@ class Plan:
             "recompute": list(self.recompute),
             "prefetch": self.prefetch,
             "modules": self.modules,
+            "pipeline": self.pipeline.to_json() if self.pipeline else None,
         }
         return json.dumps(body, indent=1)
 
@@ -185,6 +202,7 @@ class Plan:
                 recompute=tuple(d.get("recompute", ())),  # absent in plans from before it existed
                 prefetch=bool(d.get("prefetch", False)),  # likewise
                 modules=dict(d.get("modules", {})),  # likewise
+                pipeline=Pipeline.from_json(d["pipeline"]) if d.get("pipeline") else None,  # likewise
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

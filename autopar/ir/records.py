@@ -84,6 +84,7 @@ class Predicted:
     hidden_communication_s: float = 0.0  # gradient syncs and prefetched gathers that run under compute
     memory_timeline: tuple = ()  # (variable, bytes live after the statement defining it), in program order
     recompute_s: float = 0.0  # forward ops and collectives run again in backward (counted in compute_s)
+    bubble_s: float = 0.0  # a pipeline's idle time on its busiest rank (bubbles and P2P waits)
 
     @property
     def peak_memory_bytes(self) -> float:

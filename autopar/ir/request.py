@@ -21,6 +21,7 @@ DEFAULT_OPTIMIZER = "adam"
 DEFAULT_RECOMPUTE = "auto"
 DEFAULT_BUDGET_SHARE = 0.9  # of the device's memory, when no memory budget is given
 SOLVERS = ("mip", "cp-sat")
+PARTITIONS = ("balanced", "even")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,13 @@ class PlanRequest:
     # runs it only on its finalists)
     full_program: bool = True
     precision: Optional[MixedPrecision] = None  # None: the model's own dtypes
+    # on a mesh with a pp axis: the schedule (torch's class name without "Schedule") and the
+    # micro-batch count; None: searched
+    schedule: Optional[str] = None
+    microbatches: Optional[int] = None
+    # how layers are split into stages: "balanced" (the least predicted time under memory) or
+    # "even" (equal runs of layers, as Megatron-LM splits them)
+    partition: str = "balanced"
 
     @property
     def pins(self) -> dict[str, str]:

@@ -23,6 +23,7 @@ from autopar.passes.base import Pass, PassContext, PassManager
 from autopar.passes.constraints import from_options
 from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
 from autopar.passes.registry import pipeline
+from autopar.planning.pipelined import has_pipeline, plan_pipeline
 from autopar.planning.request import resolve
 from autopar.planning.state import planning_state, remember
 from autopar.units import human_seconds
@@ -82,7 +83,18 @@ class _MeshPlanner:
     sizes: Optional[SizeSymbols]
 
     def plan(self, request: PlanRequest) -> Plan:
-        """Run the passes for ``request``'s one mesh."""
+        """Run the passes for ``request``'s one mesh (with a pipeline where it has a pp axis)."""
+        if has_pipeline(request.meshes[0]):
+            if self.sizes is not None:
+                raise AutoparError("symbolic_dims prices one program's layout; a pipeline plans each stage's "
+                                   "micro-batch: plan without symbolic_dims on a mesh with 'pp'")
+            return plan_pipeline(self, request)
+        plan, _ = self.plan_with(request)
+        return plan
+
+    def plan_with(self, request: PlanRequest, extra: Sequence[Pass] = ()) -> tuple[Plan, dict]:
+        """The plan for ``request``'s one mesh, with ``extra`` passes after the others, and the
+        side tables they all wrote."""
         program = dataclasses.replace(self.program, tables={})
         passes = pipeline(self.passes)
         if self.sizes is not None:
@@ -90,10 +102,10 @@ class _MeshPlanner:
                        CostFormulaPass(self.sizes)]
         ctx = PassContext(request, progress=self.progress,
                           constraints=from_options(request.pins, self.restrict))
-        history = PassManager(passes).run(program, ctx)
+        history = PassManager(passes + list(extra)).run(program, ctx)
         plan = self._package(program, ctx.mesh, request, tuple(history))
         remember(plan, lambda: (program, ctx))
-        return plan
+        return plan, program.tables
 
     def _package(self, program, mesh: Mesh, request: PlanRequest, history: tuple) -> Plan:
         result = program.table("solver")
@@ -140,13 +152,15 @@ def _search_meshes(planner: _MeshPlanner, request: PlanRequest) -> Plan:
     planned, tried = _sweep(planner, request, report)
     fastest = min(p.predicted.step_time_s for p in planned.values())
     for mesh, candidate in planned.items():
-        if mesh.ndim > 1 and candidate.predicted.step_time_s <= fastest * (1 + FINALIST_MARGIN):
+        # a pipeline's stage layout stays the descent's: its full program would run once per micro-batch count
+        finalist = candidate.predicted.step_time_s <= fastest * (1 + FINALIST_MARGIN)
+        if mesh.ndim > 1 and not has_pipeline(mesh) and finalist:
             report(f"mesh search: the full integer program on {mesh} ...")
             planned[mesh] = planner.plan(request.on(mesh, full_program=True))
             tried[mesh] = human_seconds(planned[mesh].predicted.step_time_s)
     best = min(planned.values(), key=lambda p: p.predicted.step_time_s)
     warn_if_unproven(best.mesh, best.solver, request.solver_time_limit_s)  # the winner's only
-    record = PassRecord("mesh_search", time.perf_counter() - start, f"best {best.mesh} of {_listing(tried)}")
+    record = PassRecord("mesh_search", time.perf_counter() - start, f"best {best.device_mesh} of {_listing(tried)}")
     searched = dataclasses.replace(best, history=(record,) + best.history)
     remember(searched, lambda: planning_state(best))
     return searched

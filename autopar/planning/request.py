@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from autopar.cost_models.hardware import get_hardware
+from autopar.cost_models.pipeline_schedules import check_schedule
 from autopar.errors import AutoparError
 from autopar.ir.hardware import Hardware
 from autopar.ir.precision import parse_precision
@@ -15,12 +16,14 @@ from autopar.ir.request import (
     DEFAULT_RECOMPUTE,
     DEFAULT_SOLVER,
     DEFAULT_TIME_LIMIT_S,
+    PARTITIONS,
     SOLVERS,
     PlanRequest,
 )
 from autopar.lowering.memory import optimizer_bytes_per_element
 from autopar.passes.recompute import check_mode
 from autopar.planning.meshes import candidate_meshes
+from autopar.planning.pipelined import has_pipeline, split_mesh
 from autopar.units import parse_bytes
 
 
@@ -28,9 +31,13 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
             solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S, pin: Optional[dict] = None,
             memory_budget: "str | float | None" = None, optimizer: str = DEFAULT_OPTIMIZER,
             recompute: str = DEFAULT_RECOMPUTE, symbolic_dims: Optional[dict[str, int]] = None,
-            cluster_layers: bool = True, precision=None) -> PlanRequest:
-    """The request autopar.plan's options stand for (see its docstring for each)."""
+            cluster_layers: bool = True, precision=None, schedule: Optional[str] = None,
+            microbatches: Optional[int] = None, partition: str = "balanced", pipelines: bool = True) -> PlanRequest:
+    """The request autopar.plan's options stand for (see its docstring for each); ``pipelines``:
+    whether a device count's candidates include meshes with a pp axis."""
     hw = get_hardware(hardware)
+    meshes = tuple(candidate_meshes(mesh, hw, pipelines=pipelines))
+    _check_pipeline_options(meshes, schedule, microbatches, partition)
     if solver not in SOLVERS:
         raise AutoparError(f"unknown solver {solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
     optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here
@@ -41,7 +48,7 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
                            f"under precision={str(mixed)!r} the parameters are the float32 masters: use "
                            f"optimizer='adam'")
     return PlanRequest(
-        meshes=tuple(candidate_meshes(mesh, hw)),
+        meshes=meshes,
         hardware=hw,
         memory_budget_bytes=DEFAULT_BUDGET_SHARE * hw.memory_bytes if budget is None else float(budget),
         optimizer=optimizer,
@@ -52,4 +59,23 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
         solver=solver,
         solver_time_limit_s=float(solver_time_limit_s),
         precision=mixed,
+        schedule=schedule,
+        microbatches=microbatches,
+        partition=partition,
     )
+
+
+def _check_pipeline_options(meshes, schedule, microbatches, partition) -> None:
+    for m in meshes:
+        if has_pipeline(m):
+            split_mesh(m)  # pp must go first
+    if schedule is not None:
+        check_schedule(schedule)
+    if partition not in PARTITIONS:
+        raise AutoparError(f"partition={partition!r}: use one of {', '.join(map(repr, PARTITIONS))}")
+    if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
+                                     or microbatches < 1):
+        raise AutoparError(f"microbatches={microbatches!r}: give a positive whole number of micro-batches")
+    if (schedule is not None or microbatches is not None) and not any(has_pipeline(m) for m in meshes):
+        raise AutoparError("schedule= and microbatches= set a pipeline's, and the mesh has no 'pp' axis: add one "
+                           "(mesh='pp=2,dp=2') or leave them out")

@@ -1,0 +1,110 @@
+"""A plan's pipeline: its stages, schedule and micro-batches, as pure data with a JSON round trip.
+
+The stages are contiguous ranges of units (the part of the model before its repeated layers,
+each layer, the part after), each priced for one micro-batch on one device of its stage; the
+schedule is one of torch.distributed.pipelining's, named by its class without "Schedule".
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from autopar.errors import AutoparError
+
+
+def refuse_to_run(what: str) -> None:
+    """Pipelined plans are planned and priced, not yet run: refuse rather than run every layer
+    on every stage."""
+    raise AutoparError(f"{what}: a plan with a pipeline (a 'pp' mesh axis) is planned and priced by autopar, but "
+                       f"its per-stage programs are not emitted yet; plan it to inspect it (summary, "
+                       f"explain('pp'), report), and run the plan of the other axes (mesh without 'pp')")
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One unit of the chain for one micro-batch on one device: compute (with its blocking
+    collectives), the gradient syncs it starts once a step, and bytes."""
+    name: str
+    forward_s: float
+    backward_input_s: float  # the work the input gradient needs (a zero-bubble schedule's I)
+    backward_weight_s: float  # the weight gradients' own work (W)
+    sync_s: float  # its gradients' asynchronous syncs, once a step
+    parameter_bytes: float  # parameters and their gradients
+    optimizer_bytes: float
+    activation_bytes: float  # what one micro-batch keeps for backward
+    send_bytes: float  # what crosses to the next unit, forward (and its gradient, backward)
+
+    @property
+    def static_bytes(self) -> float:
+        return self.parameter_bytes + self.optimizer_bytes
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    rank: int  # its coordinate on the pp axis
+    units: tuple[str, ...]
+    forward_s: float  # per micro-batch
+    backward_input_s: float
+    backward_weight_s: float
+    send_s: float  # P2P of its output to the next stage (and of the gradient back)
+    sync_s: float  # its gradient syncs, once a step
+    parameter_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float  # per micro-batch in flight
+    in_flight: int  # micro-batches the schedule keeps on it at once
+
+    @property
+    def backward_s(self) -> float:
+        return self.backward_input_s + self.backward_weight_s
+
+
+@dataclass(frozen=True)
+class Block:
+    """One action of the simulated schedule: what the report draws."""
+    rank: int
+    action: str  # e.g. "3F1": stage 3, forward, micro-batch 1
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A schedule the search weighed: its predicted step time, or why it was ruled out."""
+    schedule: str
+    microbatches: int
+    virtual: int
+    step_time_s: float  # inf when ruled out
+    bubble_fraction: float
+    note: str  # why ruled out, or "" for a priced candidate
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    pp: int
+    schedule: str
+    microbatches: int
+    virtual: int  # stages per rank
+    stages: tuple[Stage, ...]
+    step_time_s: float
+    bubble_fraction: float  # of the ranks' time, no action running
+    rank_peak_bytes: tuple[float, ...]  # per pp rank
+    timeline: tuple[Block, ...]
+    candidates: tuple[Candidate, ...] = ()  # every (schedule, micro-batches, virtual) weighed, best first
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(d: dict) -> "Pipeline":
+        d = dict(d)
+        d["stages"] = tuple(Stage(**{**s, "units": tuple(s["units"])}) for s in d["stages"])
+        d["rank_peak_bytes"] = tuple(d["rank_peak_bytes"])
+        d["timeline"] = tuple(Block(**b) for b in d["timeline"])
+        d["candidates"] = tuple(Candidate(**c) for c in d.get("candidates", ()))
+        return Pipeline(**d)
+
+    def decisions(self) -> dict:
+        """What the plan's hash names: the schedule, the micro-batches and the partition."""
+        return {"pp": self.pp, "schedule": self.schedule, "microbatches": self.microbatches, "virtual": self.virtual,
+                "stages": [list(s.units) for s in self.stages]}

@@ -1,0 +1,222 @@
+"""Planning a mesh with a ``pp`` axis: the sharding of one stage's devices, the stage
+partition, the micro-batch count and the schedule, chosen together.
+
+For each candidate micro-batch count m the step is captured at the micro-batch size (the
+example batch split along dim 0) and planned on the mesh's other axes, then cut into units
+(autopar.passes.pipeline_units). For each schedule and number of stages per rank, the stages
+are partitioned by dynamic programming (autopar.solvers.stage_partition) under each stage's
+memory with the micro-batches that schedule keeps in flight on it, and the whole step is
+priced by simulating torch's own action lists (autopar.cost_models.pipeline_sim); the least
+predicted step time wins.
+
+Within a stage the layout is the whole model's at the micro-batch size, solved with the
+memory budget times pp (a stage holds about 1/pp of the model; its exact memory, in-flight
+activations included, is checked here), so every stage shares one layout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from autopar.capture.export import capture
+from autopar.cost_models.collectives import axis_placement
+from autopar.cost_models.pipeline_schedules import SCHEDULES, action_lists, stage_ranks, virtual_choices
+from autopar.cost_models.pipeline_sim import StageTimes, in_flight, peak_activation_bytes, simulate
+from autopar.errors import AutoparError, MeshError
+from autopar.ir.mesh import Mesh
+from autopar.ir.pipeline import Block, Candidate, Pipeline, Stage, UnitCost
+from autopar.ir.plan import Plan
+from autopar.ir.records import PassRecord, Predicted
+from autopar.ir.request import PlanRequest
+from autopar.passes.pipeline_units import PipelineUnitsPass
+from autopar.passes.predict import exposed
+from autopar.solvers.stage_partition import Chain, even_partition, fits, partition
+from autopar.units import human_seconds
+
+PP = "pp"
+# micro-batch counts tried per pipeline rank when none is given: m = pp, 2 pp, 4 pp
+MICROBATCHES_PER_RANK = (1, 2, 4)
+
+
+def split_mesh(mesh: Mesh) -> tuple[int, Mesh]:
+    """(pp, the mesh of one stage's devices). pp must be the outermost axis: devices fill nodes
+    with the last axis innermost, so each stage then holds a contiguous block of devices."""
+    if mesh.axis_names[0] != PP:
+        raise MeshError(f"mesh {mesh}: the pipeline axis 'pp' goes first (outermost), so that each stage's devices "
+                        f"are neighbours; write it as pp={mesh.shape[mesh.axis_names.index(PP)]},...")
+    inner = Mesh(mesh.axis_names[1:], mesh.shape[1:]) if mesh.ndim > 1 else Mesh.of(dp=1)
+    return mesh.shape[0], inner
+
+
+def has_pipeline(mesh: Mesh) -> bool:
+    return PP in mesh.axis_names
+
+
+def plan_pipeline(planner, request: PlanRequest) -> Plan:
+    """The best pipelined plan of ``planner``'s model on ``request``'s one mesh (which has pp)."""
+    start = time.perf_counter()
+    mesh = request.meshes[0]
+    pp, inner = split_mesh(mesh)
+    batch = _batch_size(planner.example_inputs)
+    inner_request = dataclasses.replace(request.on(inner), memory_budget_bytes=request.memory_budget_bytes * pp,
+                                        schedule=None, microbatches=None)
+    send = _send_seconds(mesh, request.hardware)
+    candidates, built = [], {}
+    report = planner.progress or (lambda message: None)
+    for m in microbatch_counts(pp, batch, request.microbatches):
+        report(f"pipeline: planning a micro-batch of {batch // m} on {inner} ...")
+        micro = _plan_microbatch(planner, inner_request, batch, m)
+        units = micro.units
+        for schedule, virtual in _schedules(request.schedule):
+            try:
+                pipeline = _price(units, pp, m, schedule, virtual, send, request)
+            except _RuledOut as why:
+                candidates.append(Candidate(schedule, m, virtual, math.inf, 0.0, str(why)))
+                continue
+            candidates.append(Candidate(schedule, m, virtual, pipeline.step_time_s, pipeline.bubble_fraction, ""))
+            built[schedule, m, virtual] = (pipeline, micro)
+    if not built:
+        raise AutoparError(f"no pipeline schedule fits mesh {mesh}: " + "; ".join(
+            f"{c.schedule} with {c.microbatches} micro-batches: {c.note}" for c in candidates))
+    candidates.sort(key=lambda c: c.step_time_s)
+    best = candidates[0]
+    pipeline, micro = built[best.schedule, best.microbatches, best.virtual]
+    pipeline = dataclasses.replace(pipeline, candidates=tuple(candidates))
+    record = PassRecord("pipeline", time.perf_counter() - start,
+                        f"{best.schedule} with {best.microbatches} micro-batches on {pp} stages"
+                        f"{f' x {best.virtual} virtual' if best.virtual > 1 else ''}: step "
+                        f"{human_seconds(best.step_time_s)}, bubble {best.bubble_fraction:.1%} "
+                        f"({len(candidates)} candidates)")
+    return dataclasses.replace(micro.plan, pipeline=pipeline, predicted=_predicted(micro.plan.predicted, pipeline),
+                               history=(record,) + micro.plan.history)
+
+
+def microbatch_counts(pp: int, batch: int, pinned) -> list[int]:
+    if pinned is not None:
+        if batch % pinned:
+            raise AutoparError(f"microbatches={pinned} does not divide the batch of {batch} (dim 0 of the inputs): "
+                               f"pick a divisor of {batch}")
+        return [pinned]
+    counts = [k * pp for k in MICROBATCHES_PER_RANK if batch % (k * pp) == 0]
+    if not counts:
+        raise AutoparError(f"a pipeline of {pp} stages needs a batch of at least {pp} samples split evenly into "
+                           f"micro-batches; the batch (dim 0 of the inputs) is {batch}: give a batch that {pp} "
+                           f"divides, or microbatches= a divisor of {batch}")
+    return counts
+
+
+def _schedules(pinned):
+    names = [pinned] if pinned is not None else list(SCHEDULES)
+    return [(name, v) for name in names for v in virtual_choices(name)]
+
+
+def _batch_size(example_inputs) -> int:
+    """The batch: dim 0, which every tensor input must share (micro-batches split it)."""
+    leaves = [x for x in pytree.tree_leaves(example_inputs) if isinstance(x, torch.Tensor)]
+    sizes = {x.shape[0] for x in leaves if x.dim() > 0}
+    if len(sizes) != 1:
+        raise AutoparError(f"a pipeline splits every input along dim 0 into micro-batches; the inputs' dim 0 sizes "
+                           f"are {sorted(sizes) or 'none'}: pass inputs that share their batch dim first")
+    return sizes.pop()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Microbatch:
+    plan: Plan  # the whole model at the micro-batch size on one stage's mesh
+    units: list  # its UnitCost chain
+
+
+def _plan_microbatch(planner, request: PlanRequest, batch: int, m: int) -> _Microbatch:
+    inputs = pytree.tree_map(lambda x: x.narrow(0, 0, batch // m) if isinstance(x, torch.Tensor) and x.dim() else x,
+                             planner.example_inputs)
+    program = capture(planner.model, inputs, loss_fn=planner.loss_fn, precision=request.precision)
+    micro = dataclasses.replace(planner, program=program, example_inputs=inputs)
+    plan, tables = micro.plan_with(request, (PipelineUnitsPass(),))
+    return _Microbatch(plan, tables["pipeline_units"])
+
+
+def _send_seconds(mesh: Mesh, hw) -> Callable[[float], float]:
+    """bytes -> the P2P time between neighbouring stages, over the link the pp axis lies on."""
+    link = hw.inter_node if axis_placement(mesh, 0, hw).nodes > 1 else hw.intra_node
+    return lambda nbytes: link.latency + nbytes / link.bandwidth if nbytes else 0.0
+
+
+class _RuledOut(Exception):
+    """A schedule that cannot run this pipeline, and why."""
+
+
+def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, send, request) -> Pipeline:
+    """The partition, simulated timeline and memory of one (schedule, m, virtual) candidate."""
+    n = pp * virtual
+    if n > len(units):
+        raise _RuledOut(f"{n} stages but only {len(units)} units (layers and the parts around them)")
+    try:
+        actions = action_lists(schedule, pp, m, virtual)
+    except AutoparError as exc:
+        raise _RuledOut(str(exc)) from exc
+    ranks = stage_ranks(schedule, pp, virtual)
+    held = {s: c for acts in actions.values() for s, c in in_flight(acts).items()}
+    chain = Chain([u.forward_s + u.backward_input_s + u.backward_weight_s for u in units],
+                  [u.static_bytes for u in units], [u.activation_bytes for u in units],
+                  [send(u.send_bytes) for u in units[:-1]])
+    budget = request.memory_budget_bytes
+    # a rank holding v stages gives each a share of its budget (the exact sum is checked below)
+    in_flights, budgets = [held.get(s, 0) for s in range(n)], [budget / virtual] * n
+    if request.partition == "even":
+        found = even_partition(chain, n, m)
+        if found is None:
+            raise _RuledOut(f"{n} stages but only {len(units) - 2} layers to split evenly")
+        if not fits(chain, found.ranges, in_flights, budgets):
+            found = None
+    else:
+        found = partition(chain, n, m, in_flights, budgets)
+    if found is None:
+        raise _RuledOut(f"no {request.partition} partition fits the memory budget with the activations this "
+                        f"schedule keeps in flight")
+    stages = tuple(_stage(s, ranks[s], units[i:j], send(units[j - 1].send_bytes) if j < len(units) else 0.0,
+                          held.get(s, 0)) for s, (i, j) in enumerate(found.ranges))
+    timeline = simulate(actions, [StageTimes(st.forward_s, st.backward_input_s, st.backward_weight_s, st.send_s)
+                                  for st in stages])
+    peaks = tuple(sum(st.parameter_bytes + st.optimizer_bytes for st in stages if st.rank == r)
+                  + peak_activation_bytes(actions[r], {st.index: st.activation_bytes for st in stages})
+                  for r in range(pp))
+    if max(peaks) > budget:
+        raise _RuledOut(f"pipeline rank {peaks.index(max(peaks))} would hold {max(peaks) / 2**30:.2f} GiB, over the "
+                        f"budget of {budget / 2**30:.2f} GiB")
+    overlap = request.hardware.gradient_overlap
+    ends = [timeline.rank_end_s(r) + exposed(sum(st.sync_s for st in stages if st.rank == r),
+                                             m * sum(st.backward_s for st in stages if st.rank == r), overlap)
+            for r in range(pp)]
+    blocks = tuple(Block(iv.rank, str(iv.action), iv.start_s, iv.end_s) for iv in timeline.intervals)
+    return Pipeline(pp, schedule, m, virtual, stages, max(ends), timeline.bubble_fraction, peaks, blocks)
+
+
+def _stage(index: int, rank: int, units: list[UnitCost], send_s: float, held: int) -> Stage:
+    def total(field: str) -> float:
+        return sum(getattr(u, field) for u in units)
+    return Stage(index, rank, tuple(u.name for u in units), total("forward_s"), total("backward_input_s"),
+                 total("backward_weight_s"), send_s, total("sync_s"), total("parameter_bytes"),
+                 total("optimizer_bytes"), total("activation_bytes"), held)
+
+
+def _predicted(micro: Predicted, pipeline: Pipeline) -> Predicted:
+    """The whole step's prediction: the pipeline's time (the busiest rank's compute, the
+    gradient syncs left exposed at the end, and the rest: bubbles and P2P waits) and the memory
+    of its fullest rank."""
+    busy = [sum(b.end_s - b.start_s for b in pipeline.timeline if b.rank == r) for r in range(pipeline.pp)]
+    makespan = max(b.end_s for b in pipeline.timeline)
+    compute, syncs = max(busy), pipeline.step_time_s - makespan
+    rank = pipeline.rank_peak_bytes.index(max(pipeline.rank_peak_bytes))
+    mine = [st for st in pipeline.stages if st.rank == rank]
+    params, optimizer = sum(st.parameter_bytes for st in mine), sum(st.optimizer_bytes for st in mine)
+    memory = {c: 0.0 for c in micro.memory_bytes}
+    memory.update(parameters=params / 2, gradients=params / 2, optimizer_state=optimizer,
+                  activations=pipeline.rank_peak_bytes[rank] - params - optimizer)
+    m = pipeline.microbatches
+    return Predicted(pipeline.step_time_s, compute, syncs, memory, micro.sharded_flops_fraction,
+                     micro.total_flops * m, 0.0, (), micro.recompute_s * m, bubble_s=makespan - compute)
