@@ -193,6 +193,13 @@ def test_a_pipeline_is_inspectable(demo_pipeline):
     why = plan.explain("pp")
     assert why.splitlines()[2].split()[0] == "schedule" and "->" + plan.pipeline.schedule in why
     assert "ruled out" in why and "why: the least predicted step time" in why
+    from autopar.inspect.report_html import render_html
+
+    page = render_html(plan)
+    section = page[page.index('<section class="pipeline">'):]
+    section = section[:section.index("</section>")]
+    assert section.count("<title>") == len(plan.pipeline.timeline) + plan.pipeline.pp  # each block, each rank's idle
+    assert all(f"<title>{b.action}: " in section for b in plan.pipeline.timeline)
 
 
 def test_pinned_schedule_and_micro_batches_are_kept_and_priced_by_the_simulator(demo_pipeline):
