@@ -48,7 +48,8 @@ def cmd_plan(args) -> int:
     with terminal_progress(args.quiet) as progress:
         result = plan(model, inputs, mesh=mesh, hardware=args.hardware, solver=args.solver,
                       solver_time_limit_s=args.time_limit, cache=not args.no_cache, cache_dir=args.cache_dir,
-                      precision=args.precision, progress=progress)
+                      precision=args.precision, schedule=args.schedule, microbatches=args.microbatches,
+                      progress=progress)
     print(result.summary())
     if args.out:
         with open(args.out, "w") as f:
@@ -153,6 +154,9 @@ def main(argv=None) -> int:
     p.add_argument("--solver", default=DEFAULT_SOLVER, choices=SOLVERS)
     p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
                    help="solver time limit per integer program in seconds")
+    p.add_argument("--schedule", help="on a mesh with pp: the pipeline schedule (torch's class name without "
+                                      "'Schedule': GPipe, 1F1B, Interleaved1F1B, ...; default: searched)")
+    p.add_argument("--microbatches", type=int, help="on a mesh with pp: the micro-batch count (default: searched)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--no-cache", action="store_true", help="solve again even if the plan cache holds this plan")
     p.add_argument("--cache-dir", help="plan cache directory (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans)")

@@ -33,6 +33,8 @@ def spec_text(spec: Spec) -> Text:
 
 def render_plan(plan, console: Console) -> None:
     console.print(_header(plan))
+    if plan.pipeline is not None:
+        console.print(_stages_table(plan))
     console.print(_layers_table(plan))
     console.print(_collectives_table(plan))
     sites = plan.fallback_sites
@@ -47,7 +49,7 @@ def _header(plan) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("mesh", Text(f"{plan.mesh} on {plan.hardware}"))
+    grid.add_row("mesh", Text(f"{plan.device_mesh} on {plan.hardware}"))
     grid.add_row("graph", f"{plan.fingerprint} ({n_calls} ops)")
     grid.add_row("solver", f"{s.backend} {s.status} in {s.seconds:.2f} s, gap {s.gap:.2%}")
     hidden = f"; {human_seconds(p.hidden_communication_s)} of communication hidden under compute" \
@@ -59,6 +61,20 @@ def _header(plan) -> Panel:
         f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v))
     grid.add_row("sharded", f"{p.sharded_flops_fraction:.0%} of FLOPs")
     return Panel(grid, title=f"autopar plan {plan.hash}", title_align="left", highlight=False)
+
+
+def _stages_table(plan) -> Table:
+    pl = plan.pipeline
+    table = Table(title=f"pipeline: {pl.schedule}, {pl.microbatches} micro-batches, bubble {pl.bubble_fraction:.1%} "
+                        f"(times per micro-batch on one device of the stage)", title_justify="left", highlight=False)
+    for name in ("stage", "rank", "units", "F", "I", "W", "send", "in flight", "memory"):
+        table.add_column(name, justify="left" if name == "units" else "right", overflow="fold")
+    for st in pl.stages:
+        memory = st.parameter_bytes + st.optimizer_bytes + st.in_flight * st.activation_bytes
+        table.add_row(str(st.index), str(st.rank), ", ".join(st.units), human_seconds(st.forward_s),
+                      human_seconds(st.backward_input_s), human_seconds(st.backward_weight_s),
+                      human_seconds(st.send_s), str(st.in_flight), human_bytes(memory))
+    return table
 
 
 def _layers_table(plan) -> Table:

@@ -47,6 +47,9 @@ class PlanRequest:
     # how layers are split into stages: "balanced" (the least predicted time under memory) or
     # "even" (equal runs of layers, as Megatron-LM splits them)
     partition: str = "balanced"
+    # the share of a step's gradient syncs one run of the program pays in the sharding objective:
+    # 1/m for a pipeline stage's micro-batch, whose gradients sync once per m micro-batches
+    sync_share: float = 1.0
 
     @property
     def pins(self) -> dict[str, str]:

@@ -5,7 +5,8 @@ share one variable group; an edge inside a group folds into the group's own cost
 group's strategies carry compute and the reshards into them; each pair of groups carries a
 matrix of reshard times. Then the constraints that make the program a training step, one
 function per family: the loss ends replicated, each gradient ends in its parameter's layout
-(its first collective partly hidden under backward, ``Hardware.gradient_overlap``), each
+(its first collective partly hidden under backward, ``Hardware.gradient_overlap``; on a
+pipeline stage's micro-batch, 1/m of it: the syncs run once per step), each
 buffer's new value in its buffer's layout, and what the user's constraints rule out costs
 infinity. Under mixed precision, a gradient's partial sums are reduced in the policy's
 reduction dtype (autopar.passes.mixed_precision).
@@ -86,6 +87,7 @@ class _Builder:
         self.tied, self.cluster_of = program.table("tied_to"), program.table("cluster_of")
         self.cost = ctx.cost
         self.kappa = ctx.cost.hardware.gradient_overlap
+        self.sync_share = ctx.request.sync_share  # 1/m on a pipeline stage: gradients sync once per m micro-batches
         self.forbidden_move = ctx.constraints.move_checker(ctx.mesh)
         precision = ctx.request.precision
         self.keep_partial = partial_sums_to_keep(program, self.meta, precision)
@@ -180,12 +182,13 @@ def _require_gradients_in_parameter_layouts(builder: _Builder, program: Program)
             return moved, strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
 
         hideable = builder.kappa > 0 and builder.group_of[grad] != builder.group_of[param]
+        share = builder.sync_share
         builder.add_edge(grad, param, ("sync", hideable), lambda a, b, layouts=layouts, hideable=hideable:
-                         builder.reshard_time(*layouts(a, b), bucketed=True)
-                         - (cost.async_time(*layouts(a, b)) if hideable else 0.0))
+                         share * (builder.reshard_time(*layouts(a, b), bucketed=True)
+                                  - (cost.async_time(*layouts(a, b)) if hideable else 0.0)))
         if hideable:
-            builder.add_edge(grad, param, "hidden sync", lambda a, b, layouts=layouts: cost.async_time(*layouts(a, b)),
-                             into=builder.hidden)
+            builder.add_edge(grad, param, "hidden sync",
+                             lambda a, b, layouts=layouts: share * cost.async_time(*layouts(a, b)), into=builder.hidden)
 
 
 def _require_buffer_updates_in_buffer_layouts(builder: _Builder, program: Program) -> None:

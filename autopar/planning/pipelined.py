@@ -11,7 +11,8 @@ predicted step time wins.
 
 Within a stage the layout is the whole model's at the micro-batch size, solved with the
 memory budget times pp (a stage holds about 1/pp of the model; its exact memory, in-flight
-activations included, is checked here), so every stage shares one layout.
+activations included, is checked here) and 1/m of the gradient syncs in its objective (they
+run once per step, after the last micro-batch), so every stage shares one layout.
 """
 from __future__ import annotations
 
@@ -61,16 +62,16 @@ def plan_pipeline(planner, request: PlanRequest) -> Plan:
     """The best pipelined plan of ``planner``'s model on ``request``'s one mesh (which has pp)."""
     start = time.perf_counter()
     mesh = request.meshes[0]
-    pp, inner = split_mesh(mesh)
+    pp, stage_mesh = split_mesh(mesh)
     batch = _batch_size(planner.example_inputs)
-    inner_request = dataclasses.replace(request.on(inner), memory_budget_bytes=request.memory_budget_bytes * pp,
-                                        schedule=None, microbatches=None)
+    inner = dataclasses.replace(request.on(stage_mesh), memory_budget_bytes=request.memory_budget_bytes * pp,
+                                schedule=None, microbatches=None)
     send = _send_seconds(mesh, request.hardware)
     candidates, built = [], {}
     report = planner.progress or (lambda message: None)
     for m in microbatch_counts(pp, batch, request.microbatches):
-        report(f"pipeline: planning a micro-batch of {batch // m} on {inner} ...")
-        micro = _plan_microbatch(planner, inner_request, batch, m)
+        report(f"pipeline: planning a micro-batch of {batch // m} on {stage_mesh} ...")
+        micro = _plan_microbatch(planner, dataclasses.replace(inner, sync_share=1.0 / m), batch, m)
         units = micro.units
         for schedule, virtual in _schedules(request.schedule):
             try:
