@@ -22,8 +22,8 @@ from autopar.ir.request import (
 from autopar.passes.base import Pass
 from autopar.passes.registry import pipeline
 from autopar.planning import cache as plan_cache
+from autopar.planning.meshes import has_pipeline
 from autopar.planning.pipeline import run, warn_if_unproven
-from autopar.planning.pipelined import has_pipeline
 from autopar.planning.request import resolve
 from autopar.planning.state import remember, state_from_program
 

@@ -288,3 +288,8 @@ def test_megatron_3d_baselines_split_layers_evenly_and_are_priced_by_the_simulat
         stages = [StageTimes(st.forward_s, st.backward_input_s, st.backward_weight_s, st.send_s) for st in pl.stages]
         timeline = simulate(action_lists(schedule, 2, pl.microbatches, pl.virtual), stages)
         assert max(b.end_s for b in pl.timeline) == pytest.approx(timeline.makespan_s)
+
+
+def test_explain_of_a_pipelined_plan_reads_the_stage_layout(demo_pipeline):
+    _, _, plan = demo_pipeline
+    assert "blocks.0.fc.weight" in str(plan.explain("blocks.0.fc.weight"))

@@ -13,6 +13,8 @@ from autopar.cost_models.hardware import Hardware
 from autopar.errors import MeshError
 from autopar.ir.mesh import Mesh
 
+PP = "pp"  # the pipeline axis
+
 
 def candidate_meshes(spec, hardware: Hardware, *, pipelines: bool = True) -> list[Mesh]:
     """``spec`` as given (a Mesh, dict or "dp=2,tp=2") is the one candidate, a list of them the
@@ -51,3 +53,17 @@ def _world_size() -> int:
         return dist.get_world_size()
     raise MeshError("mesh='auto' takes the device count from the process group, and none is initialised; "
                     "pass the count instead (mesh=64) or launch under torchrun")
+
+
+def split_mesh(mesh: Mesh) -> tuple[int, Mesh]:
+    """(pp, the mesh of one stage's devices). pp must be the outermost axis: devices fill nodes
+    with the last axis innermost, so each stage then holds a contiguous block of devices."""
+    if mesh.axis_names[0] != PP:
+        raise MeshError(f"mesh {mesh}: the pipeline axis 'pp' goes first (outermost), so that each stage's devices "
+                        f"are neighbours; write it as pp={mesh.shape[mesh.axis_names.index(PP)]},...")
+    inner = Mesh(mesh.axis_names[1:], mesh.shape[1:]) if mesh.ndim > 1 else Mesh.of(dp=1)
+    return mesh.shape[0], inner
+
+
+def has_pipeline(mesh: Mesh) -> bool:
+    return PP in mesh.axis_names

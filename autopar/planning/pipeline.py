@@ -23,7 +23,8 @@ from autopar.passes.base import Pass, PassContext, PassManager
 from autopar.passes.constraints import from_options
 from autopar.passes.cost_formula import CostFormulaPass, SymbolicShapesPass
 from autopar.passes.registry import pipeline
-from autopar.planning.pipelined import has_pipeline, plan_pipeline
+from autopar.planning.meshes import has_pipeline
+from autopar.planning.pipelined import plan_pipeline
 from autopar.planning.request import resolve
 from autopar.planning.state import planning_state, remember
 from autopar.units import human_seconds

@@ -28,7 +28,7 @@ from autopar.capture.export import capture
 from autopar.cost_models.collectives import axis_placement
 from autopar.cost_models.pipeline_schedules import SCHEDULES, action_lists, stage_ranks, virtual_choices
 from autopar.cost_models.pipeline_sim import StageTimes, in_flight, peak_activation_bytes, simulate
-from autopar.errors import AutoparError, MeshError
+from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
 from autopar.ir.pipeline import Block, Candidate, Pipeline, Stage, UnitCost
 from autopar.ir.plan import Plan
@@ -36,26 +36,13 @@ from autopar.ir.records import PassRecord, Predicted
 from autopar.ir.request import PlanRequest
 from autopar.passes.pipeline_units import PipelineUnitsPass
 from autopar.passes.predict import exposed
+from autopar.planning.meshes import split_mesh
+from autopar.planning.state import planning_state, remember
 from autopar.solvers.stage_partition import Chain, even_partition, fits, partition
 from autopar.units import human_seconds
 
-PP = "pp"
 # micro-batch counts tried per pipeline rank when none is given: m = pp, 2 pp, 4 pp
 MICROBATCHES_PER_RANK = (1, 2, 4)
-
-
-def split_mesh(mesh: Mesh) -> tuple[int, Mesh]:
-    """(pp, the mesh of one stage's devices). pp must be the outermost axis: devices fill nodes
-    with the last axis innermost, so each stage then holds a contiguous block of devices."""
-    if mesh.axis_names[0] != PP:
-        raise MeshError(f"mesh {mesh}: the pipeline axis 'pp' goes first (outermost), so that each stage's devices "
-                        f"are neighbours; write it as pp={mesh.shape[mesh.axis_names.index(PP)]},...")
-    inner = Mesh(mesh.axis_names[1:], mesh.shape[1:]) if mesh.ndim > 1 else Mesh.of(dp=1)
-    return mesh.shape[0], inner
-
-
-def has_pipeline(mesh: Mesh) -> bool:
-    return PP in mesh.axis_names
 
 
 def plan_pipeline(planner, request: PlanRequest) -> Plan:
@@ -93,8 +80,10 @@ def plan_pipeline(planner, request: PlanRequest) -> Plan:
                         f"{f' x {best.virtual} virtual' if best.virtual > 1 else ''}: step "
                         f"{human_seconds(best.step_time_s)}, bubble {best.bubble_fraction:.1%} "
                         f"({len(candidates)} candidates)")
-    return dataclasses.replace(micro.plan, pipeline=pipeline, predicted=_predicted(micro.plan.predicted, pipeline),
-                               history=(record,) + micro.plan.history)
+    result = dataclasses.replace(micro.plan, pipeline=pipeline, predicted=_predicted(micro.plan.predicted, pipeline),
+                                 history=(record,) + micro.plan.history)
+    remember(result, lambda: planning_state(micro.plan))  # explain reads the micro-batch's planning state
+    return result
 
 
 def microbatch_counts(pp: int, batch: int, pinned) -> list[int]:

@@ -22,8 +22,7 @@ from autopar.ir.request import (
 )
 from autopar.lowering.memory import optimizer_bytes_per_element
 from autopar.passes.recompute import check_mode
-from autopar.planning.meshes import candidate_meshes
-from autopar.planning.pipelined import has_pipeline, split_mesh
+from autopar.planning.meshes import candidate_meshes, has_pipeline, split_mesh
 from autopar.units import parse_bytes
 
 
