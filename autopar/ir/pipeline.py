@@ -28,7 +28,7 @@ class UnitCost:
     forward_s: float
     backward_input_s: float  # the work the input gradient needs (a zero-bubble schedule's I)
     backward_weight_s: float  # the weight gradients' own work (W)
-    sync_s: float  # its gradients' asynchronous syncs, once a step
+    sync_s: float  # its gradients' syncs into their parameters' layouts, once a step
     parameter_bytes: float  # parameters and their gradients
     optimizer_bytes: float
     activation_bytes: float  # what one micro-batch keeps for backward

@@ -99,7 +99,7 @@ def _price(program: Program, ctx: PassContext, unit_of: dict[str, int], names: l
             bwd_w[u] += seconds
     for r in program.table("redistributions"):
         u = unit_of.get(r.value, _reader_unit(program, r.value, unit_of))
-        if r.is_async:  # a gradient's sync, once a step, overlapping backward
+        if r.consumers == ("output",):  # a gradient's sync: once a step, after the last micro-batch
             sync[u] += r.seconds
         elif r.phase == "forward":
             fwd[u] += r.seconds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from torch import nn
@@ -82,6 +82,8 @@ class _MeshPlanner:
     restrict: Optional[Callable]
     progress: Optional[Callable[[str], None]]
     sizes: Optional[SizeSymbols]
+    # micro-batch size -> the step captured at it: a pipeline's candidate meshes share them
+    microbatch_captures: dict = field(default_factory=dict, compare=False)
 
     def plan(self, request: PlanRequest) -> Plan:
         """Run the passes for ``request``'s one mesh (with a pipeline where it has a pp axis)."""

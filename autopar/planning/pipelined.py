@@ -25,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from autopar.capture.export import capture
+from autopar.capture.module_paths import module_paths
 from autopar.cost_models.collectives import axis_placement
 from autopar.cost_models.pipeline_schedules import SCHEDULES, action_lists, stage_ranks, virtual_choices
 from autopar.cost_models.pipeline_sim import StageTimes, in_flight, peak_activation_bytes, simulate
@@ -122,10 +123,14 @@ class _Microbatch:
 
 
 def _plan_microbatch(planner, request: PlanRequest, batch: int, m: int) -> _Microbatch:
-    inputs = pytree.tree_map(lambda x: x.narrow(0, 0, batch // m) if isinstance(x, torch.Tensor) and x.dim() else x,
+    size = batch // m
+    inputs = pytree.tree_map(lambda x: x.narrow(0, 0, size) if isinstance(x, torch.Tensor) and x.dim() else x,
                              planner.example_inputs)
-    program = capture(planner.model, inputs, loss_fn=planner.loss_fn, precision=request.precision)
-    micro = dataclasses.replace(planner, program=program, example_inputs=inputs)
+    if size not in planner.microbatch_captures:
+        program = capture(planner.model, inputs, loss_fn=planner.loss_fn, precision=request.precision)
+        planner.microbatch_captures[size] = (program, module_paths(program))
+    program, modules = planner.microbatch_captures[size]
+    micro = dataclasses.replace(planner, program=program, example_inputs=inputs, modules=modules)
     plan, tables = micro.plan_with(request, (PipelineUnitsPass(),))
     return _Microbatch(plan, tables["pipeline_units"])
 
@@ -179,8 +184,10 @@ def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, 
         raise _RuledOut(f"pipeline rank {peaks.index(max(peaks))} would hold {max(peaks) / 2**30:.2f} GiB, over the "
                         f"budget of {budget / 2**30:.2f} GiB")
     overlap = request.hardware.gradient_overlap
+    # gradients sync once a step, from the last micro-batch's backward on (as DDP's no_sync
+    # accumulation does): only that backward can hide them
     ends = [timeline.rank_end_s(r) + exposed(sum(st.sync_s for st in stages if st.rank == r),
-                                             m * sum(st.backward_s for st in stages if st.rank == r), overlap)
+                                             sum(st.backward_s for st in stages if st.rank == r), overlap)
             for r in range(pp)]
     blocks = tuple(Block(iv.rank, str(iv.action), iv.start_s, iv.end_s) for iv in timeline.intervals)
     return Pipeline(pp, schedule, m, virtual, stages, max(ends), timeline.bubble_fraction, peaks, blocks)
