@@ -92,12 +92,8 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
                       symbolic_dims=symbolic_dims, cluster_layers=cluster_layers, precision=precision,
                       schedule=schedule, microbatches=microbatches, partition=partition)
     pipeline(passes)
-    if kwargs and any(has_pipeline(m) for m in request.meshes):
-        raise AutoparError("a pipeline splits the positional inputs into micro-batches; call the model with "
-                           "positional arguments to plan it on a mesh with 'pp'")
-    if symbolic_dims is not None and kwargs:
-        raise AutoparError("symbolic_dims names dims of positional inputs; call the model with positional "
-                           "arguments to plan with symbolic_dims")
+    if kwargs:
+        _check_positional_only(request)
     if progress is not None:
         progress("capturing the training step ...")
     program = capture(model, example_inputs, kwargs=kwargs, loss_fn=loss_fn, precision=request.precision)
@@ -105,6 +101,16 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
         progress(f"captured: {program.expanded_from}")
     return plan_program(program, request, model, example_inputs, loss_fn=loss_fn, restrict=restrict, passes=passes,
                         cache=cache, cache_dir=cache_dir, progress=progress)
+
+
+def _check_positional_only(request: PlanRequest) -> None:
+    """Options that split or size the positional inputs, refused for a call with keywords."""
+    if any(has_pipeline(m) for m in request.meshes):
+        raise AutoparError("a pipeline splits the positional inputs into micro-batches; call the model with "
+                           "positional arguments to plan it on a mesh with 'pp'")
+    if request.symbolic_dims is not None:
+        raise AutoparError("symbolic_dims names dims of positional inputs; call the model with positional "
+                           "arguments to plan with symbolic_dims")
 
 
 def plan_program(program, request: PlanRequest, model: nn.Module, example_inputs=(), *,

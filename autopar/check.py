@@ -184,9 +184,10 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
     if plan is None:
         if mesh is None:
             raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
-        if "pp" in Mesh.parse(mesh).axis_names:
-            refuse_to_run(f"check on mesh {Mesh.parse(mesh)}")
-        return make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=Mesh.parse(mesh), hardware=hardware,
+        mesh = Mesh.parse(mesh)
+        if "pp" in mesh.axis_names:
+            refuse_to_run(f"check on mesh {mesh}")
+        return make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=mesh, hardware=hardware,
                          precision=mixed)
     if mesh is not None and Mesh.parse(mesh) != plan.mesh:
         raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.mesh}")

@@ -250,8 +250,9 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     ``compile=True``: programs run through torch.compile, communication inside their graphs.
     ``example_inputs`` / ``example_kwargs`` (instances only): plan and shard now, as a first call
     with them would (see autopar.prepare)."""
-    if "pp" in Mesh.parse(mesh).axis_names:  # a malformed mesh fails here, at decoration time
-        refuse_to_run(f"autoparallelize on mesh {Mesh.parse(mesh)}")
+    parsed = Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
+    if "pp" in parsed.axis_names:
+        refuse_to_run(f"autoparallelize on mesh {parsed}")
     pipeline(passes)  # so does a misplaced pass
     if inputs not in ("global", "local"):
         raise ValueError(f"inputs={inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "

@@ -293,3 +293,11 @@ def test_megatron_3d_baselines_split_layers_evenly_and_are_priced_by_the_simulat
 def test_explain_of_a_pipelined_plan_reads_the_stage_layout(demo_pipeline):
     _, _, plan = demo_pipeline
     assert "blocks.0.fc.weight" in str(plan.explain("blocks.0.fc.weight"))
+
+
+def test_the_command_line_pins_the_schedule_and_micro_batches(capsys):
+    from autopar.cli import main as cli
+
+    assert cli(["plan", "examples.gpt2:factory", "--mesh", "pp=2,dp=2", "--schedule", "GPipe", "--microbatches", "4",
+                "--quiet", "--no-cache"]) == 0
+    assert "schedule GPipe, 4 micro-batches" in capsys.readouterr().out

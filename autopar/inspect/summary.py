@@ -37,12 +37,7 @@ def summarize(plan) -> str:
         *[f"mesh search: {r.note}" for r in plan.history if r.name == "mesh_search"],
         *[f"plan cache: {r.note}" for r in plan.history if r.name == "cache"],
         *_precision_lines(plan),
-        f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
-        f"+ communication {human_seconds(p.communication_s)}"
-        + (f" + pipeline bubbles and P2P waits {human_seconds(p.bubble_s)}" if plan.pipeline else "")
-        + (f" (and {human_seconds(p.hidden_communication_s)} of communication hidden under compute: gradient "
-           f"syncs, prefetched gathers)"
-           if p.hidden_communication_s else "") + f"; {p.sharded_flops_fraction:.0%} of FLOPs sharded",
+        _step_time_line(plan),
         f"peak memory per device: {human_bytes(p.peak_memory_bytes)} = "
         + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
         _recompute_line(plan),
@@ -84,6 +79,16 @@ def summarize(plan) -> str:
         where = ", ".join(distinct[:_MAX_SITES]) + more
         out.append(f"  {op} x{len(modules)} in {where}")
     return "\n".join(out)
+
+
+def _step_time_line(plan) -> str:
+    p = plan.predicted
+    return (f"predicted step time: {human_seconds(p.step_time_s)} = compute {human_seconds(p.compute_s)} "
+            f"+ communication {human_seconds(p.communication_s)}"
+            + (f" + pipeline bubbles and P2P waits {human_seconds(p.bubble_s)}" if plan.pipeline else "")
+            + (f" (and {human_seconds(p.hidden_communication_s)} of communication hidden under compute: gradient "
+               f"syncs, prefetched gathers)" if p.hidden_communication_s else "")
+            + f"; {p.sharded_flops_fraction:.0%} of FLOPs sharded")
 
 
 def _module_lines(plan) -> list[str]:
