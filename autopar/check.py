@@ -13,7 +13,6 @@ from torch import nn
 from autopar.capture.export import find_loss, program_inputs
 from autopar.errors import AutoparError, MeshError
 from autopar.ir.mesh import Mesh
-from autopar.ir.pipeline import refuse_to_run
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import STEP
@@ -71,7 +70,7 @@ class CheckReport:
         return max(t.rtol for t in self.tensors), max(t.atol for t in self.tensors)
 
     def __str__(self) -> str:
-        lines = [f"check of plan {self.plan.hash} on mesh {self.plan.mesh}: {'OK' if self.ok else 'MISMATCH'} "
+        lines = [f"check of plan {self.plan.hash} on mesh {self.plan.device_mesh}: {'OK' if self.ok else 'MISMATCH'} "
                  f"(max abs error {self.max_abs_error:.2e}, max rel error {self.max_rel_error:.2e}, "
                  f"tolerance rel {self.tolerance[0]:g} or abs {self.tolerance[1]:g})"]
         lines.append(f"  {'step':>4}  {'autopar loss':>14}  {'eager loss':>14}")
@@ -158,12 +157,17 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     reference = copy.deepcopy(model)
     reference_losses, reference_grads, reference_values = train(
         reference, _under_autocast(lambda: reference(*inputs, **kwargs), autocast), steps, lr, loss_fn)
+    if plan.pipeline is not None:  # a pipelined step returns the loss alone
+        reference_values = {}
     if backend == "jax":
         return _check_jax(plan, model, inputs, reference_losses, reference_grads, tolerance)
 
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    results = get_cluster(plan.mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(), steps,
+    if plan.pipeline is not None and (measure_memory or compile):
+        raise ValueError("check of a pipelined plan runs it as planned: measure_memory and compile are not supported "
+                         "for pipelines yet")
+    results = get_cluster(plan.device_mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(), steps,
                                               lr, measure_memory, compile)
 
     moved = {}
@@ -185,12 +189,10 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
         if mesh is None:
             raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
         mesh = Mesh.parse(mesh)
-        if "pp" in mesh.axis_names:
-            refuse_to_run(f"check on mesh {mesh}")
         return make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=mesh, hardware=hardware,
                          precision=mixed)
-    if mesh is not None and Mesh.parse(mesh) != plan.mesh:
-        raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.mesh}")
+    if mesh is not None and Mesh.parse(mesh) != plan.device_mesh:
+        raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.device_mesh}")
     if plan.graph.kind != STEP:
         raise ValueError(f"check compares training steps, and plan {plan.hash} is a forward program alone; check "
                          f"the training step's plan (the forward program runs the same statements without backward)")
@@ -218,8 +220,9 @@ def _compared(results: list, reference_losses, reference_grads: dict, reference_
     tensors = [compare(f"loss[step {i}]", torch.tensor(a), torch.tensor(b), tolerance)
                for i, (a, b) in enumerate(zip(results[0]["losses"], reference_losses))]
     for fqn, want in reference_grads.items():
-        tensors.append(max((compare(f"grad {fqn}", r["grads"][fqn], want, tolerance) for r in results),
-                           key=lambda t: t.max_rel_error) if fqn in results[0]["grads"] else _missing(f"grad {fqn}"))
+        holders = [r for r in results if fqn in r["grads"]]  # every rank, or a pipeline stage's
+        tensors.append(max((compare(f"grad {fqn}", r["grads"][fqn], want, tolerance) for r in holders),
+                           key=lambda t: t.max_rel_error) if holders else _missing(f"grad {fqn}"))
     for path, want in reference_values.items():
         got = results[0]["values"].get(path)
         tensors.append(compare(f"output {path}", got, want, tolerance) if got is not None
@@ -245,13 +248,14 @@ def _check_jax(plan: Plan, model: nn.Module, inputs: tuple, reference_losses, re
 _RANK_MESHES: dict = {}
 
 
-def rank_mesh_for(mesh: Mesh):
+def rank_mesh_for(mesh: Mesh, pipeline_stages: int = 1):
     """Worker side: one RankMesh (and its process groups) per mesh, reused across jobs."""
     from autopar.runtime.rank_mesh import RankMesh
 
-    if mesh not in _RANK_MESHES:
-        _RANK_MESHES[mesh] = RankMesh(mesh)
-    return _RANK_MESHES[mesh]
+    key = (mesh, pipeline_stages)
+    if key not in _RANK_MESHES:
+        _RANK_MESHES[key] = RankMesh(mesh, pipeline_stages=pipeline_stages)
+    return _RANK_MESHES[key]
 
 
 def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, kwargs: dict, plan_json: str,
@@ -260,6 +264,8 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
     plan = Plan.from_json(plan_json)
+    if plan.pipeline is not None:
+        return _run_pipeline_on_rank(model, inputs, kwargs, plan, steps, lr)
     rt = rank_mesh_for(plan.mesh)
     rt.bytes_moved.clear()
     parallel = ParallelModule(model, plan, rt, plan.emit("torch"), compile=compile)
@@ -269,6 +275,25 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
     losses, grads, values = train(model, lambda: parallel(*inputs, **kwargs), steps, lr, _autopar_loss)
     return {"losses": losses, "grads": grads, "values": values, "bytes_moved": dict(rt.bytes_moved),
             "peak_memory": peak if measure_memory else None}
+
+
+def _run_pipeline_on_rank(model: nn.Module, inputs: tuple, kwargs: dict, plan: Plan, steps: int, lr: float) -> dict:
+    from autopar.runtime.pipeline import PipelinedModule
+
+    rt = rank_mesh_for(plan.mesh, plan.pipeline.pp)
+    rt.bytes_moved.clear()
+    pipelined = PipelinedModule(model, plan, rt, plan.emit("torch"))
+    held = [(n, p) for n, p in model.named_parameters() if not p.is_meta]  # this rank's stages'
+    opt = torch.optim.SGD([p for _, p in held], lr=lr)
+    losses, grads = [], {}
+    for i in range(steps):
+        torch.manual_seed(SEED + i)
+        opt.zero_grad()
+        losses.append(pipelined.step(*inputs, **kwargs).item())
+        if i == 0:
+            grads = {n: whole(p.grad).detach().clone() for n, p in held if p.grad is not None}
+        opt.step()
+    return {"losses": losses, "grads": grads, "values": {}, "bytes_moved": dict(rt.bytes_moved), "peak_memory": None}
 
 
 def _autopar_loss(output):

@@ -31,6 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 from torch import nn
 
 from autopar import errors
@@ -211,6 +212,8 @@ def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Optional[Cal
     """Refuse a plan of another computation before it runs: one made for another forward, or
     for inputs of other shapes, has the same parameters but would compute something else."""
     precision = None if plan.graph.autocast is None else MixedPrecision(plan.graph.autocast)
+    if plan.pipeline is not None:  # planned for one micro-batch: the first rows of the batch
+        args, kwargs = pytree.tree_map(lambda x: _first_microbatch(x, plan.pipeline.microbatches), (args, kwargs))
     program = capture(model, args, kwargs=kwargs, loss_fn=loss_fn, training_step=plan.graph.kind == STEP,
                       precision=precision)
     fingerprint = fingerprint_of(program)
@@ -219,6 +222,12 @@ def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Optional[Cal
             f"plan {plan.hash} was made for graph {plan.fingerprint}, but this model and these inputs capture as "
             f"graph {fingerprint} (another forward, or inputs of other shapes or dtypes); plan this model with "
             f"these inputs with autopar.plan and use that plan")
+
+
+def _first_microbatch(x, microbatches: int):
+    if not isinstance(x, torch.Tensor) or not x.dim() or x.shape[0] % microbatches:
+        return x
+    return x.narrow(0, 0, x.shape[0] // microbatches)
 
 
 _RUNNERS: "weakref.WeakKeyDictionary[nn.Module, _Runner]" = weakref.WeakKeyDictionary()

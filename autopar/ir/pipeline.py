@@ -7,7 +7,7 @@ schedule is one of torch.distributed.pipelining's, named by its class without "S
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopar.errors import AutoparError
 
@@ -91,6 +91,13 @@ class Pipeline:
     rank_peak_bytes: tuple[float, ...]  # per pp rank
     timeline: tuple[Block, ...]
     candidates: tuple[Candidate, ...] = ()  # every (schedule, micro-batches, virtual) weighed, best first
+    # call node -> its unit's index in the chain (the stages' units, in order): where it runs
+    node_units: dict = field(default_factory=dict)
+
+    def node_stages(self) -> dict[str, int]:
+        """Call node -> the index of the stage that runs it."""
+        stage_of_unit = [st.index for st in self.stages for _ in st.units]
+        return {node: stage_of_unit[unit] for node, unit in self.node_units.items()}
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -12,7 +12,7 @@ from autopar.errors import AutoparError, PlanFormatError
 from autopar.ir.cost_formula import CostFormula
 from autopar.ir.graph import GraphIR
 from autopar.ir.mesh import Mesh
-from autopar.ir.pipeline import Pipeline, refuse_to_run
+from autopar.ir.pipeline import Pipeline
 from autopar.ir.placement import Spec
 from autopar.ir.records import PassRecord, Predicted, Redistribution, SolverStats
 from autopar.ir.redistribute import COMMUNICATING
@@ -132,8 +132,9 @@ class Plan:
     # ---- output: dispatched to what backends/ and inspect/ register ------------------
     def emit(self, backend: str = "torch") -> str:
         """The per-rank program for ``backend`` ("torch" or "jax") as source text."""
-        if self.pipeline is not None:
-            refuse_to_run(f"plan {self.hash} has {self.pipeline.pp} pipeline stages")
+        if self.pipeline is not None and backend != "torch":
+            raise AutoparError(f"plan {self.hash} has {self.pipeline.pp} pipeline stages, which only the torch "
+                               f"backend emits (for torch.distributed.pipelining); emit it for 'torch'")
         return _registered(_EMITTERS, backend, "backend")(self)
 
     def explain(self, target: str, model=None, example_inputs=None, hardware=None) -> str:

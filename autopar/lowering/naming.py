@@ -43,6 +43,8 @@ def readable(plan):
         fallback_nodes={new(k, k): v for k, v in plan.fallback_nodes.items()},
         fallback_modules={new(k, k): v for k, v in plan.fallback_modules.items()},
         modules={new(k, k): v for k, v in plan.modules.items()},
+        pipeline=plan.pipeline and dataclasses.replace(
+            plan.pipeline, node_units={new(k, k): v for k, v in plan.pipeline.node_units.items()}),
     )
 
 

@@ -2,10 +2,10 @@
 repeated layers, each layer, and the part after them, each priced for one micro-batch.
 
 Runs after predict when the mesh has a ``pp`` axis, on the plan of the whole model at the
-micro-batch size on the mesh's other axes. A node belongs to the layer its module is in
-(``<prefix>.<i>``, the longest run of repeated layers); forward nodes before the first layer
-belong to the part before, after the last to the part after; backward runs the other way;
-glue between layers (a module-less op) goes with the layer before it in its phase's order.
+micro-batch size on the mesh's other axes. A forward node belongs to the layer its module is
+in (``<prefix>.<i>``, the longest run of repeated layers), before the first layer to the part
+before, after the last to the part after; a backward node to the unit whose values it reads
+(_node_units).
 A backward node is input-gradient work (I) when the gradient flowing to an earlier unit
 depends on it, else weight-gradient work (W), which zero-bubble schedules defer.
 """
@@ -26,6 +26,7 @@ from autopar.ops.table import rule_for
 from autopar.passes.base import Pass, PassContext, side_table
 
 side_table('pipeline_units', list, 'the chain a pipeline partitions: per unit, one micro-batch\'s UnitCost')
+side_table('pipeline_node_units', dict, 'call node -> the index of its unit in pipeline_units')
 
 BEFORE, AFTER = "<before layers>", "<after layers>"
 
@@ -33,13 +34,14 @@ BEFORE, AFTER = "<before layers>", "<after layers>"
 class PipelineUnitsPass(Pass):
     name = "pipeline_units"
     requires = ("meta", "choice", "redistributions", "recompute")
-    provides = ("pipeline_units",)
+    provides = ("pipeline_units", "pipeline_node_units")
 
     def run(self, program: Program, ctx: PassContext) -> str:
         prefix, count = _layers(program)
         unit_of = _node_units(program, prefix, count)
         names = [BEFORE] + [f"{prefix}.{i}" for i in range(count)] + [AFTER]
         program.tables["pipeline_units"] = _price(program, ctx, unit_of, names)
+        program.tables["pipeline_node_units"] = unit_of
         return f"{count} layers of {prefix} between what comes before and after them"
 
 
@@ -58,23 +60,56 @@ def _layers(program: Program) -> tuple[str, int]:
 
 
 def _node_units(program: Program, prefix: str, count: int) -> dict[str, int]:
-    """Call node -> unit: 0 before the layers, 1 + i for layer i, count + 1 after them."""
-    layer = re.compile(rf"^{re.escape(prefix)}\.(\d+)(\.|$)")
-    paths = module_paths(program)
+    """Call node -> unit: 0 before the layers, 1 + i for layer i, count + 1 after them.
+
+    Forward nodes go by their module (glue between layers with the layer before it), and
+    never before the units of their inputs. Backward nodes go by data, not module (autograd
+    gives a gradient sum the module of one of its terms, often another layer's): each runs in
+    the earliest unit that holds the forward values and parameters it reads and that its
+    readers allow (values flow back, so a node runs no earlier than any reader; a parameter's
+    gradient runs with the parameter); a sum of gradient terms alone runs where its terms are,
+    so a stage sends the sum back rather than its terms."""
     forward = forward_nodes(program)
     calls = [n for n in program.nodes() if n.op == "call_function"]
+    out = _forward_units(program, [n for n in calls if n.name in forward], prefix, count)
+    param_unit = {ph: min((out[u.name] for u in program.node(ph).users if u.name in out), default=0)
+                  for ph in program.params}
+    grad_unit = {grad: param_unit[ph] for grad, ph in program.gradient_targets()}
+    backward = [n for n in calls if n.name not in forward]
+    reads = {n.name: [out.get(i.name, param_unit.get(i.name, 0)) for i in n.all_input_nodes
+                      if i.name in forward or i.name in param_unit] for n in backward}
+    for n in reversed(backward):  # the earliest unit its forward inputs and its readers allow
+        readers = [out[u.name] for u in n.users if u.name in out and u.name not in forward]
+        out[n.name] = max(reads[n.name] + readers + ([grad_unit[n.name]] if n.name in grad_unit else []), default=0)
+    for n in backward:
+        inputs = [out[i.name] for i in n.all_input_nodes if i.name in out and i.name not in forward]
+        if _is_item(n, out):  # where its tuple is (later than its readers: they allow it)
+            out[n.name] = out[n.args[0].name]
+        elif not reads[n.name] and n.name not in grad_unit and len(inputs) > 1:  # a sum of gradient terms
+            out[n.name] = min(inputs)
+    return out
+
+
+def _is_item(node, unit_of: dict) -> bool:
+    return node.target is operator.getitem and node.args[0].name in unit_of
+
+
+def _forward_units(program: Program, nodes: list, prefix: str, count: int) -> dict[str, int]:
+    layer = re.compile(rf"^{re.escape(prefix)}\.(\d+)(\.|$)")
+    paths = module_paths(program)
+    own = {n.name: 1 + int(m.group(1)) for n in nodes if (m := layer.match(paths.get(n.name, "")))}
     out: dict[str, int] = {}
-    for phase, nodes, start, end in (("f", [n for n in calls if n.name in forward], 0, count + 1),
-                                     ("b", [n for n in calls if n.name not in forward], count + 1, 0)):
-        own = {n.name: 1 + int(m.group(1)) for n in nodes if (m := layer.match(paths.get(n.name, "")))}
-        current = start
-        for n in nodes:
-            current = own.get(n.name, current)
-            out[n.name] = current
-        # what runs after the last layer node of its phase is the end's, not that layer's
-        last = max((k for k, n in enumerate(nodes) if n.name in own), default=-1)
-        for n in nodes[last + 1:]:
-            out[n.name] = end
+    current = 0
+    for n in nodes:
+        current = own.get(n.name, current)
+        out[n.name] = current
+    # what runs after the last layer node is the part after the layers', not that layer's
+    last = max((k for k, n in enumerate(nodes) if n.name in own), default=-1)
+    for n in nodes[last + 1:]:
+        out[n.name] = count + 1
+    for n in nodes:  # no earlier than what it reads; an item of a tuple where the tuple is
+        out[n.name] = out[n.args[0].name] if _is_item(n, out) else \
+            max([out[n.name]] + [out[i.name] for i in n.all_input_nodes if i.name in out])
     return out
 
 

@@ -75,7 +75,7 @@ def plan_pipeline(planner, request: PlanRequest) -> Plan:
     candidates.sort(key=lambda c: c.step_time_s)
     best = candidates[0]
     pipeline, micro = built[best.schedule, best.microbatches, best.virtual]
-    pipeline = dataclasses.replace(pipeline, candidates=tuple(candidates))
+    pipeline = dataclasses.replace(pipeline, candidates=tuple(candidates), node_units=micro.node_units)
     record = PassRecord("pipeline", time.perf_counter() - start,
                         f"{best.schedule} with {best.microbatches} micro-batches on {pp} stages"
                         f"{f' x {best.virtual} virtual' if best.virtual > 1 else ''}: step "
@@ -120,6 +120,7 @@ def _batch_size(example_inputs) -> int:
 class _Microbatch:
     plan: Plan  # the whole model at the micro-batch size on one stage's mesh
     units: list  # its UnitCost chain
+    node_units: dict  # call node -> its unit's index in the chain
 
 
 def _plan_microbatch(planner, request: PlanRequest, batch: int, m: int) -> _Microbatch:
@@ -132,7 +133,7 @@ def _plan_microbatch(planner, request: PlanRequest, batch: int, m: int) -> _Micr
     program, modules = planner.microbatch_captures[size]
     micro = dataclasses.replace(planner, program=program, example_inputs=inputs, modules=modules)
     plan, tables = micro.plan_with(request, (PipelineUnitsPass(),))
-    return _Microbatch(plan, tables["pipeline_units"])
+    return _Microbatch(plan, tables["pipeline_units"], tables["pipeline_node_units"])
 
 
 def _send_seconds(mesh: Mesh, hw) -> Callable[[float], float]:

@@ -30,22 +30,31 @@ from autopar.ir.redistribute import plan_steps
 
 class RankMesh:
     def __init__(self, mesh: Mesh, rank: int | None = None, device: torch.device | str = "cpu",
-                 bucket_bytes: float = GRADIENT_BUCKET_BYTES):
+                 bucket_bytes: float = GRADIENT_BUCKET_BYTES, pipeline_stages: int = 1):
+        """``pipeline_stages`` > 1: the world is that many copies of ``mesh``, one per pipeline
+        rank (the mesh ``pp`` x ``mesh``, pp first); this rank's collectives run within its
+        own copy, and ``pipeline_group`` joins it with the ranks of the same place in the others."""
         from torch.distributed.device_mesh import init_device_mesh
 
         if not dist.is_initialized():
             raise RuntimeError("RankMesh needs an initialised process group (torchrun or autopar.check)")
-        mesh.check_world_size(dist.get_world_size())
+        whole = mesh if pipeline_stages == 1 else Mesh(("pp",) + mesh.axis_names, (pipeline_stages,) + mesh.shape)
+        whole.check_world_size(dist.get_world_size())
+        offset = whole.ndim - mesh.ndim  # the pp axis, where there is one
         self.mesh = mesh
         self.rank = dist.get_rank() if rank is None else rank
-        self.coords = mesh.coords(self.rank)
+        self.coords = whole.coords(self.rank)[offset:]
+        self.pipeline_rank = whole.coords(self.rank)[0] if offset else 0
         self.device = torch.device(device)
-        self.device_mesh = init_device_mesh(self.device.type, mesh.shape, mesh_dim_names=mesh.axis_names)
-        self.groups = {name: self.device_mesh.get_group(name) for name in mesh.axis_names}
+        full = init_device_mesh(self.device.type, whole.shape, mesh_dim_names=whole.axis_names)
+        self.device_mesh = full[mesh.axis_names] if offset else full
+        self.groups = {name: full.get_group(name) for name in mesh.axis_names}
+        self.pipeline_group = full.get_group("pp") if offset else None
         # gradient syncs run on groups of their own: gloo and NCCL run one group's collectives in
         # the order they were issued, so a synchronous collective later in backward (an
-        # all-gather) would otherwise wait behind every sync queued before it
-        self.sync_groups = {name: _new_group_along(self.device_mesh.mesh, axis)
+        # all-gather) would otherwise wait behind every sync queued before it (every rank makes
+        # every group, its own copy's and the others')
+        self.sync_groups = {name: _new_group_along(full.mesh, axis + offset)
                             for axis, name in enumerate(mesh.axis_names)}
         self._gloo = dist.get_backend() == "gloo"
         self.bytes_moved: Counter = Counter()  # collective kind -> message bytes, as the cost model counts them

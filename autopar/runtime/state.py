@@ -31,7 +31,7 @@ _REPLACED: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
-               init: "Callable[[nn.Module], None] | None" = None) -> None:
+               init: "Callable[[nn.Module], None] | None" = None, own_copy: bool = False) -> None:
     """Each parameter (``params``: name -> Spec) and buffer (``buffers``: name -> Spec) of
     ``model`` becomes a DTensor holding this rank's block, module by module. The values are
     rank 0's, as its model holds them: rank 0 sends each rank its block alone (a replicated
@@ -42,8 +42,10 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
     without ``init`` the blocks are left uninitialized, for a state dict to be loaded into
     (torch's set_model_state_dict). A parameter shared under several names (tied weights) stays
     shared, and keeps its attributes. Every rank then takes rank 0's random states (CPU, and the
-    device's): dropout masks are drawn alike on every rank."""
-    source = _rank0_source(model, init, rank_mesh)
+    device's): dropout masks are drawn alike on every rank. ``own_copy``: every rank takes its
+    blocks from its own model, which holds the values (a pipeline's ranks each hold other
+    tensors, so rank 0 sends none)."""
+    source = "own" if own_copy else _rank0_source(model, init, rank_mesh)
     specs = {**params, **buffers}
     holders = _holders(model)
     done: set[int] = set()
@@ -58,7 +60,7 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
             done.add(id(original))
             fqn = _join(path, name)
             values = _tensor(module, name) if source != "none" else None
-            block = _block(values, original, specs[fqn], mesh, rank_mesh)
+            block = _block(values, original, specs[fqn], mesh, rank_mesh, own=source == "own")
             if name in module._buffers:
                 module._buffers[name] = block
                 continue
@@ -140,11 +142,14 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _block(values: "torch.Tensor | None", like: torch.Tensor, spec: Spec, mesh: Mesh, rank_mesh: RankMesh) -> DTensor:
+def _block(values: "torch.Tensor | None", like: torch.Tensor, spec: Spec, mesh: Mesh, rank_mesh: RankMesh,
+           own: bool = False) -> DTensor:
     """The DTensor of this rank's block of a tensor shaped as ``like``, with the values of rank
     0's ``values`` (None on every rank: left uninitialized)."""
     block = torch.empty(spec.local_shape(like.shape, mesh), dtype=like.dtype, device=rank_mesh.device)
-    if values is None:
+    if own:
+        block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
+    elif values is None:
         pass
     elif spec.is_replicated():  # every rank's block is the whole tensor
         if rank_mesh.rank == 0:

@@ -38,7 +38,7 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
         "import torch",
         "",
     ] + (["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
-         if _uses_device_neutral_kernels(plan) else []) + [
+         if uses_device_neutral_kernels(plan) else []) + [
         "aten = torch.ops.aten",
         "",
         f"PLAN_HASH = {plan.hash!r}",
@@ -46,7 +46,7 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     ]
     lines += wrapped("PLACEHOLDERS = [", [repr(n) for n in placeholders], "]")
     program = programs(named)
-    printer, sections = _Printer(named), Sections(named)
+    printer, sections = StatementPrinter(named), Sections(named)
     lines += ["", ""] + wrapped("def forward(", ["rt"] + placeholders, "):")
     for s in program.forward[:-1]:
         lines += indented(sections.before(s, "forward") + printer.lines(s))
@@ -54,8 +54,8 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     if named.graph.kind == STEP:
         lines += ["", ""] + wrapped("def backward(", ["rt"] + placeholders + ["saved", "grad_loss", "sync", "unsynced"],
                                     "):")
-        lines += indented(_Backward(named, printer, sections).lines(program))
-        lines += ["", "", *_ACCUMULATE.splitlines()]
+        lines += indented(BackwardBody(named, printer, sections).lines(program))
+        lines += ["", "", *ACCUMULATE_SOURCE.splitlines()]
     return "\n".join(lines) + "\n"
 
 
@@ -74,26 +74,30 @@ def _forward_return(graph, statement: Statement, saved) -> list[str]:
             + [")"])
 
 
-_ACCUMULATE = '''def accumulate(grad, unsynced, name):
+ACCUMULATE_SOURCE = '''def accumulate(grad, unsynced, name):
     """``grad`` plus the local gradient of ``name`` that earlier micro-batches left unsynced (no_sync)."""
     earlier = unsynced.pop(name, None)
     return grad if earlier is None else grad + earlier'''
 
 
-class _Backward:
+class BackwardBody:
     """The backward program's body. With ``sync`` False (inside ``no_sync()``) it returns each
     parameter's local gradient before any of its collectives; with ``sync`` True it first adds
     what earlier micro-batches left in ``unsynced``, then syncs once. The gradient collectives
     are linear, so syncing the sum equals summing the syncs."""
 
-    def __init__(self, plan, printer: "_Printer", sections: Sections):
+    def __init__(self, plan, printer: "StatementPrinter", sections: Sections, gradients=None, sent_back=None):
+        """``gradients``: the gradient nodes it returns (a pipeline stage's own; default all);
+        ``sent_back``: a pipeline stage's backward values for the stage before, which it
+        returns first, as ``[sent back...], {parameter name: gradient}``."""
         self.plan, self.printer, self.sections = plan, printer, sections
+        self.local = tuple(plan.graph.gradients if gradients is None else gradients)  # each before its sync
+        self.sent_back = sent_back
         self.syncs = {r.id: r for r in plan.redistributions if r.consumers == ("output",)}
         # a gradient's move to its parameter's layout that a backward op reads too: its collectives
         # cannot wait for the last micro-batch
         self.shared = sorted({plan.graph.grads[r.value] for r in plan.redistributions
-                              if r.value in plan.graph.grads and "output" in r.consumers and r.id not in self.syncs})
-        self.local = plan.graph.gradients  # each gradient before its sync
+                              if r.value in self.local and "output" in r.consumers and r.id not in self.syncs})
         self.begun: set[str] = set()
         self.returned_local = False
 
@@ -135,7 +139,11 @@ class _Backward:
         self.returned_local = True
         grads = [f"    {self.plan.graph.grads[o]!r}: {o}," for o in self.local]
         return ["if not sync:  # model.no_sync(): the local gradients, left for the next synced backward"] + \
-            indented(["return {"] + grads + ["}"])
+            indented([self.returning() + "{"] + grads + ["}"])
+
+    def returning(self) -> str:
+        """``return `` and, for a pipeline stage, the backward values it sends back first."""
+        return "return " if self.sent_back is None else f"return [{', '.join(self.sent_back)}], "
 
     def keeping_local_gradients(self, s: Statement) -> Statement:
         """``s`` without deleting a gradient the no_sync() return still needs."""
@@ -146,13 +154,13 @@ class _Backward:
     def output(self, s: Statement) -> str:
         """``return {parameter name: gradient}``: a gradient without collectives adds the unsynced part here."""
         g = self.plan.graph
-        values = dict(zip(g.gradients, s.uses))
+        values = dict(zip(self.local, s.uses[len(self.sent_back or ()):]))
         grads = [f"    {g.grads[o]!r}: {values[o] if values[o] != o else f'accumulate({o}, unsynced, {g.grads[o]!r})'},"
                  for o in self.local]
-        return "\n".join(["return {"] + grads + ["}"])
+        return "\n".join([self.returning() + "{"] + grads + ["}"])
 
 
-class _Printer:
+class StatementPrinter:
     def __init__(self, plan):
         self.plan = plan
 
@@ -251,7 +259,7 @@ def _describe(r, i: int) -> str:
 # output is contiguous, say), so a view that was valid globally may not be
 # locally. The graph is functional, so reshape (a view when possible, else a
 # copy) computes the same values.
-def _uses_device_neutral_kernels(plan) -> bool:
+def uses_device_neutral_kernels(plan) -> bool:
     return any(n.target in CPU_ONLY_OPS for n in plan.graph.nodes)
 
 

@@ -1,0 +1,90 @@
+"""Torch backend for a pipelined plan: a forward and a backward program per stage.
+
+``forward_<k>(rt, placeholders..., received...)`` runs stage k's part of one micro-batch on this
+rank's blocks and returns ``(loss or None, [sent...], [saved...])``: what goes to stage k+1
+(autopar.lowering.stages.Slot, carriers included) and what its backward reads.
+``backward_<k>(rt, placeholders..., saved, grads_in, grad_loss, sync, unsynced)`` takes the
+backward values stage k+1 sent back (``grads_in``; on the last stage ``grad_loss`` seeds the
+loss instead) and returns ``([sent back...], {parameter name: gradient})``. ``sync`` is False
+on every micro-batch but a stage's last: those return local gradients, which the last adds
+before its gradient collectives (as DDP's no_sync accumulates them). The schedule that calls
+these is torch.distributed.pipelining's (autopar.runtime.pipeline).
+"""
+from __future__ import annotations
+
+from autopar.backends.printer import Sections, header, indented, wrapped
+from autopar.backends.torch.codegen import ACCUMULATE_SOURCE, BackwardBody, StatementPrinter, uses_device_neutral_kernels
+from autopar.errors import AutoparError
+from autopar.lowering.naming import readable
+from autopar.lowering.stages import StageProgram, stage_programs
+from autopar.units import human_seconds
+
+
+def emit_torch_pipeline(plan) -> str:
+    named = readable(plan)
+    pipeline = named.pipeline
+    lines = header(plan, "autopar: per-rank pipeline stages for torch.distributed.pipelining (generated; do not "
+                         "edit)")
+    lines += [
+        f"# {pipeline.schedule} with {pipeline.microbatches} micro-batches on {pipeline.pp} ranks"
+        f"{f' x {pipeline.virtual} stages each' if pipeline.virtual > 1 else ''}; "
+        f"predicted step {human_seconds(pipeline.step_time_s)}, bubble {pipeline.bubble_fraction:.1%}",
+        "# forward_<k>(rt, placeholders..., received...) -> (loss or None, [sent...], [saved...])",
+        "# backward_<k>(rt, placeholders..., saved, grads_in, grad_loss, sync, unsynced)",
+        "#     -> ([sent back...], {parameter name: gradient})",
+        "import torch",
+        "",
+    ] + (["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
+         if uses_device_neutral_kernels(plan) else []) + [
+        "aten = torch.ops.aten",
+        "",
+        f"PLAN_HASH = {plan.hash!r}",
+        f"GRAPH_FINGERPRINT = {plan.fingerprint!r}",
+    ]
+    printer = StatementPrinter(named)
+    for stage in stage_programs(named):
+        lines += ["", ""] + _forward(named, printer, stage)
+        lines += ["", ""] + _backward(named, printer, stage)
+    lines += ["", "", *ACCUMULATE_SOURCE.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def _forward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
+    st = plan.pipeline.stages[stage.index]
+    received = [s.var for s in stage.receives]
+    lines = [f"# ==== stage {stage.index} (pipeline rank {st.rank}): {_units(st.units)} ===="]
+    lines += wrapped(f"def forward_{stage.index}(", ["rt", *stage.placeholders, *received], "):")
+    body = [f"# received from stage {stage.index - 1}: {_slots(stage.receives)}"] if received else []
+    sections = Sections(plan)
+    for s in stage.forward[:-1]:
+        body += sections.before(s, "forward") + printer.lines(s)
+    for slot in stage.sends:
+        if slot.carrier:  # sent only for its gradient slot, which brings a backward value back
+            body.append(f"{slot.var} = torch.zeros({list(slot.shape)}, dtype=torch.{slot.dtype}, device=rt.device)"
+                        f"  # carries {slot.carries} back")
+    sends = [s.var for s in stage.sends]
+    body += ["return ("] + indented([f"{stage.loss or 'None'},"] + wrapped("[", sends, "],  # to the next stage")
+                                    + wrapped("[", list(stage.saved), "],  # saved for backward")) + [")"]
+    return lines + indented(body)
+
+
+def _backward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
+    lines = wrapped(f"def backward_{stage.index}(",
+                    ["rt", *[p for p in stage.placeholders if p not in stage.inputs], "saved", "grads_in", "grad_loss",
+                     "sync", "unsynced"], "):")
+    backward = BackwardBody(plan, printer, Sections(plan), stage.gradients, stage.grads_out)
+    if backward.shared:
+        raise AutoparError(f"the gradient syncs of {', '.join(backward.shared)} are read by backward too, so they "
+                           f"cannot wait for a stage's last micro-batch; plan this model without 'pp'")
+    body = wrapped("[", list(stage.grads_in), "] = grads_in  # from the next stage") if stage.grads_in else []
+    body += backward.lines(stage)
+    return lines + indented(body)
+
+
+def _slots(slots) -> str:
+    return ", ".join(f"{s.var} {list(s.shape)}" + (f" (brings {s.carries} back)" if s.carries else "")
+                     for s in slots)
+
+
+def _units(units) -> str:
+    return units[0] if len(units) == 1 else f"{units[0]} .. {units[-1]}"

@@ -1,0 +1,294 @@
+"""Run a pipelined plan's stage programs under torch.distributed.pipelining's schedules.
+
+Each stage this rank holds becomes a ``PipelineStage`` (torch's) whose submodule runs the
+stage's forward program inside an autograd Function; torch's schedule (GPipe, 1F1B,
+interleaved, zero-bubble, DualPipeV: the plan's) calls the stages' forward and backward for
+every micro-batch, sends activations and their gradients between stages over its P2P, and
+orders the actions. The Function's backward runs the stage's backward program with the
+backward values the next stage sent back (autopar.lowering.stages: they ride in the gradients
+of the values sent forward), so autograd never traces the programs.
+
+Static metadata: every slot's local shape and dtype are known from the plan, so each
+``PipelineStage`` is built with its inputs' and outputs' examples and needs no shape-inference
+round before the first step. A slot that carries no backward value is sent without a gradient.
+
+Gradients: each micro-batch's loss weighs 1/m (the loss function the schedule runs divides by
+m), so the step's gradient is the mean of the micro-batches', as eager's mean over the whole
+batch. Each stage's backward keeps local gradients for every micro-batch but its last, which
+adds them and runs the gradient collectives once (as DDP's no_sync), then hands every
+parameter its gradient (accumulating into ``.grad``, as autograd does).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autopar.errors import AutoparError, PlanMismatchError
+from autopar.ir.call import FlatCall
+from autopar.ir.plan import Plan
+from autopar.lowering.stages import StageProgram, stage_programs
+from autopar.runtime.program import load_program
+from autopar.runtime.rank_mesh import RankMesh, local_shard
+from autopar.runtime.state import as_gradient, local
+
+# the schedules whose class runs one stage per rank (the others take a list)
+_SINGLE_STAGE = ("GPipe", "1F1B")
+
+
+class StageRunner:
+    """One stage's programs on this rank, called by its autograd Function."""
+
+    def __init__(self, plan: Plan, program: StageProgram, module, rt: RankMesh, params: dict, buffers: dict):
+        self.plan, self.program, self.rt = plan, program, rt
+        self.forward_fn = getattr(module, f"forward_{program.index}")
+        self.backward_fn = getattr(module, f"backward_{program.index}")
+        graph = plan.graph
+        self.params = {fqn: params[fqn] for ph, fqn in graph.params.items() if ph in program.placeholders}
+        self._placeholder_sources = [(ph, graph.params.get(ph), graph.buffers.get(ph)) for ph in program.placeholders]
+        self._buffers = buffers
+        self._input_index = {ph: i for i, ph in enumerate(graph.inputs)}
+        self.microbatches = plan.pipeline.microbatches
+        self.backwards = 0  # backward runs this step: the last one syncs
+        self.unsynced: dict = {}  # parameter -> local gradient summed over this step's earlier micro-batches
+
+    def placeholders(self, inputs: tuple) -> list:
+        """The forward program's placeholders: parameters' and buffers' blocks, and (stage 0)
+        this rank's block of each model input of the micro-batch."""
+        out = []
+        for ph, param, buffer in self._placeholder_sources:
+            if param is not None:
+                out.append(local(self.params[param]).detach())
+            elif buffer is not None:
+                out.append(local(self._buffers[buffer]))
+            else:
+                out.append(local_shard(inputs[self._input_index[ph]], self.plan.out_spec(ph), self.plan.mesh,
+                                       self.rt.coords))
+        return out
+
+    def forward(self, received: tuple):
+        """(the stage's outputs for the schedule, what its backward needs)."""
+        first = self.program.index == 0
+        args = self.placeholders(received if first else ())
+        loss, sends, saved = self.forward_fn(self.rt, *args, *(() if first else received))
+        kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
+        return (loss if self.program.loss is not None else tuple(sends)), (kept, saved)
+
+    def backward(self, state, grads: tuple) -> tuple:
+        """The backward values for the stage before, one per received slot (None where its slot
+        carries none); parameters' gradients go to ``.grad`` on the micro-batch's last."""
+        kept, saved = state
+        self.backwards += 1
+        sync = self.backwards == self.microbatches
+        if sync:
+            self.backwards = 0
+        if self.program.loss is not None:
+            grads_in, grad_loss = [], grads[0]
+        else:
+            grads_in, grad_loss = [g for g, slot in zip(grads, self.program.sends) if slot.differentiable], None
+        sent_back, gradients = self.backward_fn(self.rt, *kept, saved, grads_in, grad_loss, sync, self.unsynced)
+        if sync:
+            self._hand_gradients(gradients)
+        else:
+            for fqn, grad in gradients.items():
+                self.unsynced[fqn] = grad if fqn not in self.unsynced else self.unsynced[fqn] + grad
+        if self.program.index == 0:  # it received the model's inputs, which take no gradient
+            return (None,) * len(self.plan.graph.inputs)
+        back = iter(sent_back)
+        return tuple(next(back) if slot.differentiable else None for slot in self.program.receives)
+
+    def _hand_gradients(self, gradients: dict) -> None:
+        for fqn, grad in gradients.items():
+            param = self.params[fqn]
+            grad = as_gradient(param, grad)
+            param.grad = grad if param.grad is None else param.grad + grad
+
+
+class _StageStep(torch.autograd.Function):
+    """A stage's forward program now, its backward program when autograd comes back to it."""
+
+    @staticmethod
+    def forward(ctx, runner: StageRunner, anchor, *received):
+        ctx.set_materialize_grads(False)
+        outputs, ctx.state = runner.forward(received)
+        ctx.runner = runner
+        if isinstance(outputs, tuple):
+            ctx.mark_non_differentiable(*[o for o, slot in zip(outputs, runner.program.sends)
+                                          if not slot.differentiable])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        state, ctx.state = ctx.state, None
+        with torch.no_grad():
+            back = ctx.runner.backward(state, grads)
+        return (None, None) + back
+
+
+class _StageModule(nn.Module):
+    """What torch's PipelineStage runs: the received tensors in, the stage's outputs out. The
+    anchor, a tensor that wants a gradient, makes autograd run the stage's backward even where
+    nothing it received needs one (stage 0 receives token ids)."""
+
+    def __init__(self, runner: StageRunner):
+        super().__init__()
+        self.runner = runner
+        self.anchor = torch.zeros((), requires_grad=True)
+
+    def forward(self, *received):
+        return _StageStep.apply(self.runner, self.anchor, *received)
+
+
+class PipelinedModule(nn.Module):
+    """A model whose pipelined plan this rank runs: ``loss = module.step(*args, **kwargs)``
+    runs one training step of the whole batch (every micro-batch's forward and backward, in
+    the plan's schedule) and leaves each of this rank's parameters its gradient in ``.grad``;
+    every rank gets the loss. This rank holds only its stages' parameters (as DTensors on its
+    stage's mesh); the others become meta tensors (no memory, no gradient), so an optimizer
+    built afterwards on ``model.parameters()`` steps this rank's."""
+
+    def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str):
+        super().__init__()
+        from autopar.runtime.module import check_plan_matches
+
+        check_plan_matches(plan, model)
+        if rank_mesh.pipeline_group is None:
+            raise AutoparError(f"plan {plan.hash} has {plan.pipeline.pp} pipeline stages: build the RankMesh with "
+                               f"pipeline_stages={plan.pipeline.pp}")
+        self.model, self.plan, self.rt = model, plan, rank_mesh
+        pipeline = plan.pipeline
+        mine = [p for p in stage_programs(plan) if pipeline.stages[p.index].rank == rank_mesh.pipeline_rank]
+        params, buffers = _hold_own_state(model, plan, mine, rank_mesh)
+        module = load_program(source, f"autopar_pipeline_{plan.hash}")
+        self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers) for p in mine]
+        self.schedule = _schedule(plan, self.runners, rank_mesh)
+        self._last_rank = _pipeline_peer(rank_mesh, pipeline.stages[-1].rank)
+
+    def forward(self, *args, **kwargs):
+        raise AutoparError("a pipelined model runs whole training steps, every micro-batch's forward and backward "
+                           "in its schedule: call loss = model.step(*args, **kwargs) instead of model(...) and "
+                           "loss.backward()")
+
+    def step(self, *args, **kwargs) -> torch.Tensor:
+        from autopar.ir.call import flatten_call
+
+        call = flatten_call(args, kwargs)
+        _check_call_fits(self.plan, call)
+        losses: list = []
+        m = self.plan.pipeline.microbatches
+        # torch's schedule splits the target into micro-batches for the loss function, which
+        # takes none here (the stage program computes the loss): a placeholder of m rows
+        self.schedule.step(*(t.to(self.rt.device) for t in call.tensors), target=torch.zeros(m), losses=losses,
+                           return_outputs=False)
+        loss = torch.stack(losses).sum().detach() if losses else torch.zeros((), device=self.rt.device)
+        dist.broadcast(loss, src=self._last_rank, group=self.rt.pipeline_group)
+        return loss
+
+
+def _schedule(plan: Plan, runners: list[StageRunner], rt: RankMesh):
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    pipeline = plan.pipeline
+    n, m = len(pipeline.stages), pipeline.microbatches
+    stages = [PipelineStage(_StageModule(r), r.program.index, n, rt.device, input_args=_inputs(plan, r.program, m),
+                            output_args=_outputs(plan, r.program), group=rt.pipeline_group,
+                            dw_builder=lambda: (lambda: None))
+              for r in runners]
+    cls = getattr(torch_schedules, f"Schedule{pipeline.schedule}")
+    loss_fn = _MicrobatchLoss(m)
+    if pipeline.schedule in _SINGLE_STAGE:
+        return cls(stages[0], m, loss_fn=loss_fn, scale_grads=False)
+    return cls(stages, m, loss_fn=loss_fn, scale_grads=False)
+
+
+class _MicrobatchLoss:
+    """Each micro-batch's loss weighs 1/m: their sum is the batch's mean loss."""
+
+    def __init__(self, microbatches: int):
+        self.microbatches = microbatches
+
+    def __call__(self, output, target):
+        return output / self.microbatches
+
+
+def _inputs(plan: Plan, program: StageProgram, m: int) -> tuple:
+    if program.index == 0:  # the micro-batch of each model input, whole (the stage takes its block)
+        metas = [plan.graph.node(ph).outputs[0] for ph in plan.graph.inputs]
+        return tuple(torch.empty(meta.shape, dtype=getattr(torch, meta.dtype)) for meta in metas)
+    return tuple(_example(s) for s in program.receives)
+
+
+def _outputs(plan: Plan, program: StageProgram) -> tuple:
+    if program.loss is not None:
+        meta = plan.graph.node(program.loss).outputs[0]
+        return (torch.empty(meta.shape, dtype=getattr(torch, meta.dtype), requires_grad=True),)
+    return tuple(_example(s) for s in program.sends)
+
+
+def _example(slot) -> torch.Tensor:
+    return torch.empty(slot.shape, dtype=getattr(torch, slot.dtype), requires_grad=slot.differentiable)
+
+
+def _pipeline_peer(rt: RankMesh, pipeline_rank: int) -> int:
+    """The global rank at ``pipeline_rank`` on this rank's pipeline (same place on the other axes)."""
+    return dist.get_global_rank(rt.pipeline_group, pipeline_rank)
+
+
+def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: RankMesh) -> tuple[dict, dict]:
+    """This rank's stages' parameters and buffers as DTensors of its blocks (from its own copy
+    of the model, which every rank must hold alike: checked), and every other parameter on the
+    meta device. (name -> parameter, name -> buffer) of the ones it holds."""
+    from autopar.runtime.state import distribute
+
+    _check_models_agree(model)
+    graph = plan.graph
+    held = {ph for p in mine for ph in p.placeholders}
+    params = {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items() if ph in held}
+    buffers = {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items() if ph in held}
+    distribute(model, params, buffers, plan.mesh, rt, own_copy=True)
+    for fqn, p in list(model.named_parameters()):
+        if fqn not in params:
+            module_path, _, name = fqn.rpartition(".")
+            module = model.get_submodule(module_path)
+            module._parameters[name] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    named = dict(model.named_parameters())
+    return {fqn: named[fqn] for fqn in params}, {fqn: model.get_buffer(fqn) for fqn in buffers}
+
+
+def _check_models_agree(model: nn.Module) -> None:
+    """Every rank takes its blocks from its own copy of the model: refuse copies that differ
+    (built without a common seed, say), which would train a model no rank was given."""
+    with torch.no_grad():
+        sums = [float(t.double().sum()) for t in list(model.parameters()) + list(model.buffers())
+                if not t.is_meta and t.is_floating_point()]
+    mine = torch.tensor([len(sums), sum(sums), sum(abs(x) for x in sums)], dtype=torch.float64)
+    lowest, highest = mine.clone(), mine.clone()
+    dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
+    dist.all_reduce(highest, op=dist.ReduceOp.MAX)
+    if not torch.allclose(lowest, highest, rtol=1e-12, atol=0.0):
+        raise AutoparError("a pipelined model takes each rank's parameters from its own copy of the model, and the "
+                           "ranks' copies differ: build the model on every rank from the same seed (torch.manual_seed "
+                           "before constructing it), or load the same checkpoint on every rank")
+
+
+def _check_call_fits(plan: Plan, call: FlatCall) -> None:
+    """The call a pipelined plan was made for: its micro-batch's inputs, m times along dim 0."""
+    graph, m = plan.graph, plan.pipeline.microbatches
+    if call.structure != graph.input_structure or len(call.tensors) != len(graph.inputs):
+        raise PlanMismatchError(f"the model is called with other arguments than plan {plan.hash} was made for "
+                                f"(planned: {graph.input_structure}; given: {call.structure})")
+    for ph, t in zip(graph.inputs, call.tensors):
+        meta = graph.node(ph).outputs[0]
+        want = [meta.shape[0] * m, *meta.shape[1:]] if meta.shape else []
+        if list(t.shape) != want or str(t.dtype).removeprefix("torch.") != meta.dtype:
+            raise PlanMismatchError(f"an input has shape {list(t.shape)} ({t.dtype}) where plan {plan.hash} takes "
+                                    f"{want} ({meta.dtype}): {m} micro-batches of {list(meta.shape)}; plan again "
+                                    f"for this batch")
+
+
+def pipeline_rank_mesh(plan: Plan, device: Optional[str] = "cpu") -> RankMesh:
+    """The RankMesh a pipelined plan runs on: its stage's mesh, once per pipeline rank."""
+    return RankMesh(plan.mesh, device=device, pipeline_stages=plan.pipeline.pp)
