@@ -283,16 +283,7 @@ def _run_pipeline_on_rank(model: nn.Module, inputs: tuple, kwargs: dict, plan: P
     rt = rank_mesh_for(plan.mesh, plan.pipeline.pp)
     rt.bytes_moved.clear()
     pipelined = PipelinedModule(model, plan, rt, plan.emit("torch"))
-    held = [(n, p) for n, p in model.named_parameters() if not p.is_meta]  # this rank's stages'
-    opt = torch.optim.SGD([p for _, p in held], lr=lr)
-    losses, grads = [], {}
-    for i in range(steps):
-        torch.manual_seed(SEED + i)
-        opt.zero_grad()
-        losses.append(pipelined.step(*inputs, **kwargs).item())
-        if i == 0:
-            grads = {n: whole(p.grad).detach().clone() for n, p in held if p.grad is not None}
-        opt.step()
+    losses, grads, _ = train(model, lambda: pipelined(*inputs, **kwargs), steps, lr)  # grads: this rank's stages'
     return {"losses": losses, "grads": grads, "values": {}, "bytes_moved": dict(rt.bytes_moved), "peak_memory": None}
 
 

@@ -40,7 +40,6 @@ from autopar.errors import AutoparError, MeshError, NoLossError, PlanMismatchErr
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
-from autopar.ir.pipeline import refuse_to_run
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import FORWARD, STEP
@@ -54,8 +53,9 @@ class _Runner:
 
     def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple,
                  loss_fn: Optional[Callable], replan: bool, inputs: str, init, precision: Optional[MixedPrecision],
-                 compile: bool):
+                 compile: bool, pipeline_options: tuple = (None, None)):
         self.mesh = Mesh.parse(mesh)
+        self.pipeline_options = pipeline_options  # (schedule, micro-batches) pinned, or None each
         self.compile = compile
         self.precision = precision
         self.passes = passes
@@ -98,8 +98,8 @@ class _Runner:
         plan = self.plan
         if plan is None:
             plan = _planned_on_rank0(lambda: self._first_plan(model, call))
-        elif plan.mesh != self.mesh:
-            raise MeshError(f"the given plan is for mesh {plan.mesh}, not {self.mesh}")
+        elif plan.device_mesh != self.mesh:
+            raise MeshError(f"the given plan is for mesh {plan.device_mesh}, not {self.mesh}")
         else:  # on every rank, so that all of them raise
             args, kwargs = call.rebuild(call.tensors)
             check_plan_is_for(plan, model, *args, loss_fn=self.loss_fn, **kwargs)
@@ -108,6 +108,8 @@ class _Runner:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
             device = f"cuda:{torch.cuda.current_device()}"
         self.plan = plan
+        if plan.pipeline is not None:
+            return _pipelined(model, plan, device)
         # rank 0's values: each rank receives its blocks of them (or, on the meta device, rank 0
         # initializes one module at a time)
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
@@ -139,9 +141,32 @@ class _Runner:
         args, kwargs = call.rebuild(call.tensors)
         program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP,
                           precision=self.precision)
-        # pipelined plans are not run yet: a device count searches the meshes without pp
-        request = resolve(self.mesh, self.hardware, pin=pins, precision=self.precision, pipelines=False)
+        # a device count searches the meshes without pp: a pipelined run takes every rank's
+        # blocks from its own copy of the model, which a model built on the meta device lacks
+        schedule, microbatches = self.pipeline_options
+        request = resolve(self.mesh, self.hardware, pin=pins, precision=self.precision, pipelines=False,
+                          schedule=schedule, microbatches=microbatches)
         return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
+
+
+def _check_pipeline_options(mesh: Mesh, inputs: str, compile: bool) -> None:
+    if inputs != "global":
+        raise AutoparError(f"mesh {mesh} pipelines the model, whose schedule splits the whole batch into "
+                           f"micro-batches: pass inputs='global' (every rank the whole batch)")
+    if compile:
+        raise AutoparError(f"mesh {mesh} pipelines the model: compile=True is not supported for pipelined plans yet")
+
+
+def _pipelined(model: nn.Module, plan: Plan, device: str):
+    from autopar.runtime.pipeline import PipelinedModule
+    from autopar.runtime.rank_mesh import RankMesh
+
+    if any(p.is_meta for p in model.parameters()):
+        raise AutoparError(f"plan {plan.hash} pipelines the model, and each rank takes its stages' parameters from "
+                           f"its own copy of the model, so the model needs its values on every rank: build it on "
+                           f"the CPU (from one seed) or load its state dict before autoparallelize's first call")
+    return PipelinedModule(model, plan, RankMesh(plan.mesh, device=device, pipeline_stages=plan.pipeline.pp),
+                           plan.emit("torch"))
 
 
 def initializer(init) -> Optional[Callable[[nn.Module], None]]:
@@ -237,7 +262,8 @@ _RUNNER_FACTORIES: dict[type, Callable[[], _Runner]] = {}  # a decorated class -
 def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
                     device: Optional[str] = None, passes: Sequence = (), loss_fn: Optional[Callable] = None,
                     replan: bool = True, inputs: str = "global", init="reset_parameters", precision=None,
-                    compile: bool = False, example_inputs=None, example_kwargs: Optional[dict] = None):
+                    compile: bool = False, example_inputs=None, example_kwargs: Optional[dict] = None,
+                    schedule: Optional[str] = None, microbatches: Optional[int] = None):
     """Use on an instance (returns it, its calls now running autopar's programs) or as a class
     decorator. ``passes``: extra passes for the plans (autopar.plan's ``passes``);
     ``loss_fn(output)``: picks the loss out of the model's output where autopar would not find
@@ -258,10 +284,16 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     loss with torch.amp.GradScaler: every rank skips a step where any rank's gradients overflow.
     ``compile=True``: programs run through torch.compile, communication inside their graphs.
     ``example_inputs`` / ``example_kwargs`` (instances only): plan and shard now, as a first call
-    with them would (see autopar.prepare)."""
+    with them would (see autopar.prepare).
+    A mesh with a ``pp`` axis first pipelines the model (``schedule`` and ``microbatches`` pin
+    what autopar.plan otherwise searches): ``loss = model(*args)`` then runs the whole batch
+    through torch.distributed.pipelining's schedule, every micro-batch's forward and backward,
+    and ``loss.backward()`` hands each rank's parameters their gradients
+    (autopar.runtime.pipeline.PipelinedModule); every rank builds the model alike (one seed),
+    passes the whole batch, and holds its stages' parameters alone."""
     parsed = Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
     if "pp" in parsed.axis_names:
-        refuse_to_run(f"autoparallelize on mesh {parsed}")
+        _check_pipeline_options(parsed, inputs, compile)
     pipeline(passes)  # so does a misplaced pass
     if inputs not in ("global", "local"):
         raise ValueError(f"inputs={inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
@@ -279,7 +311,8 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
         mixed = MixedPrecision(plan.graph.autocast)
 
     def runner() -> _Runner:
-        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init, mixed, compile)
+        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init, mixed, compile,
+                       (schedule, microbatches))
 
     if model is None or isinstance(model, type):
         if example_inputs is not None or example_kwargs:

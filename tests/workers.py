@@ -340,3 +340,33 @@ def all_reduces_at_their_inputs_last_read(rank, world_size):
     rt.all_reduce(rt.zero_partial(kept, "dp"), "dp", last_read=True)
     return {"in place": reduced is alone, "view": view.tolist(), "kept": kept.tolist(),
             "reduced": reduced.tolist()}
+
+
+def train_pipelined(rank, world_size, model_bytes, inputs, mesh, schedule, steps):
+    """``steps`` SGD steps of an autoparallelized model on a pipelined mesh: each step's loss,
+    this rank's gradients after the first step, the gradients of a backward seeded with 2 (a
+    loss weight), the loss of a call under no_grad and which parameters this rank holds."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule=schedule)
+    opt, losses, grads = None, [], {}
+    for i in range(steps):
+        loss = wrapped(*inputs)
+        opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
+        loss.backward()
+        if i == 0:
+            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    (2 * wrapped(*inputs)).backward()
+    doubled = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}
+    opt.zero_grad()
+    with torch.no_grad():
+        evaluated = wrapped(*inputs).item()
+    again = wrapped(*inputs).item()  # a step whose loss nobody differentiates leaves .grad alone
+    held = sorted(n for n, p in model.named_parameters() if not p.is_meta)
+    untouched = all(p.grad is None for p in model.parameters())
+    return {"losses": losses, "grads": grads, "doubled": doubled, "evaluated": evaluated, "again": again,
+            "held": held, "untouched": untouched}

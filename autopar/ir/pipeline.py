@@ -9,15 +9,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from autopar.errors import AutoparError
-
-
-def refuse_to_run(what: str) -> None:
-    """Pipelined plans are planned and priced, not yet run: refuse rather than run every layer
-    on every stage."""
-    raise AutoparError(f"{what}: a plan with a pipeline (a 'pp' mesh axis) is planned and priced by autopar, but "
-                       f"its per-stage programs are not emitted yet; plan it to inspect it (summary, "
-                       f"explain('pp'), report), and run the plan of the other axes (mesh without 'pp')")
 
 
 @dataclass(frozen=True)

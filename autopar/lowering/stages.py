@@ -46,8 +46,12 @@ class StageProgram:
     receives: tuple[Slot, ...]  # from the stage before (none on stage 0)
     sends: tuple[Slot, ...]  # to the stage after (none on the last)
     forward: list[Statement]  # its forward statements, ending with a return of sends, saved (and the loss)
-    backward: list[Statement]  # its backward statements, ending with a return of what goes back and gradients
+    # backward in two: the input gradient's work (what the stage before waits for), ending with a
+    # return of what goes back and of ``kept``; then the rest, the weight gradients' (W)
+    backward_input: list[Statement]
+    backward_weight: list[Statement]  # ending with a return of the gradients
     saved: tuple[str, ...]  # forward values its backward reads, in the order forward defines them
+    kept: tuple[str, ...]  # what the weight-gradient program reads of the input-gradient one's and its inputs
     gradients: tuple[str, ...]  # the gradient nodes of its parameters, in GraphIR.gradients' order
     loss: Optional[str]  # the loss, on the last stage
 
@@ -249,10 +253,35 @@ class _Splitter:
         forward_return = Statement("forward_output", None, tuple(s.var for s in sends if not s.carrier)
                                    + saved + ((loss,) if loss else ()))
         grads_out = tuple(s.carries for s in receives if s.carries is not None)
-        backward_return = Statement("output", None, grads_out + tuple(outputs[g] for g in gradients))
+        weight_return = Statement("output", None, tuple(outputs[g] for g in gradients))
+        first, rest = _split_input_gradient(backward, grads_out)
+        made_by_rest = {s.defines for s in rest}
+        kept = tuple(dict.fromkeys(u for s in rest + [weight_return] for u in s.uses
+                                   if u not in made_by_rest and u not in args))
         return StageProgram(stage, placeholders, tuple(v for v in placeholders if v in self.graph.inputs),
                             receives, sends, with_frees(forward + [forward_return]),
-                            with_frees(backward + [backward_return]), saved, gradients, loss)
+                            with_frees(first + [Statement("output", None, grads_out + kept)]),
+                            with_frees(rest + [weight_return]), saved, kept, gradients, loss)
+
+
+def _split_input_gradient(backward: list[Statement], sent: tuple[str, ...]) -> tuple[list, list]:
+    """(the statements the values sent back depend on, the rest), each in program order: a
+    zero-bubble schedule runs the first as soon as the gradient arrives (I) and the rest,
+    weight gradients and their syncs, later (W)."""
+    definers: dict[str, list[int]] = {}
+    for i, s in enumerate(backward):
+        if s.defines is not None:
+            definers.setdefault(s.defines, []).append(i)
+    needed: set[int] = set()
+    stack = [i for v in sent for i in definers.get(v, [])]
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        stack += [j for u in backward[i].uses for j in definers.get(u, []) if j < i]
+    return ([s for i, s in enumerate(backward) if i in needed],
+            [s for i, s in enumerate(backward) if i not in needed])
 
 
 def _floating(dtype: str) -> bool:

@@ -20,7 +20,7 @@ from autopar.capture.layer_blocks import layer_runs
 from autopar.capture.module_paths import module_paths
 from autopar.errors import AutoparError
 from autopar.ir.pipeline import UnitCost
-from autopar.ir.program import Program, forward_nodes
+from autopar.ir.program import Program, forward_nodes, forward_outputs
 from autopar.lowering.memory import optimizer_bytes_per_element
 from autopar.ops.table import rule_for
 from autopar.passes.base import Pass, PassContext, side_table
@@ -69,7 +69,7 @@ def _node_units(program: Program, prefix: str, count: int) -> dict[str, int]:
     readers allow (values flow back, so a node runs no earlier than any reader; a parameter's
     gradient runs with the parameter); a sum of gradient terms alone runs where its terms are,
     so a stage sends the sum back rather than its terms."""
-    forward = forward_nodes(program)
+    forward = _forward_part(program)
     calls = [n for n in program.nodes() if n.op == "call_function"]
     out = _forward_units(program, [n for n in calls if n.name in forward], prefix, count)
     param_unit = {ph: min((out[u.name] for u in program.node(ph).users if u.name in out), default=0)
@@ -92,6 +92,16 @@ def _node_units(program: Program, prefix: str, count: int) -> dict[str, int]:
 
 def _is_item(node, unit_of: dict) -> bool:
     return node.target is operator.getitem and node.args[0].name in unit_of
+
+
+def _forward_part(program: Program) -> set[str]:
+    """The nodes the forward program runs: up to forward's last output in graph order (the
+    program runs the graph in order, so values only backward reads, a norm's saved statistics,
+    are computed there too: autopar.lowering.schedule)."""
+    nodes = program.nodes()
+    position = {n.name: i for i, n in enumerate(nodes)}
+    end = max(position[name] for name in forward_outputs(program))
+    return {n.name for n in nodes[:end + 1]}
 
 
 def _forward_units(program: Program, nodes: list, prefix: str, count: int) -> dict[str, int]:

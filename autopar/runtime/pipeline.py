@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autopar.errors import AutoparError, PlanMismatchError
-from autopar.ir.call import FlatCall
+from autopar.ir.call import FlatCall, flatten_call, module_modes
 from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram, stage_programs
 from autopar.runtime.program import load_program
@@ -44,15 +44,18 @@ class StageRunner:
     def __init__(self, plan: Plan, program: StageProgram, module, rt: RankMesh, params: dict, buffers: dict):
         self.plan, self.program, self.rt = plan, program, rt
         self.forward_fn = getattr(module, f"forward_{program.index}")
-        self.backward_fn = getattr(module, f"backward_{program.index}")
+        self.input_fn = getattr(module, f"backward_input_{program.index}")
+        self.weight_fn = getattr(module, f"backward_weight_{program.index}")
         graph = plan.graph
         self.params = {fqn: params[fqn] for ph, fqn in graph.params.items() if ph in program.placeholders}
         self._placeholder_sources = [(ph, graph.params.get(ph), graph.buffers.get(ph)) for ph in program.placeholders]
         self._buffers = buffers
         self._input_index = {ph: i for i, ph in enumerate(graph.inputs)}
         self.microbatches = plan.pipeline.microbatches
-        self.backwards = 0  # backward runs this step: the last one syncs
+        self.weights = 0  # weight-gradient runs this step: the last one syncs
+        self.pending: list = []  # what each backward left for its weight gradients, oldest first
         self.unsynced: dict = {}  # parameter -> local gradient summed over this step's earlier micro-batches
+        self.staged: dict = {}  # parameter -> this step's gradient, until the loss's backward hands it out
 
     def placeholders(self, inputs: tuple) -> list:
         """The forward program's placeholders: parameters' and buffers' blocks, and (stage 0)
@@ -77,33 +80,47 @@ class StageRunner:
         return (loss if self.program.loss is not None else tuple(sends)), (kept, saved)
 
     def backward(self, state, grads: tuple) -> tuple:
-        """The backward values for the stage before, one per received slot (None where its slot
-        carries none); parameters' gradients go to ``.grad`` on the micro-batch's last."""
+        """The input gradient's part of backward (I): the backward values for the stage before,
+        one per received slot (None where its slot carries none). What the weight gradients
+        need waits in ``pending`` for ``weight_work``."""
         kept, saved = state
-        self.backwards += 1
-        sync = self.backwards == self.microbatches
-        if sync:
-            self.backwards = 0
         if self.program.loss is not None:
             grads_in, grad_loss = [], grads[0]
         else:
             grads_in, grad_loss = [g for g, slot in zip(grads, self.program.sends) if slot.differentiable], None
-        sent_back, gradients = self.backward_fn(self.rt, *kept, saved, grads_in, grad_loss, sync, self.unsynced)
-        if sync:
-            self._hand_gradients(gradients)
-        else:
-            for fqn, grad in gradients.items():
-                self.unsynced[fqn] = grad if fqn not in self.unsynced else self.unsynced[fqn] + grad
+        sent_back, for_weights = self.input_fn(self.rt, *kept, saved, grads_in, grad_loss)
+        self.pending.append((kept, for_weights, grad_loss))
         if self.program.index == 0:  # it received the model's inputs, which take no gradient
             return (None,) * len(self.plan.graph.inputs)
         back = iter(sent_back)
         return tuple(next(back) if slot.differentiable else None for slot in self.program.receives)
 
-    def _hand_gradients(self, gradients: dict) -> None:
-        for fqn, grad in gradients.items():
-            param = self.params[fqn]
-            grad = as_gradient(param, grad)
-            param.grad = grad if param.grad is None else param.grad + grad
+    def weight_work(self):
+        """The weight gradients of the oldest backward (W), to run now or in a later bubble:
+        torch's PipelineStage asks for it right after each backward (its ``dw_builder``)."""
+        kept, for_weights, grad_loss = self.pending.pop(0)
+
+        def run() -> None:
+            self.weights += 1
+            sync = self.weights == self.microbatches
+            if sync:
+                self.weights = 0
+            with torch.no_grad():
+                gradients = self.weight_fn(self.rt, *kept, for_weights, grad_loss, sync, self.unsynced)
+            if sync:
+                self.staged.update(gradients)
+            else:
+                for fqn, grad in gradients.items():
+                    self.unsynced[fqn] = grad if fqn not in self.unsynced else self.unsynced[fqn] + grad
+        return run
+
+    def hand_gradients(self, staged: dict, grad_loss: torch.Tensor) -> None:
+        """Each of its parameters' staged gradient, times ``grad_loss``, added to ``.grad``."""
+        scale = None if bool(grad_loss == 1) else grad_loss.to(self.rt.device)
+        for fqn, param in self.params.items():
+            if fqn in staged:
+                grad = as_gradient(param, staged[fqn] if scale is None else staged[fqn] * scale)
+                param.grad = grad if param.grad is None else param.grad + grad
 
 
 class _StageStep(torch.autograd.Function):
@@ -142,12 +159,15 @@ class _StageModule(nn.Module):
 
 
 class PipelinedModule(nn.Module):
-    """A model whose pipelined plan this rank runs: ``loss = module.step(*args, **kwargs)``
-    runs one training step of the whole batch (every micro-batch's forward and backward, in
-    the plan's schedule) and leaves each of this rank's parameters its gradient in ``.grad``;
-    every rank gets the loss. This rank holds only its stages' parameters (as DTensors on its
-    stage's mesh); the others become meta tensors (no memory, no gradient), so an optimizer
-    built afterwards on ``model.parameters()`` steps this rank's."""
+    """A model whose pipelined plan this rank runs, called as the model is: ``loss =
+    module(*args, **kwargs)`` runs the whole batch through the plan's schedule (every
+    micro-batch's forward and backward) and returns the loss on every rank; ``loss.backward()``
+    then hands each of this rank's parameters its gradient, scaled by the gradient backward
+    seeds the loss with (as autograd would: a GradScaler's scale, a loss weight), and calls
+    without ``backward`` leave ``.grad`` alone. Under ``torch.no_grad()`` a call runs the
+    forwards alone. This rank holds only its stages' parameters (DTensors on its stage's
+    mesh); the others become meta tensors (no memory, no gradient), so an optimizer built
+    afterwards on ``model.parameters()`` steps this rank's."""
 
     def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str):
         super().__init__()
@@ -165,26 +185,62 @@ class PipelinedModule(nn.Module):
         self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers) for p in mine]
         self.schedule = _schedule(plan, self.runners, rank_mesh)
         self._last_rank = _pipeline_peer(rank_mesh, pipeline.stages[-1].rank)
+        self._anchor = torch.zeros((), requires_grad=True)  # what makes the returned loss differentiable
 
     def forward(self, *args, **kwargs):
-        raise AutoparError("a pipelined model runs whole training steps, every micro-batch's forward and backward "
-                           "in its schedule: call loss = model.step(*args, **kwargs) instead of model(...) and "
-                           "loss.backward()")
-
-    def step(self, *args, **kwargs) -> torch.Tensor:
-        from autopar.ir.call import flatten_call
-
         call = flatten_call(args, kwargs)
         _check_call_fits(self.plan, call)
-        losses: list = []
+        _check_modes(self.plan, self.model)
+        tensors = [t.to(self.rt.device) for t in call.tensors]
         m = self.plan.pipeline.microbatches
+        losses: list = []
         # torch's schedule splits the target into micro-batches for the loss function, which
         # takes none here (the stage program computes the loss): a placeholder of m rows
-        self.schedule.step(*(t.to(self.rt.device) for t in call.tensors), target=torch.zeros(m), losses=losses,
-                           return_outputs=False)
+        target = torch.zeros(m)
+        if not torch.is_grad_enabled():
+            self.schedule.eval(*tensors, target=target, losses=losses, return_outputs=False)
+            return self._whole_loss(losses)
+        staged = {}
+        for runner in self.runners:
+            runner.staged = staged
+        self.schedule.step(*tensors, target=target, losses=losses, return_outputs=False)
+        return _StagedGradients.apply(self._whole_loss(losses), self._anchor, self.runners, staged)
+
+    def _whole_loss(self, losses: list) -> torch.Tensor:
+        """The batch's loss, on every rank (the last stage's ranks computed it)."""
         loss = torch.stack(losses).sum().detach() if losses else torch.zeros((), device=self.rt.device)
         dist.broadcast(loss, src=self._last_rank, group=self.rt.pipeline_group)
         return loss
+
+    @property
+    def require_gradient_sync(self) -> bool:
+        return True
+
+    @require_gradient_sync.setter
+    def require_gradient_sync(self, value: bool) -> None:
+        if not value:  # no_sync()
+            raise AutoparError("a pipelined model accumulates its micro-batches' gradients within each call; call it "
+                               "on the whole batch (its plan's micro-batches) rather than under no_sync()")
+
+
+class _StagedGradients(torch.autograd.Function):
+    """The loss of a step whose gradients the schedule computed already: its backward scales
+    them by the loss's incoming gradient (they are linear in it) and adds them to ``.grad``."""
+
+    @staticmethod
+    def forward(ctx, loss, anchor, runners, staged):
+        ctx.runners, ctx.staged = runners, staged
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.staged is None:
+            raise RuntimeError("this pipelined step's gradients were handed out already (retain_graph is not "
+                               "supported): call the model again")
+        staged, ctx.staged = ctx.staged, None
+        for runner in ctx.runners:
+            runner.hand_gradients(staged, grad_loss)
+        return None, None, None, None
 
 
 def _schedule(plan: Plan, runners: list[StageRunner], rt: RankMesh):
@@ -195,7 +251,7 @@ def _schedule(plan: Plan, runners: list[StageRunner], rt: RankMesh):
     n, m = len(pipeline.stages), pipeline.microbatches
     stages = [PipelineStage(_StageModule(r), r.program.index, n, rt.device, input_args=_inputs(plan, r.program, m),
                             output_args=_outputs(plan, r.program), group=rt.pipeline_group,
-                            dw_builder=lambda: (lambda: None))
+                            dw_builder=r.weight_work)
               for r in runners]
     cls = getattr(torch_schedules, f"Schedule{pipeline.schedule}")
     loss_fn = _MicrobatchLoss(m)
@@ -272,6 +328,12 @@ def _check_models_agree(model: nn.Module) -> None:
         raise AutoparError("a pipelined model takes each rank's parameters from its own copy of the model, and the "
                            "ranks' copies differ: build the model on every rank from the same seed (torch.manual_seed "
                            "before constructing it), or load the same checkpoint on every rank")
+
+
+def _check_modes(plan: Plan, model: nn.Module) -> None:
+    if module_modes(model) != plan.graph.modes:
+        raise PlanMismatchError(f"the model's modules are in other train/eval modes than plan {plan.hash} was made "
+                                f"for; a pipelined plan runs the modes it was planned in: plan again in these modes")
 
 
 def _check_call_fits(plan: Plan, call: FlatCall) -> None:

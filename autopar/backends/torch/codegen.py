@@ -80,6 +80,16 @@ ACCUMULATE_SOURCE = '''def accumulate(grad, unsynced, name):
     return grad if earlier is None else grad + earlier'''
 
 
+def is_loss_seed(plan, s: Statement) -> bool:
+    """Backward's first statement, ``ones_like(loss)``: the gradient autograd hands backward."""
+    return s.kind == "call" and s.node.target == "aten.ones_like.default" and s.node.refs() == [plan.graph.loss]
+
+
+def seed_lines(s: Statement) -> list[str]:
+    seed = f"{s.defines} = grad_loss  # d(loss)/d(loss): what autograd hands backward (1 for loss.backward())"
+    return [seed] + ([f"del {', '.join(s.frees)}"] if s.frees else [])
+
+
 class BackwardBody:
     """The backward program's body. With ``sync`` False (inside ``no_sync()``) it returns each
     parameter's local gradient before any of its collectives; with ``sync`` True it first adds
@@ -116,9 +126,8 @@ class BackwardBody:
 
     def statement(self, s: Statement) -> list[str]:
         r = s.redistribution if s.kind in ("start", "wait", "move") else None
-        if s.kind == "call" and s.node.target == "aten.ones_like.default" and s.node.refs() == [self.plan.graph.loss]:
-            seed = f"{s.defines} = grad_loss  # d(loss)/d(loss): what autograd hands backward (1 for loss.backward())"
-            return [seed] + ([f"del {', '.join(s.frees)}"] if s.frees else [])
+        if is_loss_seed(self.plan, s):
+            return seed_lines(s)
         syncing = r is not None and r.id in self.syncs
         if s.kind == "output" or (syncing and s.kind != "start"):
             head = self.local_return()

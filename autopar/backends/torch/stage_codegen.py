@@ -3,19 +3,30 @@
 ``forward_<k>(rt, placeholders..., received...)`` runs stage k's part of one micro-batch on this
 rank's blocks and returns ``(loss or None, [sent...], [saved...])``: what goes to stage k+1
 (autopar.lowering.stages.Slot, carriers included) and what its backward reads.
-``backward_<k>(rt, placeholders..., saved, grads_in, grad_loss, sync, unsynced)`` takes the
-backward values stage k+1 sent back (``grads_in``; on the last stage ``grad_loss`` seeds the
-loss instead) and returns ``([sent back...], {parameter name: gradient})``. ``sync`` is False
-on every micro-batch but a stage's last: those return local gradients, which the last adds
-before its gradient collectives (as DDP's no_sync accumulates them). The schedule that calls
-these is torch.distributed.pipelining's (autopar.runtime.pipeline).
+``backward_input_<k>(rt, placeholders..., saved, grads_in, grad_loss)`` takes the backward
+values stage k+1 sent back (``grads_in``; on the last stage ``grad_loss`` seeds the loss
+instead), computes what stage k-1 waits for and returns ``([sent back...], [kept...])``;
+``backward_weight_<k>(rt, placeholders..., kept, grad_loss, sync, unsynced)`` computes the
+weight gradients from ``kept`` and returns ``{parameter name: gradient}``: zero-bubble
+schedules run it later, in a bubble. ``sync`` is False on every micro-batch but a stage's
+last: those return local gradients, which the last adds before its gradient collectives (as
+DDP's no_sync accumulates them). The schedule that calls these is
+torch.distributed.pipelining's (autopar.runtime.pipeline).
 """
 from __future__ import annotations
 
 from autopar.backends.printer import Sections, header, indented, wrapped
-from autopar.backends.torch.codegen import ACCUMULATE_SOURCE, BackwardBody, StatementPrinter, uses_device_neutral_kernels
+from autopar.backends.torch.codegen import (
+    ACCUMULATE_SOURCE,
+    BackwardBody,
+    StatementPrinter,
+    is_loss_seed,
+    seed_lines,
+    uses_device_neutral_kernels,
+)
 from autopar.errors import AutoparError
 from autopar.lowering.naming import readable
+from autopar.lowering.schedule import Split
 from autopar.lowering.stages import StageProgram, stage_programs
 from autopar.units import human_seconds
 
@@ -30,8 +41,8 @@ def emit_torch_pipeline(plan) -> str:
         f"{f' x {pipeline.virtual} stages each' if pipeline.virtual > 1 else ''}; "
         f"predicted step {human_seconds(pipeline.step_time_s)}, bubble {pipeline.bubble_fraction:.1%}",
         "# forward_<k>(rt, placeholders..., received...) -> (loss or None, [sent...], [saved...])",
-        "# backward_<k>(rt, placeholders..., saved, grads_in, grad_loss, sync, unsynced)",
-        "#     -> ([sent back...], {parameter name: gradient})",
+        "# backward_input_<k>(rt, placeholders..., saved, grads_in, grad_loss) -> ([sent back...], [kept...])",
+        "# backward_weight_<k>(rt, placeholders..., kept, grad_loss, sync, unsynced) -> {parameter name: gradient}",
         "import torch",
         "",
     ] + (["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
@@ -69,16 +80,24 @@ def _forward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
 
 
 def _backward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
-    lines = wrapped(f"def backward_{stage.index}(",
-                    ["rt", *[p for p in stage.placeholders if p not in stage.inputs], "saved", "grads_in", "grad_loss",
-                     "sync", "unsynced"], "):")
-    backward = BackwardBody(plan, printer, Sections(plan), stage.gradients, stage.grads_out)
-    if backward.shared:
-        raise AutoparError(f"the gradient syncs of {', '.join(backward.shared)} are read by backward too, so they "
-                           f"cannot wait for a stage's last micro-batch; plan this model without 'pp'")
+    args = [p for p in stage.placeholders if p not in stage.inputs]
+    lines = wrapped(f"def backward_input_{stage.index}(", ["rt", *args, "saved", "grads_in", "grad_loss"], "):")
     body = wrapped("[", list(stage.grads_in), "] = grads_in  # from the next stage") if stage.grads_in else []
-    body += backward.lines(stage)
-    return lines + indented(body)
+    body += wrapped("[", list(stage.saved), "] = saved  # the values forward kept for backward") if stage.saved else []
+    body += ["saved.clear()  # held here alone now: each is freed after its last use"]
+    sections = Sections(plan)
+    for s in stage.backward_input[:-1]:
+        body += sections.before(s, "backward") + (seed_lines(s) if is_loss_seed(plan, s) else printer.lines(s))
+    body += ["return ("] + indented(wrapped("[", list(stage.grads_out), "],  # to the stage before")
+                                    + wrapped("[", list(stage.kept), "],  # for the weight gradients")) + [")"]
+    lines += indented(body)
+    weight = BackwardBody(plan, printer, Sections(plan), stage.gradients)
+    if weight.shared:
+        raise AutoparError(f"the gradient syncs of {', '.join(weight.shared)} are read by backward too, so they "
+                           f"cannot wait for a stage's last micro-batch; plan this model without 'pp'")
+    lines += ["", ""] + wrapped(f"def backward_weight_{stage.index}(",
+                                ["rt", *args, "saved", "grad_loss", "sync", "unsynced"], "):")
+    return lines + indented(weight.lines(Split([], stage.backward_weight, stage.kept)))
 
 
 def _slots(slots) -> str:

@@ -1,0 +1,151 @@
+"""Pipelined plans run under torch.distributed.pipelining's schedules: every schedule and mesh
+against eager on gloo (loss and every gradient, three SGD steps), the per-stage programs'
+structure, and autoparallelize's pipelined module."""
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import autopar
+from autopar.errors import AutoparError
+from autopar.lowering.stages import stage_programs
+from autopar.runtime.local_cluster import get_cluster
+from examples import gpt2
+from tests import workers
+
+CONFIG = gpt2.GPT2Config(vocab=256, seq=32, layers=4, heads=4, width=128, batch=8)
+
+
+def _plan(mesh: str, schedule: str, microbatches: int = 4, model_inputs=None):
+    model, inputs = model_inputs or gpt2.make(CONFIG)
+    return model, inputs, autopar.plan(model, inputs, mesh=mesh, schedule=schedule, microbatches=microbatches,
+                                       hardware=workers.FAST)
+
+
+@pytest.mark.parametrize("mesh,schedule", [
+    ("pp=2", "GPipe"),
+    ("pp=2", "1F1B"),
+    ("pp=2", "Interleaved1F1B"),
+    ("pp=2", "ZBVZeroBubble"),
+    ("pp=2", "DualPipeV"),
+    ("pp=4", "1F1B"),
+    ("pp=2,dp=2", "1F1B"),
+    ("pp=2,dp=2", "InterleavedZeroBubble"),
+    ("pp=2,tp=2", "GPipe"),
+    ("pp=2,tp=2", "ZBVZeroBubble"),
+])
+def test_pipelined_steps_match_eager(mesh, schedule):
+    model, inputs, plan = _plan(mesh, schedule)
+    assert plan.pipeline.schedule == schedule and plan.device_mesh.size == autopar.Mesh.parse(mesh).size
+    if plan.mesh.size > 1:  # the stages' own axes are sharded: their collectives run too
+        assert plan.predicted.sharded_flops_fraction > 0.9 and plan.redistributions
+    report = autopar.check(model, inputs, plan=plan, steps=3)
+    assert report.ok, str(report)
+    assert len(report.losses) == 3 and len(report.tensors) == 3 + len(list(model.parameters()))
+
+
+def test_a_hugging_face_llama_pipelines_over_two_stages_of_two_data_parallel_ranks():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from examples.hf_zoo import LossOf
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    model = LossOf(LlamaForCausalLM(cfg))
+    ids = torch.randint(0, 128, (8, 16))
+    _, _, plan = _plan("pp=2,dp=2", "1F1B", model_inputs=(model, (ids, ids)))
+    report = autopar.check(model, (ids, ids), plan=plan, steps=3)
+    assert report.ok, str(report)
+
+
+# ---- the stage programs -------------------------------------------------------------------------
+
+
+def test_every_statement_runs_on_one_stage_and_backward_splits_into_input_and_weight_work():
+    _, _, plan = _plan("pp=2", "ZBVZeroBubble")
+    stages = stage_programs(plan)
+    assert len(stages) == 4
+    calls = [s.defines for st in stages for s in st.forward + st.backward_input + st.backward_weight
+             if s.kind in ("call", "getitem")]
+    assert len(calls) == len(set(calls)) == sum(n.op == "call" for n in plan.graph.nodes)
+    for st in stages:
+        # what goes back to the stage before is computed before the weight gradients
+        assert not set(st.grads_out) & {s.defines for s in st.backward_weight}
+        # a parameter's gradient is its own stage's
+        assert {plan.graph.grads[g] for g in st.gradients} == \
+            {plan.graph.params[p] for p in st.placeholders if p in plan.graph.params}
+        weight_gradients = [s for s in st.backward_weight if s.kind == "call" and s.node.target == "aten.mm.default"]
+        assert weight_gradients or st.index == 0 and not st.gradients
+    for before, after in zip(stages, stages[1:]):  # both sides of each boundary agree on it
+        assert before.sends == after.receives
+        assert len(before.grads_in) == len(after.grads_out)
+
+
+def test_tied_weights_and_buffer_updates_are_refused_with_the_reason():
+    model, inputs = gpt2.make(CONFIG)
+    model.head.weight = model.wte.weight
+    with pytest.raises(AutoparError, match="tied weights"):
+        _plan("pp=2", "1F1B", model_inputs=(model, inputs))[2].emit("torch")
+
+    class Normed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16)) for _ in range(4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x.square().mean()
+
+    normed = Normed()
+    with pytest.raises(AutoparError, match="updates buffers"):
+        _plan("pp=2", "1F1B", model_inputs=(normed, (torch.randn(8, 16),)))[2].emit("torch")
+
+
+def test_the_emitted_stages_name_their_programs_and_what_crosses():
+    _, _, plan = _plan("pp=2", "1F1B")
+    source = plan.emit("torch")
+    for k in range(2):
+        assert f"def forward_{k}(" in source and f"def backward_input_{k}(" in source
+        assert f"def backward_weight_{k}(" in source
+    assert "# received from stage 0: targets [2, 32]" in source  # the labels pass on to the loss
+    with pytest.raises(AutoparError, match="only the torch backend"):
+        plan.emit("jax")
+
+
+# ---- autoparallelize -----------------------------------------------------------------------------
+
+
+def test_autoparallelize_on_a_pipelined_mesh_trains_as_eager():
+    model, inputs = gpt2.make(CONFIG)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.train_pipelined, buffer.getvalue(), inputs, "pp=2,dp=2", "1F1B", 2)
+    eager = copy.deepcopy(model)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    losses, grads = [], {}
+    for i in range(2):
+        loss = eager(*inputs)
+        loss.backward()
+        if i == 0:
+            grads = {n: p.grad.clone() for n, p in eager.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    (2 * eager(*inputs)).backward()
+    doubled = {n: p.grad.clone() for n, p in eager.named_parameters()}
+    for rank, r in enumerate(got):
+        assert r["losses"] == pytest.approx(losses, rel=1e-5)
+        assert r["evaluated"] == pytest.approx(eager(*inputs).item(), rel=1e-5) and r["untouched"]
+        stage = rank // 2  # pp first: ranks 0, 1 hold stage 0
+        assert r["held"] == sorted(r["grads"]) and all(stage == 0 or n.startswith(("blocks.2", "blocks.3", "ln_f",
+                                                                                     "head")) for n in r["held"])
+        for name, value in r["grads"].items():
+            torch.testing.assert_close(value, grads[name], rtol=1e-4, atol=1e-6, msg=name)
+            torch.testing.assert_close(r["doubled"][name], doubled[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert set().union(*(r["held"] for r in got)) == set(grads)
