@@ -122,7 +122,8 @@ def output_values(output, loss=None) -> dict:
 
 def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None = None, loss_fn=None,
           hardware: str = DEFAULT_HARDWARE, plan: Plan | None = None, steps: int = 1, lr: float = 0.1,
-          measure_memory: bool = False, backend: str = "torch", precision=None, compile: bool = False) -> CheckReport:
+          measure_memory: bool = False, backend: str = "torch", precision=None, compile: bool = False,
+          schedule: Optional[str] = None, microbatches: Optional[int] = None) -> CheckReport:
     """Run the plan of ``model(*example_inputs, **kwargs)`` on a local gloo group of the mesh's
     size; compare the loss, every gradient and the output's other tensors with eager's
     (``loss_fn``: as autopar.plan takes it).
@@ -141,6 +142,10 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
 
     ``compile=True`` runs the programs as autoparallelize(compile=True) does, through
     torch.compile (each rank compiles them on the first step).
+
+    A mesh with ``pp`` runs the pipelined plan under torch.distributed.pipelining's schedule
+    (``schedule`` and ``microbatches`` pin them, as in autopar.plan) and compares the loss and
+    every gradient (each from the ranks of the stage that holds it).
     """
     inputs = program_inputs(example_inputs)
     kwargs = dict(kwargs or {})
@@ -150,7 +155,8 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
         raise ValueError("check(backend='jax') runs the JAX program on positional inputs; pass them positionally")
     if backend == "jax" and compile:
         raise ValueError("compile=True compiles the torch programs; the JAX program is compiled by XLA already")
-    plan = _plan_to_check(model, inputs, kwargs, loss_fn, mesh, hardware, plan, parse_precision(precision))
+    plan = _plan_to_check(model, inputs, kwargs, loss_fn, mesh, hardware, plan, parse_precision(precision),
+                          (schedule, microbatches))
     autocast = plan.graph.autocast
     tolerance = (RTOL, ATOL) if autocast is None else MIXED_TOLERANCE[autocast]
     steps = 1 if backend == "jax" else steps
@@ -167,8 +173,8 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     if plan.pipeline is not None and (measure_memory or compile):
         raise ValueError("check of a pipelined plan runs it as planned: measure_memory and compile are not supported "
                          "for pipelines yet")
-    results = get_cluster(plan.device_mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(), steps,
-                                              lr, measure_memory, compile)
+    results = get_cluster(plan.device_mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(),
+                                                     steps, lr, measure_memory, compile)
 
     moved = {}
     for r in results:
@@ -180,7 +186,7 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
 
 
 def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh, hardware: str,
-                   plan: Optional[Plan], mixed: Optional[MixedPrecision]) -> Plan:
+                   plan: Optional[Plan], mixed: Optional[MixedPrecision], pipeline_options: tuple) -> Plan:
     """The plan check runs: ``plan``, refused where it is not a training step of this model and
     these inputs on ``mesh`` in ``mixed`` precision, or one made now."""
     from autopar.api import plan as make_plan
@@ -188,11 +194,18 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
     if plan is None:
         if mesh is None:
             raise TypeError("check() needs mesh=... (or a plan=... made earlier)")
-        mesh = Mesh.parse(mesh)
-        return make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=mesh, hardware=hardware,
-                         precision=mixed)
+        schedule, microbatches = pipeline_options
+        return make_plan(model, inputs, kwargs=kwargs, loss_fn=loss_fn, mesh=Mesh.parse(mesh), hardware=hardware,
+                         precision=mixed, schedule=schedule, microbatches=microbatches)
     if mesh is not None and Mesh.parse(mesh) != plan.device_mesh:
         raise MeshError(f"mesh {Mesh.parse(mesh)} differs from the plan's mesh {plan.device_mesh}")
+    schedule, microbatches = pipeline_options
+    pipeline = plan.pipeline
+    if (schedule, microbatches) != (None, None) and (pipeline is None or schedule not in (None, pipeline.schedule)
+                                                     or microbatches not in (None, pipeline.microbatches)):
+        raise ValueError(f"schedule= and microbatches= pin what a new plan searches; plan {plan.hash} has its own "
+                         f"({'none' if pipeline is None else f'{pipeline.schedule}, {pipeline.microbatches}'}): "
+                         f"leave them out to check it")
     if plan.graph.kind != STEP:
         raise ValueError(f"check compares training steps, and plan {plan.hash} is a forward program alone; check "
                          f"the training step's plan (the forward program runs the same statements without backward)")

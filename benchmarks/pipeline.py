@@ -1,10 +1,11 @@
 """Pipelines: autopar's 3-D plans (pp x dp x tp searched with the stage partition, micro-batch
 count and schedule) against Megatron-LM's 3-D layouts, in one cost model.
 
-(a) What each schedule is predicted to take for the GPT-2-style decoder on a (pp=2, dp=2)
-    mesh of this machine's calibrated CPU spec (``autopar calibrate``; h100-sxm without one):
-    predicted step time and bubble fraction per schedule. The measured column needs autopar's
-    per-stage programs, which are not emitted yet: the script says so instead of timing.
+(a) Every schedule of torch.distributed.pipelining running autopar's stage programs for a
+    GPT-2-style decoder on a (pp=2, dp=2) mesh of 4 local CPU processes: predicted step time
+    and bubble (on this machine's calibrated CPU spec, ``autopar calibrate``; h100-sxm without
+    one) against the measured step time and bubble (the share of each rank's step outside its
+    stages' programs), medians of interleaved rounds.
 (b) Llama-70B- and GPT-3-175B-shaped models (width, heads, MLP, vocabulary and sequence; depth
     cut to --layers) on 64 H100s (8 nodes) at two global batch sizes: ``autopar.plan(mesh=64)``
     (every 1-D, 2-D and pp x (1-D, 2-D) mesh whose stages hold whole nodes) against the best of
@@ -14,15 +15,19 @@ count and schedule) against Megatron-LM's 3-D layouts, in one cost model.
 Last line: ``worst auto/best-3d-baseline ratio: X.XX``.
 
     python benchmarks/pipeline.py [--models llama-70b,gpt3-175b] [--batches 16,64] [--layers 8] [--time-limit 20]
+                                  [--rounds 5] [--skip-3d]
 """
 from __future__ import annotations
 
 import argparse
-import math
+import io
 import os
+import statistics
 import sys
 import time
 import warnings
+
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,21 +35,70 @@ import autopar  # noqa: E402
 from autopar.baseline_plans import best  # noqa: E402
 from autopar.capture.export import capture  # noqa: E402
 from autopar.cost_models.hardware import calibrated_cpu_path  # noqa: E402
+from autopar.cost_models.pipeline_schedules import SCHEDULES  # noqa: E402
 from autopar.planning.pipeline import plan_captured  # noqa: E402
+from autopar.runtime.local_cluster import get_cluster  # noqa: E402
 from benchmarks.plan_quality import build  # noqa: E402
 from examples import gpt2  # noqa: E402
 
+CPU_MODEL = gpt2.GPT2Config(vocab=2048, seq=128, layers=4, heads=8, width=512, batch=8)
+CPU_MESH, CPU_MICROBATCHES = "pp=2,dp=2", 4
 
-def schedules_on_cpu() -> None:
+
+def schedules_on_cpu(rounds: int) -> None:
     hardware = "cpu" if os.path.exists(calibrated_cpu_path()) else "h100-sxm"
-    model, inputs = gpt2.make("demo")
-    plan = autopar.plan(model, inputs, mesh="pp=2,dp=2", hardware=hardware, cache=False)
-    print(f"(a) GPT-2-style decoder 'demo', mesh (pp=2, dp=2) on {hardware}: predicted per schedule")
-    print(f"  {'schedule':<24} {'m':>3} {'v':>2} {'predicted':>11} {'bubble':>7}   measured")
-    for c in plan.pipeline.candidates:
-        if math.isfinite(c.step_time_s):
-            print(f"  {c.schedule:<24} {c.microbatches:>3} {c.virtual:>2} {c.step_time_s * 1e3:>9.3f}ms "
-                  f"{c.bubble_fraction:>7.1%}   not run: per-stage programs are not emitted yet")
+    model, inputs = gpt2.make(CPU_MODEL)
+    plans = {name: autopar.plan(model, inputs, mesh=CPU_MESH, hardware=hardware, schedule=name,
+                                microbatches=CPU_MICROBATCHES, cache=False) for name in SCHEDULES}
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    timed = get_cluster(4).run(_time_schedules, buffer.getvalue(), inputs, {k: p.to_json() for k, p in plans.items()},
+                               rounds)
+    print(f"(a) GPT-2-style decoder ({CPU_MODEL.layers} layers, width {CPU_MODEL.width}, batch {CPU_MODEL.batch}), "
+          f"mesh ({CPU_MESH}), {CPU_MICROBATCHES} micro-batches, on 4 CPU processes; predicted on {hardware}"
+          + ("" if hardware == "cpu" else " (run `autopar calibrate` for this machine's spec)")
+          + f"; medians of {rounds} interleaved rounds")
+    print(f"  {'schedule':<22} {'v':>2} {'predicted':>10} {'bubble':>7} {'measured':>10} {'bubble':>7} "
+          f"{'meas/pred':>9}")
+    for name, plan in plans.items():
+        walls = [statistics.median(rank[name]["wall"]) for rank in timed]
+        wall = max(walls)  # the step ends when its slowest rank does
+        bubble = statistics.mean(1 - statistics.median(b / w for b, w in zip(rank[name]["busy"], rank[name]["wall"]))
+                                 for rank in timed)
+        pl = plan.pipeline
+        print(f"  {name:<22} {pl.virtual:>2} {pl.step_time_s * 1e3:>8.2f}ms {pl.bubble_fraction:>7.1%} "
+              f"{wall * 1e3:>8.2f}ms {bubble:>7.1%} {wall / pl.step_time_s:>9.2f}")
+    print("  measured bubble: the share of each rank's step spent outside its stages' programs (P2P waits and "
+          "bubbles), averaged over the ranks; 4 processes share this machine's cores, so a stage's programs run "
+          "slower while the other ranks compute")
+
+
+def _time_schedules(rank, world_size, model_bytes, inputs, plan_jsons: dict, rounds: int) -> dict:
+    """Every schedule's pipelined module built once, then ``rounds`` rounds of one timed step
+    each, in turn: per schedule, each step's wall time and this rank's busy time."""
+    import torch.distributed as dist
+
+    from autopar.check import rank_mesh_for
+    from autopar.ir.plan import Plan
+    from autopar.runtime.pipeline import PipelinedModule
+
+    modules = {}
+    for name, text in plan_jsons.items():
+        plan = Plan.from_json(text)
+        model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+        modules[name] = PipelinedModule(model, plan, rank_mesh_for(plan.mesh, plan.pipeline.pp), plan.emit("torch"))
+        modules[name](*inputs).backward()  # warm-up
+    out = {name: {"wall": [], "busy": []} for name in modules}
+    for _ in range(rounds):
+        for name, module in modules.items():
+            module.take_busy_seconds()
+            dist.barrier()
+            start = time.perf_counter()
+            module(*inputs).backward()
+            dist.barrier()
+            out[name]["wall"].append(time.perf_counter() - start)
+            out[name]["busy"].append(module.take_busy_seconds())
+    return out
 
 
 def three_d_rows(models, batches, layers: int, time_limit: float) -> float:
@@ -88,8 +142,12 @@ def main() -> None:
     parser.add_argument("--batches", default="16,64", help="global batch sizes, in sequences")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--time-limit", type=float, default=20.0, help="solver time limit per integer program")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds of every schedule in (a)")
+    parser.add_argument("--skip-3d", action="store_true", help="run (a) alone")
     args = parser.parse_args()
-    schedules_on_cpu()
+    schedules_on_cpu(args.rounds)
+    if args.skip_3d:
+        return
     worst = three_d_rows(args.models.split(","), [int(b) for b in args.batches.split(",")], args.layers,
                          args.time_limit)
     print(f"worst auto/best-3d-baseline ratio: {worst:.2f}")

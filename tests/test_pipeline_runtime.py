@@ -149,3 +149,14 @@ def test_autoparallelize_on_a_pipelined_mesh_trains_as_eager():
             torch.testing.assert_close(value, grads[name], rtol=1e-4, atol=1e-6, msg=name)
             torch.testing.assert_close(r["doubled"][name], doubled[name], rtol=1e-4, atol=1e-6, msg=name)
     assert set().union(*(r["held"] for r in got)) == set(grads)
+
+
+def test_micro_batches_with_different_label_counts_are_refused_not_averaged_wrongly():
+    model, inputs = gpt2.make(CONFIG)
+    _, _, plan = _plan("pp=2", "1F1B", model_inputs=(model, inputs))
+    assert stage_programs(plan)[-1].normalizers  # cross entropy's count of labelled targets is watched
+    idx, targets = inputs
+    padded = targets.clone()
+    padded[:2, 16:] = -100  # the first micro-batch has fewer labelled targets than the others
+    with pytest.raises(AutoparError, match="different numbers of labelled targets"):
+        autopar.check(model, (idx, padded), plan=plan)

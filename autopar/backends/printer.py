@@ -10,7 +10,7 @@ from autopar.ops.table import rule_for
 def header(plan, title: str) -> list[str]:
     lines = [
         f"# {title}",
-        f"# plan {plan.hash} | graph {plan.fingerprint} | mesh {plan.mesh} | hardware {plan.hardware}",
+        f"# plan {plan.hash} | graph {plan.fingerprint} | mesh {plan.device_mesh} | hardware {plan.hardware}",
         f"# predicted step {plan.predicted.step_time_s * 1e3:.4f} ms = compute {plan.predicted.compute_s * 1e3:.4f} ms"
         f" + communication {plan.predicted.communication_s * 1e3:.4f} ms",
     ]

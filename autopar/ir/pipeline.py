@@ -10,7 +10,6 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
-
 @dataclass(frozen=True)
 class UnitCost:
     """One unit of the chain for one micro-batch on one device: compute (with its blocking

@@ -301,9 +301,9 @@ def _result_bytes(step, nbytes: float, mesh) -> float:
     return _RESULT.get(step.kind, lambda n, p: n)(nbytes, mesh.shape[step.axis])
 
 
-def with_frees(statements: list[Statement]) -> list[Statement]:
+def with_frees(statements: list[Statement], held=()) -> list[Statement]:
     """``statements``, each with the variables it was the last to read (or that nothing reads)
-    as its ``frees``."""
+    as its ``frees``; never the placeholders or ``held`` (what the caller holds)."""
     statements = [replace(s, frees=[]) for s in statements]
     last: dict[str, int] = {}
     for i, s in enumerate(statements):
@@ -311,7 +311,7 @@ def with_frees(statements: list[Statement]) -> list[Statement]:
             last.setdefault(s.defines, i)
         for v in s.uses:
             last[v] = i
-    placeholders = {s.defines for s in statements if s.kind == "placeholder"}  # the caller holds these
+    placeholders = {s.defines for s in statements if s.kind == "placeholder"} | set(held)  # the caller holds these
     for v, i in last.items():
         if v not in placeholders and statements[i].kind not in RETURNS:
             statements[i].frees.append(v)

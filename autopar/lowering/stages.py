@@ -54,6 +54,9 @@ class StageProgram:
     kept: tuple[str, ...]  # what the weight-gradient program reads of the input-gradient one's and its inputs
     gradients: tuple[str, ...]  # the gradient nodes of its parameters, in GraphIR.gradients' order
     loss: Optional[str]  # the loss, on the last stage
+    # of ``saved``: the counts of labelled targets a mean loss divides by (nll_loss's total
+    # weight), which must be alike in every micro-batch for their mean to be the batch's
+    normalizers: tuple[str, ...] = ()
 
     @property
     def grads_in(self) -> tuple[str, ...]:
@@ -258,10 +261,25 @@ class _Splitter:
         made_by_rest = {s.defines for s in rest}
         kept = tuple(dict.fromkeys(u for s in rest + [weight_return] for u in s.uses
                                    if u not in made_by_rest and u not in args))
+        normalizers = tuple(v for v in _loss_normalizers(self.graph) if v in saved)
         return StageProgram(stage, placeholders, tuple(v for v in placeholders if v in self.graph.inputs),
                             receives, sends, with_frees(forward + [forward_return]),
-                            with_frees(first + [Statement("output", None, grads_out + kept)]),
-                            with_frees(rest + [weight_return]), saved, kept, gradients, loss)
+                            with_frees(first + [Statement("output", None, grads_out + kept)], held=args),
+                            with_frees(rest + [weight_return], held=args), saved, kept, gradients, loss, normalizers)
+
+
+_MEAN = 1  # torch's Reduction::Mean
+
+
+def _loss_normalizers(graph) -> list[str]:
+    """The total weights of nll_losses (cross entropy) a mean divides by: how many targets are
+    labelled (not ignore_index). Capture writes a mean as the sum over the total weight
+    (autopar.capture.canonicalize), so a total weight is one where a division reads it."""
+    losses = {n.name: n.args[3] for n in graph.nodes if n.target == "aten.nll_loss_forward.default"}
+    weights = {n.name: losses[n.args[0]["ref"]] for n in graph.nodes
+               if n.target == "getitem" and n.args[0]["ref"] in losses and n.args[1] == 1}
+    divisors = {n.args[1]["ref"] for n in graph.nodes if n.target == "aten.div.Tensor" and isinstance(n.args[1], dict)}
+    return [w for w, reduction in weights.items() if reduction == _MEAN or w in divisors]
 
 
 def _split_input_gradient(backward: list[Statement], sent: tuple[str, ...]) -> tuple[list, list]:

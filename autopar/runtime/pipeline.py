@@ -20,6 +20,7 @@ parameter its gradient (accumulating into ``.grad``, as autograd does).
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import torch
@@ -56,6 +57,9 @@ class StageRunner:
         self.pending: list = []  # what each backward left for its weight gradients, oldest first
         self.unsynced: dict = {}  # parameter -> local gradient summed over this step's earlier micro-batches
         self.staged: dict = {}  # parameter -> this step's gradient, until the loss's backward hands it out
+        self.busy_s = 0.0  # seconds in its programs since the module's last reset: a bubble is the rest
+        self._normalizers = [program.saved.index(v) for v in program.normalizers]
+        self.normalizer_values: list[float] = []  # this step's, per micro-batch
 
     def placeholders(self, inputs: tuple) -> list:
         """The forward program's placeholders: parameters' and buffers' blocks, and (stage 0)
@@ -74,9 +78,12 @@ class StageRunner:
     def forward(self, received: tuple):
         """(the stage's outputs for the schedule, what its backward needs)."""
         first = self.program.index == 0
+        start = time.perf_counter()
         args = self.placeholders(received if first else ())
         loss, sends, saved = self.forward_fn(self.rt, *args, *(() if first else received))
+        self.busy_s += time.perf_counter() - start
         kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
+        self.normalizer_values += [float(saved[i]) for i in self._normalizers]
         return (loss if self.program.loss is not None else tuple(sends)), (kept, saved)
 
     def backward(self, state, grads: tuple) -> tuple:
@@ -88,7 +95,9 @@ class StageRunner:
             grads_in, grad_loss = [], grads[0]
         else:
             grads_in, grad_loss = [g for g, slot in zip(grads, self.program.sends) if slot.differentiable], None
+        start = time.perf_counter()
         sent_back, for_weights = self.input_fn(self.rt, *kept, saved, grads_in, grad_loss)
+        self.busy_s += time.perf_counter() - start
         self.pending.append((kept, for_weights, grad_loss))
         if self.program.index == 0:  # it received the model's inputs, which take no gradient
             return (None,) * len(self.plan.graph.inputs)
@@ -101,6 +110,7 @@ class StageRunner:
         kept, for_weights, grad_loss = self.pending.pop(0)
 
         def run() -> None:
+            start = time.perf_counter()
             self.weights += 1
             sync = self.weights == self.microbatches
             if sync:
@@ -112,6 +122,7 @@ class StageRunner:
             else:
                 for fqn, grad in gradients.items():
                     self.unsynced[fqn] = grad if fqn not in self.unsynced else self.unsynced[fqn] + grad
+            self.busy_s += time.perf_counter() - start
         return run
 
     def hand_gradients(self, staged: dict, grad_loss: torch.Tensor) -> None:
@@ -202,9 +213,31 @@ class PipelinedModule(nn.Module):
             return self._whole_loss(losses)
         staged = {}
         for runner in self.runners:
-            runner.staged = staged
+            runner.staged, runner.normalizer_values = staged, []
         self.schedule.step(*tensors, target=target, losses=losses, return_outputs=False)
+        self._check_microbatches_alike()
         return _StagedGradients.apply(self._whole_loss(losses), self._anchor, self.runners, staged)
+
+    def _check_microbatches_alike(self) -> None:
+        """Refuse a step whose micro-batches' mean losses divide by different counts (targets
+        at ignore_index): the mean of their means is not the batch's mean then. Every rank
+        learns of it, so all raise."""
+        values = [v for r in self.runners for v in r.normalizer_values]
+        uneven = torch.tensor([float(len(set(values)) > 1)])
+        dist.all_reduce(uneven, op=dist.ReduceOp.MAX)
+        if uneven.item():
+            raise AutoparError("the micro-batches of this batch hold different numbers of labelled targets (labels at "
+                               "the loss's ignore_index, e.g. padding): each micro-batch's mean loss divides by its "
+                               "own count, so their mean would not be the batch's mean; give every micro-batch as "
+                               "many labelled targets, or plan without 'pp'")
+
+    def take_busy_seconds(self) -> float:
+        """Seconds this rank spent in its stages' programs since the last call (the rest of a
+        step's time is its bubble and its waits for P2P)."""
+        busy = sum(r.busy_s for r in self.runners)
+        for r in self.runners:
+            r.busy_s = 0.0
+        return busy
 
     def _whole_loss(self, losses: list) -> torch.Tensor:
         """The batch's loss, on every rank (the last stage's ranks computed it)."""
