@@ -1,11 +1,13 @@
 """Training with the one-line API under torchrun:
 
     torchrun --nproc-per-node=4 examples/train_torchrun.py --mesh dp=2,tp=2 --steps 5
+    torchrun --nproc-per-node=4 examples/train_torchrun.py --mesh pp=2,dp=2 --steps 5   # a pipeline
 
-Rank 0 plans on the first call and the other ranks receive the plan; every rank
-then shards its parameters and runs the emitted program. Each rank passes the
-same global batch. An evaluation pass at the end runs a forward program planned
-for evaluation mode.
+Rank 0 plans (example_inputs: before the optimizer is built, so it steps the sharded
+parameters) and the other ranks receive the plan; every rank then shards its parameters and
+runs the emitted program. Each rank passes the same global batch. An evaluation pass at the
+end runs a forward program planned for evaluation mode (a pipelined plan runs the modes it
+was planned in, so it evaluates under no_grad alone).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model, (idx, targets) = gpt2.make(args.size)
-    model = autopar.autoparallelize(model, mesh=args.mesh, hardware="h100-sxm")
+    model = autopar.autoparallelize(model, mesh=args.mesh, hardware="h100-sxm", example_inputs=(idx, targets))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(args.steps):
         loss = model(idx, targets)
@@ -39,7 +41,8 @@ def main() -> None:
         opt.zero_grad()
         if dist.get_rank() == 0:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
-    model.eval()  # the first evaluation call plans a forward program in eval mode, around the same layouts
+    pipelined = autopar.plan_of(model).pipeline is not None
+    model.train(pipelined)  # the first evaluation call plans a forward program in eval mode, around the same layouts
     with torch.no_grad():
         held_out = model(idx.roll(1, dims=0), targets.roll(1, dims=0))
     model.train()

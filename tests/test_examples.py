@@ -4,6 +4,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from autopar.check import MIXED_TOLERANCE
 
 
@@ -45,3 +47,15 @@ def test_the_llama_example_on_four_processes_trains_as_on_one(tmp_path):
     assert len(four) == len(one) == 2
     for a, b in zip(losses(four), losses(one)):
         assert abs(a - b) <= MIXED_TOLERANCE["bfloat16"][0] * abs(b)
+
+
+def test_the_torchrun_example_pipelines_with_the_losses_of_a_sharded_run():
+    """examples/train_torchrun.py on a pipeline (pp=2 x dp=2) and on dp=2 x tp=2: the same
+    model, batch and AdamW steps give the same losses (both compute the eager step)."""
+    def losses(mesh):
+        lines = _torchrun("examples/train_torchrun.py", "--mesh", mesh, "--steps", "3")
+        return [float(re.search(r"loss (\S+)", line).group(1)) for line in lines if "loss" in line]
+
+    pipelined, sharded = losses("pp=2,dp=2"), losses("dp=2,tp=2")
+    assert len(pipelined) == 4  # three steps and the evaluation
+    assert pipelined == pytest.approx(sharded, abs=2e-4)  # printed to 4 decimals

@@ -148,9 +148,7 @@ class _Splitter:
 
     def mover_stage(self, i: int, var: str) -> int:
         readers = [j for j in self.readers.get(var, []) if self.statements[j].defines != var]
-        found = set().union(*(self.use_stages(j, var) for j in readers)) if readers else set()
-        if not found:  # a value moved for nothing that reads it: where its value is
-            found = self.reader_stages(var) if not readers else {0}
+        found = set().union(*(self.use_stages(j, var) for j in readers)) or {0}  # {0}: a move nothing reads
         return min(found) if i < self.boundary else max(found)
 
     # --- what crosses

@@ -4,9 +4,11 @@ Each stage this rank holds becomes a ``PipelineStage`` (torch's) whose submodule
 stage's forward program inside an autograd Function; torch's schedule (GPipe, 1F1B,
 interleaved, zero-bubble, DualPipeV: the plan's) calls the stages' forward and backward for
 every micro-batch, sends activations and their gradients between stages over its P2P, and
-orders the actions. The Function's backward runs the stage's backward program with the
-backward values the next stage sent back (autopar.lowering.stages: they ride in the gradients
-of the values sent forward), so autograd never traces the programs.
+orders the actions. The Function's backward runs the stage's input-gradient program (I) with
+the backward values the next stage sent back (autopar.lowering.stages: they ride in the
+gradients of the values sent forward), so autograd never traces the programs; the
+weight-gradient program (W) is what the stage's ``dw_builder`` hands torch, which runs it
+right away or, in a zero-bubble schedule, in a later bubble.
 
 Static metadata: every slot's local shape and dtype are known from the plan, so each
 ``PipelineStage`` is built with its inputs' and outputs' examples and needs no shape-inference
@@ -14,9 +16,9 @@ round before the first step. A slot that carries no backward value is sent witho
 
 Gradients: each micro-batch's loss weighs 1/m (the loss function the schedule runs divides by
 m), so the step's gradient is the mean of the micro-batches', as eager's mean over the whole
-batch. Each stage's backward keeps local gradients for every micro-batch but its last, which
-adds them and runs the gradient collectives once (as DDP's no_sync), then hands every
-parameter its gradient (accumulating into ``.grad``, as autograd does).
+batch. Each stage's W keeps local gradients for every micro-batch but its last, which adds
+them and runs the gradient collectives once (as DDP's no_sync). The step's gradients wait
+until the returned loss's backward, which hands them to the parameters' ``.grad``.
 """
 from __future__ import annotations
 
