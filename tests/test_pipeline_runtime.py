@@ -48,6 +48,14 @@ def test_pipelined_steps_match_eager(mesh, schedule):
     assert len(report.losses) == 3 and len(report.tensors) == 3 + len(list(model.parameters()))
 
 
+def test_a_mixed_precision_pipeline_matches_eager_autocast():
+    model, inputs = gpt2.make(CONFIG)
+    plan = autopar.plan(model, inputs, mesh="pp=2,dp=2", schedule="1F1B", microbatches=4, hardware=workers.FAST,
+                        precision="bf16-mixed")
+    report = autopar.check(model, inputs, plan=plan, steps=2)  # at bf16 tolerance (autopar.check)
+    assert report.ok and report.tolerance[0] > 1e-3, str(report)
+
+
 def test_a_hugging_face_llama_pipelines_over_two_stages_of_two_data_parallel_ranks():
     from transformers import LlamaConfig, LlamaForCausalLM
 
