@@ -35,15 +35,7 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     ] if plan.graph.kind == STEP else []) + [
         "# all on this rank's local shards; saved: the values forward keeps for backward;",
         "# values: the model's other outputs, in their planned layouts.",
-        "import torch",
-        "",
-    ] + (["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
-         if uses_device_neutral_kernels(plan) else []) + [
-        "aten = torch.ops.aten",
-        "",
-        f"PLAN_HASH = {plan.hash!r}",
-        f"GRAPH_FINGERPRINT = {plan.fingerprint!r}",
-    ]
+    ] + module_preamble(plan)
     lines += wrapped("PLACEHOLDERS = [", [repr(n) for n in placeholders], "]")
     program = programs(named)
     printer, sections = StatementPrinter(named), Sections(named)
@@ -57,6 +49,18 @@ def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
         lines += indented(BackwardBody(named, printer, sections).lines(program))
         lines += ["", "", *ACCUMULATE_SOURCE.splitlines()]
     return "\n".join(lines) + "\n"
+
+
+def module_preamble(plan) -> list[str]:
+    """The emitted module's imports and the plan's identity."""
+    return ["import torch", ""] + (
+        ["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
+        if uses_device_neutral_kernels(plan) else []) + [
+        "aten = torch.ops.aten",
+        "",
+        f"PLAN_HASH = {plan.hash!r}",
+        f"GRAPH_FINGERPRINT = {plan.fingerprint!r}",
+    ]
 
 
 def _forward_return(graph, statement: Statement, saved) -> list[str]:

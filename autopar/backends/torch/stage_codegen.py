@@ -21,8 +21,8 @@ from autopar.backends.torch.codegen import (
     BackwardBody,
     StatementPrinter,
     is_loss_seed,
+    module_preamble,
     seed_lines,
-    uses_device_neutral_kernels,
 )
 from autopar.errors import AutoparError
 from autopar.lowering.naming import readable
@@ -43,15 +43,7 @@ def emit_torch_pipeline(plan) -> str:
         "# forward_<k>(rt, placeholders..., received...) -> (loss or None, [sent...], [saved...])",
         "# backward_input_<k>(rt, placeholders..., saved, grads_in, grad_loss) -> ([sent back...], [kept...])",
         "# backward_weight_<k>(rt, placeholders..., kept, grad_loss, sync, unsynced) -> {parameter name: gradient}",
-        "import torch",
-        "",
-    ] + (["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
-         if uses_device_neutral_kernels(plan) else []) + [
-        "aten = torch.ops.aten",
-        "",
-        f"PLAN_HASH = {plan.hash!r}",
-        f"GRAPH_FINGERPRINT = {plan.fingerprint!r}",
-    ]
+    ] + module_preamble(plan)
     printer = StatementPrinter(named)
     for stage in stage_programs(named):
         lines += ["", ""] + _forward(named, printer, stage)
