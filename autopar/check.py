@@ -149,14 +149,12 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     """
     inputs = program_inputs(example_inputs)
     kwargs = dict(kwargs or {})
-    if backend not in ("torch", "jax"):
-        raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'jax'")
-    if backend == "jax" and kwargs:
-        raise ValueError("check(backend='jax') runs the JAX program on positional inputs; pass them positionally")
-    if backend == "jax" and compile:
-        raise ValueError("compile=True compiles the torch programs; the JAX program is compiled by XLA already")
+    _check_backend_options(backend, kwargs, compile)
     plan = _plan_to_check(model, inputs, kwargs, loss_fn, mesh, hardware, plan, parse_precision(precision),
                           (schedule, microbatches))
+    if plan.pipeline is not None and (measure_memory or compile):
+        raise ValueError("check of a pipelined plan runs it as planned: measure_memory and compile are not supported "
+                         "for pipelines yet")
     autocast = plan.graph.autocast
     tolerance = (RTOL, ATOL) if autocast is None else MIXED_TOLERANCE[autocast]
     steps = 1 if backend == "jax" else steps
@@ -170,9 +168,6 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
 
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    if plan.pipeline is not None and (measure_memory or compile):
-        raise ValueError("check of a pipelined plan runs it as planned: measure_memory and compile are not supported "
-                         "for pipelines yet")
     results = get_cluster(plan.device_mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(),
                                                      steps, lr, measure_memory, compile)
 
@@ -183,6 +178,15 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     return CheckReport(plan, _compared(results, reference_losses, reference_grads, reference_values, tolerance),
                        results[0]["losses"], reference_losses, moved,
                        tuple(r["peak_memory"] for r in results) if measure_memory else ())
+
+
+def _check_backend_options(backend: str, kwargs: dict, compile: bool) -> None:
+    if backend not in ("torch", "jax"):
+        raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'jax'")
+    if backend == "jax" and kwargs:
+        raise ValueError("check(backend='jax') runs the JAX program on positional inputs; pass them positionally")
+    if backend == "jax" and compile:
+        raise ValueError("compile=True compiles the torch programs; the JAX program is compiled by XLA already")
 
 
 def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh, hardware: str,

@@ -149,6 +149,22 @@ class _Runner:
         return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
 
 
+def _precision_for(precision, plan: Optional[Plan]) -> Optional[MixedPrecision]:
+    """``precision`` parsed, refused where it differs from a given plan's; a given plan's own
+    where none is given."""
+    mixed = parse_precision(precision)
+    if plan is not None and mixed is not None and plan.graph.autocast != mixed.compute:
+        made = "in the model's own dtypes" if plan.graph.autocast is None else \
+            f"under autocast to {plan.graph.autocast}"
+        raise AutoparError(f"precision={str(mixed)!r} differs from the given plan's, which was made {made}: leave "
+                           f"precision out to run the plan as made")
+    if plan is not None and mixed is None and plan.graph.autocast is not None:
+        # programs planned later (evaluation, other shapes) compute as the given plan does; the plan
+        # keeps its compute dtype only, so they reduce gradients in float32
+        mixed = MixedPrecision(plan.graph.autocast)
+    return mixed
+
+
 def _check_pipeline_options(mesh: Mesh, inputs: str, compile: bool) -> None:
     if inputs != "global":
         raise AutoparError(f"mesh {mesh} pipelines the model, whose schedule splits the whole batch into "
@@ -299,16 +315,7 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
         raise ValueError(f"inputs={inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
                          f"rank its block of it)")
     initializer(init)  # so does an unknown init
-    mixed = parse_precision(precision)  # and an unknown precision
-    if plan is not None and mixed is not None and plan.graph.autocast != mixed.compute:
-        made = "in the model's own dtypes" if plan.graph.autocast is None else \
-            f"under autocast to {plan.graph.autocast}"
-        raise AutoparError(f"precision={str(mixed)!r} differs from the given plan's, which was made {made}: leave "
-                           f"precision out to run the plan as made")
-    if plan is not None and mixed is None and plan.graph.autocast is not None:
-        # programs planned later (evaluation, other shapes) compute as the given plan does; the plan
-        # keeps its compute dtype only, so they reduce gradients in float32
-        mixed = MixedPrecision(plan.graph.autocast)
+    mixed = _precision_for(precision, plan)  # and an unknown precision
 
     def runner() -> _Runner:
         return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init, mixed, compile,

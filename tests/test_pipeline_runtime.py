@@ -170,3 +170,7 @@ def test_micro_batches_with_different_label_counts_are_refused_not_averaged_wron
     padded[:2, 16:] = -100  # the first micro-batch has fewer labelled targets than the others
     with pytest.raises(AutoparError, match="different numbers of labelled targets"):
         autopar.check(model, (idx, padded), plan=plan)
+    buffer = io.BytesIO()  # an evaluation's loss would be off alike
+    torch.save(model, buffer)
+    got = get_cluster(2).run(workers.evaluate_pipelined, buffer.getvalue(), (idx, padded), "pp=2")
+    assert all(r["loss"] is None and "different numbers of labelled targets" in r["error"] for r in got)

@@ -370,3 +370,17 @@ def train_pipelined(rank, world_size, model_bytes, inputs, mesh, schedule, steps
     untouched = all(p.grad is None for p in model.parameters())
     return {"losses": losses, "grads": grads, "doubled": doubled, "evaluated": evaluated, "again": again,
             "held": held, "untouched": untouched}
+
+
+def evaluate_pipelined(rank, world_size, model_bytes, inputs, mesh):
+    """A call under no_grad of an autoparallelized model on a pipelined mesh: its loss, or the
+    AutoparError it raised."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule="1F1B", microbatches=4)
+    try:
+        with torch.no_grad():
+            return {"loss": wrapped(*inputs).item(), "error": None}
+    except autopar.AutoparError as exc:
+        return {"loss": None, "error": str(exc)}

@@ -61,12 +61,16 @@ class StageProgram:
     @property
     def grads_in(self) -> tuple[str, ...]:
         """The backward values the next stage sends back, in its slots' order."""
-        return tuple(s.carries for s in self.sends if s.carries is not None)
+        return _carried(self.sends)
 
     @property
     def grads_out(self) -> tuple[str, ...]:
         """The backward values it sends to the stage before, in its received slots' order."""
-        return tuple(s.carries for s in self.receives if s.carries is not None)
+        return _carried(self.receives)
+
+
+def _carried(slots) -> tuple[str, ...]:
+    return tuple(s.carries for s in slots if s.carries is not None)
 
 
 def stage_programs(plan) -> list[StageProgram]:
@@ -99,11 +103,13 @@ class _Splitter:
             for u in s.uses:
                 self.readers.setdefault(u, []).append(i)
         self.stages: dict[int, set[int]] = {}  # statement index -> the stages that run it
+        # gradient node -> the variable backward returns for it (moved into its parameter's layout)
+        self.returned = dict(zip(self.graph.gradients, statements[-1].uses))
+        self.normalizers = _loss_normalizers(self.graph)
 
     def run(self) -> list[StageProgram]:
         self.assign()
-        defined = self.definers()
-        crossing_fwd, crossing_bwd = self.crossings(defined)
+        crossing_fwd, crossing_bwd = self.crossings(*self.definers())
         metas = self.metas()
         boundaries = [self.slots(k, crossing_fwd[k], crossing_bwd[k], metas) for k in range(self.n - 1)]
         return [self.program(s, boundaries) for s in range(self.n)]
@@ -152,21 +158,21 @@ class _Splitter:
         return min(found) if i < self.boundary else max(found)
 
     # --- what crosses
-    def definers(self) -> dict[tuple[str, bool], set[int]]:
-        """(variable, defined in backward) -> the stages that define it."""
-        out: dict[tuple[str, bool], set[int]] = {}
+    def definers(self) -> tuple[dict, dict]:
+        """(variable, defined in backward) -> the stages that define it, and -> the index of the
+        first statement that does."""
+        stages: dict[tuple[str, bool], set[int]] = {}
+        first: dict[tuple[str, bool], int] = {}
         for i, s in enumerate(self.statements):
             if s.defines is not None:
-                out.setdefault((s.defines, i >= self.boundary), set()).update(self.stages[i])
-        return out
+                key = (s.defines, i >= self.boundary)
+                stages.setdefault(key, set()).update(self.stages[i])
+                first.setdefault(key, i)
+        return stages, first
 
-    def crossings(self, defined) -> tuple[list[dict], list[dict]]:
+    def crossings(self, defined: dict, first_def: dict) -> tuple[list[dict], list[dict]]:
         """Per boundary k: the forward values that cross it and the backward values that cross
         it back, each with the index of the statement that defines it (their order)."""
-        first_def = {}
-        for i, s in enumerate(self.statements):
-            if s.defines is not None:
-                first_def.setdefault((s.defines, i >= self.boundary), i)
         fwd: list[dict] = [{} for _ in range(self.n - 1)]
         bwd: list[dict] = [{} for _ in range(self.n - 1)]
         for j, s in enumerate(self.statements):
@@ -250,16 +256,15 @@ class _Splitter:
                       if v in read_back and v in local_fwd and v not in args and v not in back_defined)
         gradients = tuple(g for g in self.graph.gradients if self.node_stage.get(g) == stage)
         loss = self.graph.loss if stage == self.n - 1 else None
-        outputs = dict(zip(self.graph.gradients, self.statements[-1].uses))  # each moved to its parameter's layout
         forward_return = Statement("forward_output", None, tuple(s.var for s in sends if not s.carrier)
                                    + saved + ((loss,) if loss else ()))
-        grads_out = tuple(s.carries for s in receives if s.carries is not None)
-        weight_return = Statement("output", None, tuple(outputs[g] for g in gradients))
+        grads_out = _carried(receives)
+        weight_return = Statement("output", None, tuple(self.returned[g] for g in gradients))
         first, rest = _split_input_gradient(backward, grads_out)
         made_by_rest = {s.defines for s in rest}
         kept = tuple(dict.fromkeys(u for s in rest + [weight_return] for u in s.uses
                                    if u not in made_by_rest and u not in args))
-        normalizers = tuple(v for v in _loss_normalizers(self.graph) if v in saved)
+        normalizers = tuple(v for v in self.normalizers if v in saved)
         return StageProgram(stage, placeholders, tuple(v for v in placeholders if v in self.graph.inputs),
                             receives, sends, with_frees(forward + [forward_return]),
                             with_frees(first + [Statement("output", None, grads_out + kept)], held=args),

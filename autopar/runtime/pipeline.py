@@ -23,7 +23,6 @@ until the returned loss's backward, which hands them to the parameters' ``.grad`
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -61,7 +60,7 @@ class StageRunner:
         self.staged: dict = {}  # parameter -> this step's gradient, until the loss's backward hands it out
         self.busy_s = 0.0  # seconds in its programs since the module's last reset: a bubble is the rest
         self._normalizers = [program.saved.index(v) for v in program.normalizers]
-        self.normalizer_values: list[float] = []  # this step's, per micro-batch
+        self.normalizer_values: list[torch.Tensor] = []  # this step's, per micro-batch
 
     def placeholders(self, inputs: tuple) -> list:
         """The forward program's placeholders: parameters' and buffers' blocks, and (stage 0)
@@ -85,7 +84,7 @@ class StageRunner:
         loss, sends, saved = self.forward_fn(self.rt, *args, *(() if first else received))
         self.busy_s += time.perf_counter() - start
         kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
-        self.normalizer_values += [float(saved[i]) for i in self._normalizers]
+        self.normalizer_values += [saved[i].detach() for i in self._normalizers]
         return (loss if self.program.loss is not None else tuple(sends)), (kept, saved)
 
     def backward(self, state, grads: tuple) -> tuple:
@@ -210,12 +209,13 @@ class PipelinedModule(nn.Module):
         # torch's schedule splits the target into micro-batches for the loss function, which
         # takes none here (the stage program computes the loss): a placeholder of m rows
         target = torch.zeros(m)
-        if not torch.is_grad_enabled():
-            self.schedule.eval(*tensors, target=target, losses=losses, return_outputs=False)
-            return self._whole_loss(losses)
         staged = {}
         for runner in self.runners:
             runner.staged, runner.normalizer_values = staged, []
+        if not torch.is_grad_enabled():
+            self.schedule.eval(*tensors, target=target, losses=losses, return_outputs=False)
+            self._check_microbatches_alike()
+            return self._whole_loss(losses)
         self.schedule.step(*tensors, target=target, losses=losses, return_outputs=False)
         self._check_microbatches_alike()
         return _StagedGradients.apply(self._whole_loss(losses), self._anchor, self.runners, staged)
@@ -225,7 +225,8 @@ class PipelinedModule(nn.Module):
         at ignore_index): the mean of their means is not the batch's mean then. Every rank
         learns of it, so all raise."""
         values = [v for r in self.runners for v in r.normalizer_values]
-        uneven = torch.tensor([float(len(set(values)) > 1)])
+        differ = bool(values) and bool((torch.stack(values) != values[0]).any())
+        uneven = torch.tensor([float(differ)], device=self.rt.device)  # on the device NCCL reduces
         dist.all_reduce(uneven, op=dist.ReduceOp.MAX)
         if uneven.item():
             raise AutoparError("the micro-batches of this batch hold different numbers of labelled targets (labels at "
@@ -284,28 +285,21 @@ def _schedule(plan: Plan, runners: list[StageRunner], rt: RankMesh):
 
     pipeline = plan.pipeline
     n, m = len(pipeline.stages), pipeline.microbatches
-    stages = [PipelineStage(_StageModule(r), r.program.index, n, rt.device, input_args=_inputs(plan, r.program, m),
+    stages = [PipelineStage(_StageModule(r), r.program.index, n, rt.device, input_args=_inputs(plan, r.program),
                             output_args=_outputs(plan, r.program), group=rt.pipeline_group,
                             dw_builder=r.weight_work)
               for r in runners]
     cls = getattr(torch_schedules, f"Schedule{pipeline.schedule}")
-    loss_fn = _MicrobatchLoss(m)
+
+    def loss_fn(output, target):  # each micro-batch's loss weighs 1/m: their sum is the batch's mean
+        return output / m
+
     if pipeline.schedule in _SINGLE_STAGE:
         return cls(stages[0], m, loss_fn=loss_fn, scale_grads=False)
     return cls(stages, m, loss_fn=loss_fn, scale_grads=False)
 
 
-class _MicrobatchLoss:
-    """Each micro-batch's loss weighs 1/m: their sum is the batch's mean loss."""
-
-    def __init__(self, microbatches: int):
-        self.microbatches = microbatches
-
-    def __call__(self, output, target):
-        return output / self.microbatches
-
-
-def _inputs(plan: Plan, program: StageProgram, m: int) -> tuple:
+def _inputs(plan: Plan, program: StageProgram) -> tuple:
     if program.index == 0:  # the micro-batch of each model input, whole (the stage takes its block)
         metas = [plan.graph.node(ph).outputs[0] for ph in plan.graph.inputs]
         return tuple(torch.empty(meta.shape, dtype=getattr(torch, meta.dtype)) for meta in metas)
@@ -334,7 +328,7 @@ def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: 
     meta device. (name -> parameter, name -> buffer) of the ones it holds."""
     from autopar.runtime.state import distribute
 
-    _check_models_agree(model)
+    _check_models_agree(model, rt.device)
     graph = plan.graph
     held = {ph for p in mine for ph in p.placeholders}
     params = {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items() if ph in held}
@@ -349,13 +343,13 @@ def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: 
     return {fqn: named[fqn] for fqn in params}, {fqn: model.get_buffer(fqn) for fqn in buffers}
 
 
-def _check_models_agree(model: nn.Module) -> None:
+def _check_models_agree(model: nn.Module, device: torch.device) -> None:
     """Every rank takes its blocks from its own copy of the model: refuse copies that differ
     (built without a common seed, say), which would train a model no rank was given."""
     with torch.no_grad():
         sums = [float(t.double().sum()) for t in list(model.parameters()) + list(model.buffers())
                 if not t.is_meta and t.is_floating_point()]
-    mine = torch.tensor([len(sums), sum(sums), sum(abs(x) for x in sums)], dtype=torch.float64)
+    mine = torch.tensor([len(sums), sum(sums), sum(abs(x) for x in sums)], dtype=torch.float64, device=device)
     lowest, highest = mine.clone(), mine.clone()
     dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
     dist.all_reduce(highest, op=dist.ReduceOp.MAX)
@@ -384,8 +378,3 @@ def _check_call_fits(plan: Plan, call: FlatCall) -> None:
             raise PlanMismatchError(f"an input has shape {list(t.shape)} ({t.dtype}) where plan {plan.hash} takes "
                                     f"{want} ({meta.dtype}): {m} micro-batches of {list(meta.shape)}; plan again "
                                     f"for this batch")
-
-
-def pipeline_rank_mesh(plan: Plan, device: Optional[str] = "cpu") -> RankMesh:
-    """The RankMesh a pipelined plan runs on: its stage's mesh, once per pipeline rank."""
-    return RankMesh(plan.mesh, device=device, pipeline_stages=plan.pipeline.pp)
