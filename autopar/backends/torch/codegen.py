@@ -100,13 +100,10 @@ class BackwardBody:
     what earlier micro-batches left in ``unsynced``, then syncs once. The gradient collectives
     are linear, so syncing the sum equals summing the syncs."""
 
-    def __init__(self, plan, printer: "StatementPrinter", sections: Sections, gradients=None, sent_back=None):
-        """``gradients``: the gradient nodes it returns (a pipeline stage's own; default all);
-        ``sent_back``: a pipeline stage's backward values for the stage before, which it
-        returns first, as ``[sent back...], {parameter name: gradient}``."""
+    def __init__(self, plan, printer: "StatementPrinter", sections: Sections, gradients=None):
+        """``gradients``: the gradient nodes it returns (a pipeline stage's own; default all)."""
         self.plan, self.printer, self.sections = plan, printer, sections
         self.local = tuple(plan.graph.gradients if gradients is None else gradients)  # each before its sync
-        self.sent_back = sent_back
         self.syncs = {r.id: r for r in plan.redistributions if r.consumers == ("output",)}
         # a gradient's move to its parameter's layout that a backward op reads too: its collectives
         # cannot wait for the last micro-batch
@@ -152,11 +149,7 @@ class BackwardBody:
         self.returned_local = True
         grads = [f"    {self.plan.graph.grads[o]!r}: {o}," for o in self.local]
         return ["if not sync:  # model.no_sync(): the local gradients, left for the next synced backward"] + \
-            indented([self.returning() + "{"] + grads + ["}"])
-
-    def returning(self) -> str:
-        """``return `` and, for a pipeline stage, the backward values it sends back first."""
-        return "return " if self.sent_back is None else f"return [{', '.join(self.sent_back)}], "
+            indented(["return {"] + grads + ["}"])
 
     def keeping_local_gradients(self, s: Statement) -> Statement:
         """``s`` without deleting a gradient the no_sync() return still needs."""
@@ -167,10 +160,10 @@ class BackwardBody:
     def output(self, s: Statement) -> str:
         """``return {parameter name: gradient}``: a gradient without collectives adds the unsynced part here."""
         g = self.plan.graph
-        values = dict(zip(self.local, s.uses[len(self.sent_back or ()):]))
+        values = dict(zip(self.local, s.uses))
         grads = [f"    {g.grads[o]!r}: {values[o] if values[o] != o else f'accumulate({o}, unsynced, {g.grads[o]!r})'},"
                  for o in self.local]
-        return "\n".join([self.returning() + "{"] + grads + ["}"])
+        return "\n".join(["return {"] + grads + ["}"])
 
 
 class StatementPrinter:
