@@ -16,11 +16,12 @@ from autopar.parallelize import autoparallelize, data_parallel_info, plan_of, pr
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.constraints import Constraints
 from autopar.passes.registry import register_pass, registered_passes, unregister_pass
+from autopar.runtime.kfac import KFAC
 
 __all__ = [
     "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "prepare",
     "data_parallel_info", "plan_of", "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext",
     "Constraints", "register_rule", "Plan", "MixedPrecision", "Mesh", "Shard", "Replicate", "Partial", "Spec",
     "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError",
-    "SolverError",
+    "SolverError", "KFAC",
 ]

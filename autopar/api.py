@@ -35,7 +35,7 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
          optimizer: str = DEFAULT_OPTIMIZER, recompute: str = DEFAULT_RECOMPUTE,
          symbolic_dims: Optional[dict[str, int]] = None, cluster_layers: bool = True,
          precision=None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
-         partition: str = "balanced",
+         partition: str = "balanced", inv_every: Optional[int] = None,
          restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
          cache_dir: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
@@ -80,6 +80,10 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV") and
     ``microbatches`` pin them; by default both are searched. ``partition="even"`` splits the
     layers into equal runs (as Megatron-LM does) instead of the balanced, memory-aware split.
+    ``optimizer="kfac"`` (a pipelined mesh only) plans K-FAC's work — each micro-batch's curvature
+    factors, their reduction, their inversion, the gradients' preconditioning — into the
+    pipeline's bubbles (``plan.pipeline.fill``); curvature is refreshed every ``inv_every`` steps,
+    by default the fewest steps whose work the bubbles hold. Train with autopar.KFAC.
     ``cache``: a plan of the same graph, meshes, hardware spec, options and autopar code is
     loaded from ``cache_dir`` (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans) instead
     of solved; plans with ``restrict`` or custom passes are not cached (autopar.planning.cache).
@@ -90,7 +94,7 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     request = resolve(mesh, hardware, solver=solver, solver_time_limit_s=solver_time_limit_s, pin=pin,
                       memory_budget=memory_budget, optimizer=optimizer, recompute=recompute,
                       symbolic_dims=symbolic_dims, cluster_layers=cluster_layers, precision=precision,
-                      schedule=schedule, microbatches=microbatches, partition=partition)
+                      schedule=schedule, microbatches=microbatches, partition=partition, inv_every=inv_every)
     pipeline(passes)
     if kwargs:
         _check_positional_only(request)

@@ -384,3 +384,27 @@ def evaluate_pipelined(rank, world_size, model_bytes, inputs, mesh):
             return {"loss": wrapped(*inputs).item(), "error": None}
     except autopar.AutoparError as exc:
         return {"loss": None, "error": str(exc)}
+
+
+def train_kfac(rank, world_size, model_bytes, inputs, plan_json, steps, settings):
+    """``steps`` K-FAC steps (autopar.KFAC) of a pipelined plan made with optimizer="kfac": each
+    step's loss and, after the last, the parameters this rank holds, whole."""
+    import io
+
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.kfac import KFAC
+    from autopar.runtime.pipeline import PipelinedModule
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    pipelined = PipelinedModule(model, plan, rank_mesh_for(plan.mesh, plan.pipeline.pp), plan.emit("torch"))
+    opt = KFAC(pipelined, **settings)
+    losses = []
+    for _ in range(steps):
+        loss = pipelined(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    held = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters() if not p.is_meta}
+    return {"losses": losses, "params": held}

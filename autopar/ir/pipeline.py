@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Optional
+
+from autopar.ir.bubbles import BubbleFill
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Pipeline:
     candidates: tuple[Candidate, ...] = ()  # every (schedule, micro-batches, virtual) weighed, best first
     # call node -> its unit's index in the chain (the stages' units, in order): where it runs
     node_units: dict = field(default_factory=dict)
+    fill: Optional[BubbleFill] = None  # the optimizer's deferred work placed in the bubbles (K-FAC)
 
     def node_stages(self) -> dict[str, int]:
         """Call node -> the index of the stage that runs it."""
@@ -99,9 +103,12 @@ class Pipeline:
         d["rank_peak_bytes"] = tuple(d["rank_peak_bytes"])
         d["timeline"] = tuple(Block(**b) for b in d["timeline"])
         d["candidates"] = tuple(Candidate(**c) for c in d.get("candidates", ()))
+        d["fill"] = BubbleFill.from_json(d["fill"]) if d.get("fill") else None
         return Pipeline(**d)
 
     def decisions(self) -> dict:
         """What the plan's hash names: the schedule, the micro-batches and the partition."""
         return {"pp": self.pp, "schedule": self.schedule, "microbatches": self.microbatches, "virtual": self.virtual,
-                "stages": [list(s.units) for s in self.stages]}
+                "stages": [list(s.units) for s in self.stages],
+                "fill": None if self.fill is None else {"refresh": self.fill.refresh, "work": [
+                    (w.name, w.phase, w.after) for w in self.fill.work]}}

@@ -50,6 +50,9 @@ class PlanRequest:
     # the share of a step's gradient syncs one run of the program pays in the sharding objective:
     # 1/m for a pipeline stage's micro-batch, whose gradients sync once per m micro-batches
     sync_share: float = 1.0
+    # optimizer="kfac": the steps between curvature refreshes (its factors and inverses); None:
+    # the fewest whose curvature work fits the pipeline's bubbles
+    inv_every: Optional[int] = None
 
     @property
     def pins(self) -> dict[str, str]:

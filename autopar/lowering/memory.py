@@ -20,6 +20,8 @@ OPTIMIZERS = {
     "sgd": lambda itemsize: 0,  # plain SGD keeps nothing
     "adam": lambda itemsize: 2 * itemsize,  # exp_avg and exp_avg_sq in the parameter's dtype
     "adam-mixed": lambda itemsize: 12,  # fp32 master copy, exp_avg, exp_avg_sq (2+2+12 with bf16 params, grads)
+    # momentum; its curvature factors are per layer, counted with the pipeline (autopar.planning.bubbles)
+    "kfac": lambda itemsize: itemsize,
 }
 CATEGORIES = ("parameters", "optimizer_state", "inputs", "gradients", "activations", "temporaries", "communication")
 

@@ -37,6 +37,7 @@ from autopar.ir.records import PassRecord, Predicted
 from autopar.ir.request import PlanRequest
 from autopar.passes.pipeline_units import PipelineUnitsPass
 from autopar.passes.predict import exposed
+from autopar.planning.bubbles import with_fill
 from autopar.planning.meshes import split_mesh
 from autopar.planning.state import planning_state, remember
 from autopar.solvers.stage_partition import Chain, even_partition, fits, partition
@@ -83,8 +84,22 @@ def plan_pipeline(planner, request: PlanRequest) -> Plan:
                         f"({len(candidates)} candidates)")
     result = dataclasses.replace(micro.plan, pipeline=pipeline, predicted=_predicted(micro.plan.predicted, pipeline),
                                  history=(record,) + micro.plan.history)
+    if request.optimizer == "kfac":
+        result = _with_kfac(result, request)
     remember(result, lambda: planning_state(micro.plan))  # explain reads the micro-batch's planning state
     return result
+
+
+def _with_kfac(plan: Plan, request: PlanRequest) -> Plan:
+    start = time.perf_counter()
+    filled = with_fill(plan, request)
+    fill = filled.pipeline.fill
+    record = PassRecord("bubbles", time.perf_counter() - start,
+                        f"K-FAC on {len(fill.layers)} weights, curvature every {fill.refresh} step(s): step "
+                        f"{human_seconds(fill.step_filled_s)} filled, {human_seconds(fill.step_unfilled_s)} unfilled, "
+                        f"{human_seconds(fill.step_first_order_s)} first-order; bubble {fill.bubble_before:.1%} -> "
+                        f"{fill.bubble_after:.1%}")
+    return dataclasses.replace(filled, history=(record,) + filled.history)
 
 
 def microbatch_counts(pp: int, batch: int, pinned) -> list[int]:

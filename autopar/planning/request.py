@@ -31,7 +31,8 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
             memory_budget: "str | float | None" = None, optimizer: str = DEFAULT_OPTIMIZER,
             recompute: str = DEFAULT_RECOMPUTE, symbolic_dims: Optional[dict[str, int]] = None,
             cluster_layers: bool = True, precision=None, schedule: Optional[str] = None,
-            microbatches: Optional[int] = None, partition: str = "balanced", pipelines: bool = True) -> PlanRequest:
+            microbatches: Optional[int] = None, partition: str = "balanced", pipelines: bool = True,
+            inv_every: Optional[int] = None) -> PlanRequest:
     """The request autopar.plan's options stand for (see its docstring for each); ``pipelines``:
     whether a device count's candidates include meshes with a pp axis."""
     hw = get_hardware(hardware)
@@ -40,6 +41,7 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
     if solver not in SOLVERS:
         raise AutoparError(f"unknown solver {solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
     optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here
+    _check_kfac_options(meshes, optimizer, inv_every)
     budget = parse_bytes(memory_budget)
     mixed = parse_precision(precision)
     if mixed is not None and optimizer == "adam-mixed":
@@ -61,7 +63,19 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
         schedule=schedule,
         microbatches=microbatches,
         partition=partition,
+        inv_every=inv_every,
     )
+
+
+def _check_kfac_options(meshes, optimizer: str, inv_every) -> None:
+    if optimizer == "kfac" and not all(has_pipeline(m) for m in meshes):
+        raise AutoparError("optimizer='kfac' places K-FAC's curvature work in a pipeline's bubbles, and the mesh has "
+                           "no 'pp' axis: plan it on a mesh with 'pp' first (mesh='pp=2,dp=2'), or use 'sgd' or "
+                           "'adam'")
+    if inv_every is not None and (optimizer != "kfac" or isinstance(inv_every, bool) or not isinstance(inv_every, int)
+                                  or inv_every < 1):
+        raise AutoparError(f"inv_every={inv_every!r}: K-FAC's refresh period, a positive whole number of steps, with "
+                           f"optimizer='kfac'")
 
 
 def _check_pipeline_options(meshes, schedule, microbatches, partition) -> None:

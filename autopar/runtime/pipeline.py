@@ -61,6 +61,22 @@ class StageRunner:
         self.busy_s = 0.0  # seconds in its programs since the module's last reset: a bubble is the rest
         self._normalizers = [program.saved.index(v) for v in program.normalizers]
         self.normalizer_values: list[torch.Tensor] = []  # this step's, per micro-batch
+        self.kfac = None  # autopar.runtime.kfac.KfacWork, under a K-FAC plan: runs its work after actions
+        self.counts = {"F": 0, "I": 0, "W": 0}  # this step's actions so far: the next one's micro-batch
+
+    def begin_step(self, staged: dict) -> None:
+        self.staged, self.normalizer_values = staged, []
+        self.counts = dict.fromkeys(self.counts, 0)
+
+    def _done(self, kind: str) -> int:
+        """Count an action of ``kind`` as done and run the work placed after it; its micro-batch."""
+        microbatch = self.counts[kind]
+        self.counts[kind] += 1
+        if self.kfac is not None:
+            label = f"{self.program.index}{{}}{microbatch}"
+            for done in ("W", "B") if kind == "W" else (kind,):  # a full backward (B) ends with its W
+                self.kfac.after(label.format(done), self.staged)
+        return microbatch
 
     def placeholders(self, inputs: tuple) -> list:
         """The forward program's placeholders: parameters' and buffers' blocks, and (stage 0)
@@ -85,6 +101,7 @@ class StageRunner:
         self.busy_s += time.perf_counter() - start
         kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
         self.normalizer_values += [saved[i].detach() for i in self._normalizers]
+        self._done("F")
         return (loss if self.program.loss is not None else tuple(sends)), (kept, saved)
 
     def backward(self, state, grads: tuple) -> tuple:
@@ -100,6 +117,7 @@ class StageRunner:
         sent_back, for_weights = self.input_fn(self.rt, *kept, saved, grads_in, grad_loss)
         self.busy_s += time.perf_counter() - start
         self.pending.append((kept, for_weights, grad_loss))
+        self._done("I")
         if self.program.index == 0:  # it received the model's inputs, which take no gradient
             return (None,) * len(self.plan.graph.inputs)
         back = iter(sent_back)
@@ -116,14 +134,17 @@ class StageRunner:
             sync = self.weights == self.microbatches
             if sync:
                 self.weights = 0
+            microbatch = self.counts["W"]
+            curvature = self.kfac.wants_operands(self.program.index, microbatch) if self.kfac else None
             with torch.no_grad():
-                gradients = self.weight_fn(self.rt, *kept, for_weights, grad_loss, sync, self.unsynced)
+                gradients = self.weight_fn(self.rt, *kept, for_weights, grad_loss, sync, self.unsynced, curvature)
             if sync:
                 self.staged.update(gradients)
             else:
                 for fqn, grad in gradients.items():
                     self.unsynced[fqn] = grad if fqn not in self.unsynced else self.unsynced[fqn] + grad
             self.busy_s += time.perf_counter() - start
+            self._done("W")
         return run
 
     def hand_gradients(self, staged: dict, grad_loss: torch.Tensor) -> None:
@@ -195,6 +216,7 @@ class PipelinedModule(nn.Module):
         params, buffers = _hold_own_state(model, plan, mine, rank_mesh)
         module = load_program(source, f"autopar_pipeline_{plan.hash}")
         self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers) for p in mine]
+        self.kfac = _kfac_work(plan, rank_mesh, mine, params, self.runners)
         self.schedule = _schedule(plan, self.runners, rank_mesh)
         self._last_rank = _pipeline_peer(rank_mesh, pipeline.stages[-1].rank)
         self._anchor = torch.zeros((), requires_grad=True)  # what makes the returned loss differentiable
@@ -211,14 +233,18 @@ class PipelinedModule(nn.Module):
         target = torch.zeros(m)
         staged = {}
         for runner in self.runners:
-            runner.staged, runner.normalizer_values = staged, []
+            runner.begin_step(staged)
         if not torch.is_grad_enabled():
             self.schedule.eval(*tensors, target=target, losses=losses, return_outputs=False)
             self._check_microbatches_alike()
             return self._whole_loss(losses)
+        if self.kfac is not None:
+            self.kfac.begin_step()
         self.schedule.step(*tensors, target=target, losses=losses, return_outputs=False)
         self._check_microbatches_alike()
-        return _StagedGradients.apply(self._whole_loss(losses), self._anchor, self.runners, staged)
+        if self.kfac is not None:
+            self.kfac.end_step(staged)
+        return _StagedGradients.apply(self._whole_loss(losses), self._anchor, self.runners, staged, self.kfac)
 
     def _check_microbatches_alike(self) -> None:
         """Refuse a step whose micro-batches' mean losses divide by different counts (targets
@@ -264,8 +290,8 @@ class _StagedGradients(torch.autograd.Function):
     them by the loss's incoming gradient (they are linear in it) and adds them to ``.grad``."""
 
     @staticmethod
-    def forward(ctx, loss, anchor, runners, staged):
-        ctx.runners, ctx.staged = runners, staged
+    def forward(ctx, loss, anchor, runners, staged, kfac):
+        ctx.runners, ctx.staged, ctx.kfac = runners, staged, kfac
         return loss.clone()
 
     @staticmethod
@@ -276,7 +302,22 @@ class _StagedGradients(torch.autograd.Function):
         staged, ctx.staged = ctx.staged, None
         for runner in ctx.runners:
             runner.hand_gradients(staged, grad_loss)
-        return None, None, None, None
+        if ctx.kfac is not None:  # the KL clip weighs the gradients .grad holds
+            ctx.kfac.seed = float(grad_loss)
+        return None, None, None, None, None
+
+
+def _kfac_work(plan: Plan, rt: RankMesh, mine: list[StageProgram], params: dict, runners: list[StageRunner]):
+    """The K-FAC work of this rank's stages, hooked to their runners (None without K-FAC)."""
+    fill = plan.pipeline.fill
+    if fill is None or fill.optimizer != "kfac":
+        return None
+    from autopar.runtime.kfac import KfacWork
+
+    work = KfacWork(plan, rt, [p.index for p in mine], params)
+    for runner in runners:
+        runner.kfac = work
+    return work
 
 
 def _schedule(plan: Plan, runners: list[StageRunner], rt: RankMesh):

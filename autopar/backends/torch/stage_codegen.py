@@ -6,9 +6,11 @@ rank's blocks and returns ``(loss or None, [sent...], [saved...])``: what goes t
 ``backward_input_<k>(rt, placeholders..., saved, grads_in, grad_loss)`` takes the backward
 values stage k+1 sent back (``grads_in``; on the last stage ``grad_loss`` seeds the loss
 instead), computes what stage k-1 waits for and returns ``([sent back...], [kept...])``;
-``backward_weight_<k>(rt, placeholders..., kept, grad_loss, sync, unsynced)`` computes the
-weight gradients from ``kept`` and returns ``{parameter name: gradient}``: zero-bubble
-schedules run it later, in a bubble. ``sync`` is False on every micro-batch but a stage's
+``backward_weight_<k>(rt, placeholders..., kept, grad_loss, sync, unsynced, curvature)`` computes
+the weight gradients from ``kept`` and returns ``{parameter name: gradient}``: zero-bubble
+schedules run it later, in a bubble. Under K-FAC it also puts into ``curvature`` (when given) the
+two operands of each preconditioned weight's gradient matmul, from which the runtime computes
+the weight's curvature factors (autopar.lowering.curvature). ``sync`` is False on every micro-batch but a stage's
 last: those return local gradients, which the last adds before its gradient collectives (as
 DDP's no_sync accumulates them). The schedule that calls these is
 torch.distributed.pipelining's (autopar.runtime.pipeline).
@@ -25,6 +27,7 @@ from autopar.backends.torch.codegen import (
     seed_lines,
 )
 from autopar.errors import AutoparError
+from autopar.lowering.curvature import curvature_layers
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Split
 from autopar.lowering.stages import StageProgram, stage_programs
@@ -42,7 +45,8 @@ def emit_torch_pipeline(plan) -> str:
         f"predicted step {human_seconds(pipeline.step_time_s)}, bubble {pipeline.bubble_fraction:.1%}",
         "# forward_<k>(rt, placeholders..., received...) -> (loss or None, [sent...], [saved...])",
         "# backward_input_<k>(rt, placeholders..., saved, grads_in, grad_loss) -> ([sent back...], [kept...])",
-        "# backward_weight_<k>(rt, placeholders..., kept, grad_loss, sync, unsynced) -> {parameter name: gradient}",
+        "# backward_weight_<k>(rt, placeholders..., kept, grad_loss, sync, unsynced, curvature) -> "
+        "{parameter name: gradient}",
     ] + module_preamble(plan)
     printer = StatementPrinter(named)
     for stage in stage_programs(named):
@@ -83,13 +87,33 @@ def _backward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]
     body += ["return ("] + indented(wrapped("[", list(stage.grads_out), "],  # to the stage before")
                                     + wrapped("[", list(stage.kept), "],  # for the weight gradients")) + [")"]
     lines += indented(body)
-    weight = BackwardBody(plan, printer, Sections(plan), stage.gradients)
+    weight = BackwardBody(plan, printer, _CurvatureCaptures(plan), stage.gradients)
     if weight.shared:
         raise AutoparError(f"the gradient syncs of {', '.join(weight.shared)} are read by backward too, so they "
                            f"cannot wait for a stage's last micro-batch; plan this model without 'pp'")
     lines += ["", ""] + wrapped(f"def backward_weight_{stage.index}(",
-                                ["rt", *args, "saved", "grad_loss", "sync", "unsynced"], "):")
+                                ["rt", *args, "saved", "grad_loss", "sync", "unsynced", "curvature"], "):")
     return lines + indented(weight.lines(Split([], stage.backward_weight, stage.kept)))
+
+
+class _CurvatureCaptures(Sections):
+    """The sections' comments, and before each K-FAC weight's gradient matmul the line that hands
+    its two operands to the runtime (a plan without K-FAC has none)."""
+
+    def __init__(self, plan):
+        super().__init__(plan)
+        fill = plan.pipeline.fill
+        layers = curvature_layers(plan)[0] if fill is not None and fill.optimizer == "kfac" else []
+        self.captures = {layer.gradient_mm: layer.weight for layer in layers}
+
+    def before(self, statement, phase: str) -> list[str]:
+        lines = super().before(statement, phase)
+        weight = self.captures.get(statement.defines) if statement.kind == "call" else None
+        if weight is not None:
+            first, second = statement.uses
+            lines += ["if curvature is not None:  # K-FAC: this weight's gradient matmul's operands",
+                      f"    curvature[{weight!r}] = ({first}, {second})"]
+        return lines
 
 
 def _slots(slots) -> str:

@@ -1,0 +1,217 @@
+"""K-FAC's work placed in a pipelined plan's bubbles (PipeFisher, Osawa et al. 2023).
+
+The planner knows every bubble from its simulated timeline and prices every piece of K-FAC's
+work with the cost model, per stage:
+- ``factor``: one layer's factors ``A = aᵀa/n`` and ``G = ĝᵀĝ/n`` from one micro-batch's
+  operands (released when that micro-batch's weight gradients have run; its operands are held
+  until then, which is its memory cost);
+- ``reduce``: the stage's factors averaged over its devices (one all-reduce per axis);
+- ``invert``: one layer's damped factors inverted;
+- ``precondition``: every step, after the stage's last weight gradients and their syncs.
+Factors, reduction and inversion form a refresh cycle of ``refresh`` steps (the factors of a
+micro-batch may be computed in any step of the cycle, from that step's micro-batch); the new
+inverses take effect in the cycle's last step. autopar.solvers.bubble_fill places the pieces
+into the gaps; the step times before and after are the plan's prediction.
+
+The runtime runs a piece when the stage's program of the action before its gap returns, which
+is before torch's schedule posts that action's sends; so only gaps after actions that send
+nothing another rank waits for are offered: weight gradients (W), the last stage's forwards
+and the first stage's backwards. Work after any other action would delay the next stage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from autopar.cost_models.collectives import axis_placement, collective_time
+from autopar.cost_models.compute import roofline_time
+from autopar.errors import AutoparError
+from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, TAIL, BubbleFill, Work
+from autopar.ir.mesh import Mesh
+from autopar.lowering.curvature import CurvatureLayer, curvature_layers
+from autopar.passes.predict import exposed
+from autopar.solvers.bubble_fill import Gap, Item, greedy
+
+MAX_REFRESH = 10  # the longest refresh cycle the planner proposes before it lengthens the step instead
+MARGIN_SHARE = 0.01  # of the step: each gap's slack, so an estimate that runs long delays no action
+FACTOR_COPIES = 4  # per factor: its running average, the cycle's sum, its inverse, the next inverse
+_FLOAT = 4  # bytes: factors and their work in float32
+
+
+def fill_bubbles(plan, request) -> BubbleFill:
+    """The K-FAC work of ``plan`` (pipelined, its layouts solved) placed into its bubbles."""
+    pipeline = plan.pipeline
+    layers, first_order = curvature_layers(plan)
+    if not layers:
+        raise AutoparError("optimizer='kfac' preconditions linear layers (nn.Linear weights), and this model has "
+                           "none: use 'sgd' or 'adam'")
+    work = _StageWork(plan, request, layers)
+    blocks = _blocks(pipeline, request.hardware)
+    gaps = _gaps(blocks, pipeline.pp, len(pipeline.stages), pipeline.step_time_s)
+    margin = MARGIN_SHARE * pipeline.step_time_s
+    headroom = {r: request.memory_budget_bytes - pipeline.rank_peak_bytes[r] - work.factor_bytes(r)
+                for r in range(pipeline.pp)}
+    if min(headroom.values()) < 0:
+        r = min(headroom, key=headroom.get)
+        raise AutoparError(f"K-FAC's factors ({work.factor_bytes(r) / 2**30:.2f} GiB on pipeline rank {r}) do not fit "
+                           f"the memory budget beside the pipeline's {pipeline.rank_peak_bytes[r] / 2**30:.2f} GiB: "
+                           f"use more stages or a first-order optimizer")
+    for refresh in ([request.inv_every] if request.inv_every else range(1, MAX_REFRESH + 1)):
+        items = work.items(blocks, refresh)
+        filled = greedy(list(items.values()), gaps, pipeline.step_time_s, refresh, margin, headroom)
+        if not any(p.after == TAIL for p in filled.placed if items[p.item].phase is None):
+            break
+    unfilled = greedy(list(items.values()), [], pipeline.step_time_s, refresh, margin, headroom)
+    busy = sum(b[3] - b[2] for b in blocks)
+    return BubbleFill(
+        "kfac", refresh, margin, tuple(layer.weight for layer in layers), tuple(first_order),
+        tuple(work.placed(p, items[p.item]) for p in filled.placed), pipeline.step_time_s, unfilled.mean_step_s,
+        filled.mean_step_s, _idle(busy, pipeline.pp, [pipeline.step_time_s]),
+        _idle(busy + sum(i.duration_s for i in items.values()) / refresh, pipeline.pp, filled.step_s),
+        max(work.factor_bytes(r) for r in range(pipeline.pp)))
+
+
+def _idle(busy_s: float, ranks: int, step_s) -> float:
+    """The share of the ranks' time no work runs, over a cycle's steps."""
+    span = ranks * sum(step_s) / len(step_s)
+    return 1.0 - busy_s / span if span else 0.0
+
+
+def _blocks(pipeline, hw) -> list[tuple[int, str, float, float]]:
+    """(rank, action, start, end) of the simulated step; a stage's last weight gradients end
+    after its gradient syncs, which run inside them and which the pipeline left exposed."""
+    last = {}
+    for b in pipeline.timeline:
+        if b.action[-1:].isdigit() and _kind(b.action) in ("B", "W"):
+            last[_stage(b.action)] = b
+    out = []
+    for b in pipeline.timeline:
+        end = b.end_s
+        if last.get(_stage(b.action)) is b:
+            stage = pipeline.stages[_stage(b.action)]
+            end += exposed(stage.sync_s, stage.backward_s, hw.gradient_overlap)
+        out.append((b.rank, b.action, b.start_s, end))
+    return out
+
+
+def _stage(action: str) -> int:
+    return int(action[:len(action) - len(action.lstrip("0123456789"))])
+
+
+def _kind(action: str) -> str:
+    return action.lstrip("0123456789")[0]
+
+
+def _microbatch(action: str) -> int:
+    return int(action.lstrip("0123456789")[1:])
+
+
+def _gaps(blocks, ranks: int, stages: int, step_end_s: float) -> list[Gap]:
+    """The idle intervals after each quiet action, per rank."""
+    gaps = []
+    for r in range(ranks):
+        mine = sorted((b for b in blocks if b[0] == r), key=lambda b: b[2])
+        for b, following in zip(mine, mine[1:] + [None]):
+            end = following[2] if following is not None else step_end_s
+            if end > b[3] and _quiet(b[1], stages):
+                gaps.append(Gap(r, b[1], b[3], end))
+    return gaps
+
+
+def _quiet(action: str, stages: int) -> bool:
+    """Whether no other stage waits on what ``action`` sends (it sends nothing)."""
+    kind, stage = _kind(action), _stage(action)
+    return kind == "W" or (kind == "F" and stage == stages - 1) or (kind in ("B", "I") and stage == 0)
+
+
+class _StageWork:
+    """The pieces of K-FAC's work of each stage, priced on the plan's hardware."""
+
+    def __init__(self, plan, request, layers: list[CurvatureLayer]):
+        self.plan, self.hw = plan, request.hardware
+        self.pipeline = plan.pipeline
+        node_stage = self.pipeline.node_stages()
+        self.by_stage: dict[int, list[CurvatureLayer]] = {}
+        for layer in layers:
+            self.by_stage.setdefault(node_stage[layer.gradient_mm], []).append(layer)
+        self.meta: dict[str, tuple] = {}  # item name -> (kind, stage, layers, micro-batch)
+
+    def factor_bytes(self, rank: int) -> float:
+        return sum(FACTOR_COPIES * _FLOAT * (la.in_features ** 2 + la.out_features ** 2)
+                   for s, layers in self.by_stage.items() if self.pipeline.stages[s].rank == rank for la in layers)
+
+    def items(self, blocks, refresh: int) -> dict[str, Item]:
+        """name -> item, in an order where every dependency comes first."""
+        ends = {b[1]: b[3] for b in blocks}
+        out: dict[str, Item] = {}
+        for s, layers in sorted(self.by_stage.items()):
+            rank = self.pipeline.stages[s].rank
+            for i in range(self.pipeline.microbatches):
+                done = ends.get(f"{s}W{i}", ends.get(f"{s}B{i}"))
+                for la in layers:
+                    self._add(out, Item(f"{FACTOR} {la.weight} mb{i}", rank, self._factor_s(la),
+                                        _FLOAT * self._rows(la) * (la.in_features + la.out_features), done),
+                              FACTOR, s, (la.weight,), i)
+            factors = tuple(n for n, m in self.meta.items() if m[0] == FACTOR and m[1] == s)
+            reduced = factors
+            if self.plan.mesh.size > 1:
+                self._add(out, Item(f"{REDUCE} stage {s}", rank, self._reduce_s(layers), deps=factors),
+                          REDUCE, s, tuple(la.weight for la in layers))
+                reduced = (f"{REDUCE} stage {s}",)
+            for la in layers:
+                own = tuple(n for n in reduced if n.startswith(REDUCE) or f" {la.weight} " in n)
+                self._add(out, Item(f"{INVERT} {la.weight}", rank, self._invert_s(la), deps=own),
+                          INVERT, s, (la.weight,))
+            synced = max(ends[a] for a in ends if _stage(a) == s and _kind(a) in ("B", "W"))
+            inverted = tuple(f"{INVERT} {la.weight}" for la in layers)
+            for p in range(refresh):
+                self._add(out, Item(f"{PRECONDITION} stage {s} step {p}", rank, self._precondition_s(layers),
+                                    release_s=synced, deps=inverted if p == refresh - 1 else (), phase=p),
+                          PRECONDITION, s, tuple(la.weight for la in layers))
+        return out
+
+    def _add(self, out: dict, item: Item, kind: str, stage: int, layers: tuple, microbatch: int = -1) -> None:
+        out[item.name] = item
+        self.meta[item.name] = (kind, stage, layers, microbatch)
+
+    def placed(self, p, item: Item) -> Work:
+        kind, stage, layers, microbatch = self.meta[p.item]
+        return Work(p.item, kind, stage, item.rank, p.phase, p.after, p.start_s, p.end_s, layers, microbatch)
+
+    def _rows(self, layer: CurvatureLayer) -> int:
+        """The rows of one micro-batch's operands a device holds."""
+        node = self.plan.graph.node(layer.gradient_mm)
+        first = node.refs()[0]
+        shape = self.plan.graph.node(first).outputs[0].shape
+        return self.plan.strategies[first].out_specs[0].local_shape(shape, self.plan.mesh)[1]
+
+    def _factor_s(self, la: CurvatureLayer) -> float:
+        n, d = self._rows(la), la.in_features ** 2 + la.out_features ** 2
+        return roofline_time(2 * n * d, _FLOAT * (n * (la.in_features + la.out_features) + d), _FLOAT, self.hw)
+
+    def _invert_s(self, la: CurvatureLayer) -> float:
+        # an inverse by LU costs about 2 n³ flops; two factors per layer
+        cubes = la.in_features ** 3 + la.out_features ** 3
+        return roofline_time(2 * cubes, 2 * _FLOAT * (la.in_features ** 2 + la.out_features ** 2), _FLOAT, self.hw)
+
+    def _precondition_s(self, layers) -> float:
+        flops = sum(2 * la.in_features * la.out_features * (la.in_features + la.out_features) for la in layers)
+        nbytes = sum(_FLOAT * (la.in_features ** 2 + la.out_features ** 2 + 2 * la.in_features * la.out_features)
+                     for la in layers)
+        return roofline_time(flops, nbytes, _FLOAT, self.hw)
+
+    def _reduce_s(self, layers) -> float:
+        nbytes = sum(_FLOAT * (la.in_features ** 2 + la.out_features ** 2) for la in layers)
+        full = Mesh(("pp",) + self.plan.mesh.axis_names, (self.pipeline.pp,) + self.plan.mesh.shape)
+        return sum(collective_time("all_reduce", nbytes, axis_placement(full, a + 1, self.hw), self.hw)
+                   for a in range(self.plan.mesh.ndim))
+
+
+def with_fill(plan, request):
+    """``plan`` with K-FAC's work placed in its bubbles, its predicted step time the filled one."""
+    fill = fill_bubbles(plan, request)
+    pipeline = dataclasses.replace(plan.pipeline, fill=fill)
+    predicted = dataclasses.replace(plan.predicted, step_time_s=fill.step_filled_s)
+    if not math.isfinite(fill.step_filled_s):
+        raise AutoparError("K-FAC's work could not be placed: its step time is not finite")
+    return dataclasses.replace(plan, pipeline=pipeline, predicted=predicted)

@@ -1,0 +1,196 @@
+"""K-FAC (Martens & Grosse 2015) on a pipelined plan, its work run in the schedule's bubbles.
+
+The plan (autopar.planning.bubbles) places each piece of K-FAC's work after one action of torch's
+schedule on its rank, in one step of a refresh cycle; ``KfacWork`` runs those pieces when the
+stage's programs finish that action (autopar.runtime.pipeline calls ``after``), so the work rides
+on torch.distributed.pipelining's own actions. What it computes, per preconditioned weight W
+(``[out, in]``) of a layer with inputs ``a`` and output gradients ``g`` (rows: batch x sequence):
+- factors of each micro-batch, on this device's rows: ``A = aᵀa/n`` and ``G = ĝᵀĝ/n`` with
+  ``ĝ = N·g`` (N: the batch's rows; for a mean loss, ĝ is each row's own loss gradient);
+- the cycle's mean over its micro-batches, averaged over the stage's devices;
+- at inversion: the running factors ``A ← ε·A + (1-ε)·Ā`` (the first cycle: ``Ā``), damped with
+  factored Tikhonov damping (π = sqrt((tr A/d_A)/(tr G/d_G)); A + π√λ·I, G + √λ/π·I, Martens &
+  Grosse §6.3) and inverted, in float64; the new inverses take effect in the cycle's last step;
+- every step: ``W.grad ← G⁻¹ · W.grad · A⁻¹`` (a weight without inverses yet keeps its gradient).
+``KFAC``, the optimizer, scales those gradients by Ba et al. (2017)'s KL clip
+``ν = min(1, sqrt(κ / (lr² Σ⟨P, ∇W⟩)))`` and takes an SGD step (momentum, weight decay).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from autopar.errors import AutoparError
+from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, TAIL
+from autopar.lowering.curvature import curvature_layers
+
+
+@dataclass
+class _Settings:
+    damping: float
+    factor_decay: float
+
+
+class KfacWork:
+    """One rank's K-FAC state and the placed work of its stages."""
+
+    def __init__(self, plan, rt, stages: list[int], params: dict):
+        """``stages``: the ones this rank runs; ``params``: name -> the parameters it holds."""
+        self.plan, self.rt, self.fill, self.params = plan, rt, plan.pipeline.fill, params
+        self.layers = {la.weight: la for la in curvature_layers(plan)[0]}
+        self.microbatches = plan.pipeline.microbatches
+        mine = {(w.phase, w.after) for w in self.fill.work if w.stage in stages}
+        self.placed = {key: [w for w in sorted(self.fill.work, key=lambda w: w.start_s)
+                             if (w.phase, w.after) == key and w.stage in stages] for key in mine}
+        self.settings: _Settings | None = None
+        self.step = 0  # training steps run: the phase of the cycle is step % refresh
+        self.operands: dict[tuple[int, int], dict] = {}  # (stage, micro-batch) -> weight -> its mm's operands
+        self.sums: dict[str, list] = {}  # weight -> [Σ A, Σ G, contributions] of this cycle
+        self.factors: dict[str, tuple] = {}  # weight -> running (A, G)
+        self.pending: dict[str, tuple] = {}  # weight -> (A⁻¹, G⁻¹) that take effect at the cycle's end
+        self.inverses: dict[str, tuple] = {}  # weight -> (A⁻¹, G⁻¹) in use
+        self.inner = 0.0  # Σ ⟨P, ∇W⟩ of this step's preconditioned weights (for the KL clip)
+        self.preconditioned: set[str] = set()
+        self.seed = 1.0  # the gradient backward seeded the loss with: .grad = seed x the staged gradient
+        self.active = False  # within a training step
+        wanted = [w for w in self.fill.work if w.kind == FACTOR and w.stage in stages]
+        self.capture_at = {(w.phase, w.stage, w.microbatch) for w in wanted}
+
+    @property
+    def phase(self) -> int:
+        return self.step % self.fill.refresh
+
+    def configure(self, damping: float, factor_decay: float) -> None:
+        self.settings = _Settings(damping, factor_decay)
+
+    def wants_operands(self, stage: int, microbatch: int) -> dict | None:
+        """A dict for the stage's weight-gradient program to put its operands in, where this step
+        computes that micro-batch's factors (None elsewhere: nothing is kept)."""
+        if (self.phase, stage, microbatch) not in self.capture_at:
+            return None
+        return self.operands.setdefault((stage, microbatch), {})
+
+    def begin_step(self) -> None:
+        self.inner, self.preconditioned, self.operands, self.active = 0.0, set(), {}, True
+
+    def after(self, action: str, staged: dict) -> None:
+        """Run the work placed after ``action`` (or TAIL: after the schedule's last) in this
+        training step (an evaluation's forwards run none)."""
+        for work in self.placed.get((self.phase, action), ()) if self.active else ():
+            getattr(self, f"_{work.kind}")(work, staged)
+
+    def end_step(self, staged: dict) -> None:
+        self.after(TAIL, staged)
+        self.step += 1
+        self.active = False
+
+    # --- the pieces of work
+    def _factor(self, work, staged) -> None:
+        (weight,) = work.layers
+        layer = self.layers[weight]
+        first, second = self.operands[work.stage, work.microbatch].pop(weight)
+        a, g = layer.input_and_output_grad(first.double(), second.double())
+        if a.shape[1] != layer.in_features or g.shape[1] != layer.out_features:
+            raise AutoparError(f"K-FAC needs {weight}'s inputs and output gradients whole along their features on "
+                               f"each device; this rank holds {list(a.shape)} and {list(g.shape)}")
+        g = g * (layer.rows * self.microbatches)  # ĝ: each row's own loss gradient, for a mean loss
+        n = a.shape[0]
+        sums = self.sums.setdefault(weight, [0.0, 0.0, 0])
+        sums[0] = sums[0] + a.t() @ a / n
+        sums[1] = sums[1] + g.t() @ g / n
+        sums[2] += 1
+
+    def _reduce(self, work, staged) -> None:
+        """The stage's cycle sums averaged over its devices (each holds its rows' factors)."""
+        for weight in work.layers:
+            sums = self.sums[weight]
+            for i in (0, 1):
+                for axis in self.plan.mesh.axis_names:
+                    sums[i] = self.rt.all_reduce(sums[i].contiguous(), axis)
+                sums[i] = sums[i] / self.plan.mesh.size
+
+    def _invert(self, work, staged) -> None:
+        if self.settings is None:
+            raise AutoparError("this plan runs K-FAC's work in its bubbles: build autopar.KFAC(model, lr=...) "
+                               "before the first training step")
+        (weight,) = work.layers
+        sum_a, sum_g, count = self.sums.pop(weight)
+        mean = (sum_a / count, sum_g / count)
+        decay = self.settings.factor_decay
+        old = self.factors.get(weight)
+        self.factors[weight] = mean if old is None else tuple(decay * o + (1 - decay) * f for o, f in zip(old, mean))
+        self.pending[weight] = damped_inverses(*self.factors[weight], self.settings.damping)
+
+    def _precondition(self, work, staged) -> None:
+        if self.phase == self.fill.refresh - 1:
+            self.inverses.update({w: self.pending.pop(w) for w in work.layers if w in self.pending})
+        for weight in work.layers:
+            if weight not in self.inverses:
+                continue
+            a_inv, g_inv = self.inverses[weight]
+            grad = staged[weight]
+            p = g_inv.to(grad.dtype) @ grad @ a_inv.to(grad.dtype)
+            self.inner += float((p.double() * grad.double()).sum())
+            staged[weight] = p
+            self.preconditioned.add(weight)
+
+
+def damped_inverses(a: torch.Tensor, g: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A⁻¹, G⁻¹) under factored Tikhonov damping (Martens & Grosse 2015, §6.3)."""
+    pi = math.sqrt(float(torch.trace(a)) / a.shape[0] / (float(torch.trace(g)) / g.shape[0]))
+    root = math.sqrt(damping)
+    eye_a = torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
+    eye_g = torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
+    return torch.linalg.inv(a + pi * root * eye_a), torch.linalg.inv(g + root / pi * eye_g)
+
+
+class KFAC(torch.optim.SGD):
+    """K-FAC for a model whose plan was made with ``optimizer="kfac"``: the model's step computes
+    the curvature and preconditions the gradients in its pipeline's bubbles; ``step()`` applies
+    the KL clip (``kl_clip``; the effective learning rate's bound) and an SGD step (``lr``,
+    ``momentum``, ``weight_decay``). ``damping`` (λ) and ``factor_decay`` (ε) set the curvature.
+    Build it before the first training step, after autoparallelize (or on its PipelinedModule)."""
+
+    def __init__(self, model, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, damping: float = 1e-3,
+                 factor_decay: float = 0.95, kl_clip: float = 1e-3):
+        if not (damping > 0 and 0 <= factor_decay < 1 and kl_clip > 0):
+            raise AutoparError(f"K-FAC needs damping > 0, 0 <= factor_decay < 1 and kl_clip > 0 (got {damping}, "
+                               f"{factor_decay}, {kl_clip})")
+        self.work = _kfac_work_of(model)
+        self.work.configure(damping, factor_decay)
+        self.kl_clip = kl_clip
+        params = [p for p in model.parameters() if not p.is_meta]
+        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise AutoparError("autopar.KFAC takes no closure: call the model and loss.backward() before step()")
+        work = self.work
+        total = torch.tensor([work.inner * work.seed ** 2], dtype=torch.float64, device=work.rt.device)
+        if work.rt.pipeline_group is not None:  # every stage's weights share one clip
+            dist.all_reduce(total, group=work.rt.pipeline_group)
+        lr = self.param_groups[0]["lr"]
+        if total.item() > 0:
+            nu = min(1.0, math.sqrt(self.kl_clip / (lr ** 2 * total.item())))
+            for weight in work.preconditioned:
+                work.params[weight].grad.mul_(nu)
+        return super().step()
+
+
+def _kfac_work_of(model) -> KfacWork:
+    from autopar.runtime.pipeline import PipelinedModule
+
+    module = model
+    if not isinstance(module, PipelinedModule):
+        from autopar.parallelize import parallel_module
+
+        module = parallel_module(model)
+    work = getattr(module, "kfac", None)
+    if work is None:
+        raise AutoparError("autopar.KFAC runs on a model autoparallelized with a plan made with optimizer='kfac' on a "
+                           "mesh with 'pp' (call the model once first, or pass example_inputs to autoparallelize)")
+    return work
