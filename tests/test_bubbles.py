@@ -4,6 +4,7 @@ after three steps, every placed piece where its dependencies allow."""
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 import autopar
 from autopar.errors import AutoparError
+from autopar.inspect.report_html import render_html
 from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, TAIL
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2
@@ -98,3 +100,142 @@ def test_kfac_on_a_gpt2_style_decoder_equals_the_reference():
     assert {"blocks.0.attn.q.weight", "blocks.1.fc.weight", "head.weight"} <= set(fill.layers)
     assert "wte.weight" in fill.first_order and "blocks.0.fc.bias" in fill.first_order
     _assert_matches(model, inputs, plan)
+
+
+# ---- the placement ------------------------------------------------------------------------------
+
+
+def _check_placement(plan) -> None:
+    """Every piece after what it needs, none overlapping another on its rank, and the simulated
+    step with the pieces in it (each delaying its action's rank, and that action's sends) no
+    longer than without them plus the margin."""
+    from autopar.cost_models.pipeline_schedules import action_lists
+    from autopar.cost_models.pipeline_sim import StageTimes, simulate
+    from autopar.passes.predict import exposed
+
+    pipeline, fill = plan.pipeline, plan.pipeline.fill
+    ends = {b.action: b.end_s for b in pipeline.timeline}
+    work = {w.name: w for w in fill.work}
+    for w in fill.work:
+        if w.kind == FACTOR:
+            assert w.start_s >= min(ends[f"{w.stage}{k}{w.microbatch}"] for k in "WB" if
+                                    f"{w.stage}{k}{w.microbatch}" in ends) - 1e-15
+        needs = {REDUCE: [FACTOR], INVERT: [REDUCE if plan.mesh.size > 1 else FACTOR]}.get(w.kind, [])
+        if w.kind == PRECONDITION and w.phase == fill.refresh - 1:
+            needs = [INVERT]
+        for other in fill.work:
+            if other.kind in needs and other.stage == w.stage and set(other.layers) & set(w.layers):
+                assert (other.phase, other.end_s) <= (w.phase, w.start_s + 1e-15), (other.name, w.name)
+    for a in fill.work:
+        for b in fill.work:
+            if a is not b and (a.rank, a.phase) == (b.rank, b.phase):
+                assert a.end_s <= b.start_s + 1e-15 or b.end_s <= a.start_s + 1e-15, (a.name, b.name)
+    actions = action_lists(pipeline.schedule, pipeline.pp, pipeline.microbatches, pipeline.virtual)
+    times = [StageTimes(s.forward_s, s.backward_input_s, s.backward_weight_s, s.send_s) for s in pipeline.stages]
+    syncs = {}  # a stage's last weight gradients run its gradient syncs too
+    for s in pipeline.stages:
+        last = [b.action for b in pipeline.timeline if re.fullmatch(f"{s.index}[BW][0-9]+", b.action)][-1]
+        syncs[last] = exposed(s.sync_s, s.backward_s, workers.FAST.gradient_overlap)
+    plain = simulate(actions, times, syncs).makespan_s
+    for phase in range(fill.refresh):
+        extra = dict(syncs)
+        for w in work.values():
+            if w.phase == phase and w.after != TAIL:
+                extra[w.after] = extra.get(w.after, 0.0) + w.end_s - w.start_s
+        assert simulate(actions, times, extra).makespan_s <= plain + fill.margin_s + 1e-15
+
+
+@pytest.mark.parametrize("mesh,schedule", [("pp=2", "GPipe"), ("pp=2", "1F1B"), ("pp=2,dp=2", "ZBVZeroBubble"),
+                                           ("pp=4", "InterleavedZeroBubble"), ("pp=2", "DualPipeV")])
+def test_placed_work_follows_its_inputs_and_never_delays_the_pipeline(mesh, schedule):
+    torch.manual_seed(0)
+    model = DeepTanh(width=64, depth=8)
+    inputs = (torch.randn(16, 32, 64), torch.randn(16, 32, 64))
+    plan = _kfac_plan(model, inputs, mesh, schedule, microbatches=8)
+    fill = plan.pipeline.fill
+    _check_placement(plan)
+    assert fill.step_first_order_s <= fill.step_filled_s <= fill.step_unfilled_s
+    if all(w.after != TAIL for w in fill.work):  # (work past the step's end leaves the other ranks idle)
+        assert fill.bubble_after < fill.bubble_before
+    assert len([w for w in fill.work if w.kind == FACTOR]) == 8 * 8  # each layer's factors of each micro-batch
+    assert plan.predicted.step_time_s == fill.step_filled_s
+
+
+def test_a_zero_bubble_schedule_holds_k_fac_work_in_its_bubbles():
+    """Where the schedule leaves bubbles after its weight-gradient actions, curvature work goes
+    there: the filled step is shorter than K-FAC's work run after the step."""
+    torch.manual_seed(0)
+    model = DeepTanh(width=64, depth=8)
+    inputs = (torch.randn(16, 32, 64), torch.randn(16, 32, 64))
+    plan = _kfac_plan(model, inputs, "pp=4", "InterleavedZeroBubble", microbatches=8)
+    fill = plan.pipeline.fill
+    in_gaps = [w for w in fill.work if w.after != TAIL]
+    assert len(in_gaps) > len(fill.work) / 2 and fill.step_filled_s < fill.step_unfilled_s
+    assert {w.kind for w in in_gaps} >= {FACTOR, INVERT}
+
+
+def test_a_kfac_plan_round_trips_through_json_and_its_hash_names_the_placement():
+    model, inputs = _deep()
+    plan = _kfac_plan(model, inputs, "pp=2", "1F1B", inv_every=2)
+    again = autopar.Plan.from_json(plan.to_json())
+    assert again.pipeline.fill == plan.pipeline.fill and again.hash == plan.hash
+    first_order = autopar.plan(model, inputs, mesh="pp=2", schedule="1F1B", microbatches=4, optimizer="sgd",
+                               hardware=workers.FAST)
+    assert first_order.pipeline.fill is None and first_order.hash != plan.hash
+
+
+def test_kfac_options_are_checked_with_the_reason():
+    model, inputs = _deep()
+    with pytest.raises(AutoparError, match="no 'pp' axis"):
+        autopar.plan(model, inputs, mesh="dp=2", optimizer="kfac")
+    with pytest.raises(AutoparError, match="inv_every"):
+        autopar.plan(model, inputs, mesh="pp=2", optimizer="kfac", inv_every=0)
+    with pytest.raises(AutoparError, match="inv_every"):
+        autopar.plan(model, inputs, mesh="pp=2", optimizer="adam", inv_every=2)
+
+
+def test_kfac_refuses_layers_split_along_their_features():
+    model, inputs = gpt2.make(gpt2.GPT2Config(vocab=64, seq=8, layers=2, heads=2, width=32, batch=8))
+    with pytest.raises(AutoparError, match="whole features"):
+        autopar.plan(model, inputs, mesh="pp=2,tp=2", schedule="1F1B", microbatches=4, optimizer="kfac",
+                     hardware=workers.FAST)
+
+
+def test_kfac_needs_linear_layers():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(8))
+
+        def forward(self, x):
+            return torch.tanh(x * self.scale)
+
+    class Scales(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Scale() for _ in range(4))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x.square().mean()
+
+    with pytest.raises(AutoparError, match="linear layers"):
+        autopar.plan(Scales(), (torch.randn(8, 8),), mesh="pp=2", schedule="1F1B", microbatches=4,
+                     optimizer="kfac", hardware=workers.FAST)
+
+
+def test_the_summary_and_the_report_show_what_fills_the_bubbles():
+    torch.manual_seed(0)
+    model = DeepTanh(width=64, depth=8)
+    inputs = (torch.randn(16, 32, 64), torch.randn(16, 32, 64))
+    plan = _kfac_plan(model, inputs, "pp=4", "InterleavedZeroBubble", microbatches=8)
+    fill = plan.pipeline.fill
+    summary = plan.summary()
+    assert f"curvature refreshed every {fill.refresh} step(s)" in summary
+    assert f"bubble {fill.bubble_before:.1%} -> {fill.bubble_after:.1%}" in summary
+    assert "first-order (not linear weights): layers.0.bias" in summary
+    html = render_html(plan)
+    assert html.count('class="filled"') == sum(w.phase == 0 for w in fill.work)
+    first = next(w for w in fill.work if w.phase == 0 and w.after != TAIL)
+    assert f"{first.name} (after {first.after})" in html

@@ -79,10 +79,13 @@ class Timeline:
         return gaps
 
 
-def simulate(actions: Mapping[int, Sequence[Action]], stages: Sequence[StageTimes]) -> Timeline:
+def simulate(actions: Mapping[int, Sequence[Action]], stages: Sequence[StageTimes],
+             extra: Mapping[str, float] | None = None) -> Timeline:
     """The timeline of running ``actions`` (rank -> its actions in order) with each stage's
-    durations. An order that can never finish (an action waiting on one that comes after it)
-    is an AutoparError naming the stuck actions."""
+    durations. ``extra``: action label ("1W3") -> seconds of other work its rank runs right after
+    it, before its sends (the bubbles' work, autopar.planning.bubbles). An order that can never
+    finish (an action waiting on one that comes after it) is an AutoparError naming the stuck
+    actions."""
     rank_of = {a.stage: rank for rank, acts in actions.items() for a in acts}
     done: dict[tuple[int, str, int], float] = {}
     clock = {rank: 0.0 for rank in actions}
@@ -98,7 +101,7 @@ def simulate(actions: Mapping[int, Sequence[Action]], stages: Sequence[StageTime
                 if ready is None:
                     break
                 start = max(clock[rank], ready)
-                end = start + stages[action.stage].duration(action.kind)
+                end = start + stages[action.stage].duration(action.kind) + (extra or {}).get(str(action), 0.0)
                 done[action.stage, action.kind, action.microbatch] = end
                 intervals.append(Interval(rank, action, start, end))
                 clock[rank], position[rank] = end, position[rank] + 1

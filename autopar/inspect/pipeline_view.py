@@ -3,7 +3,9 @@ micro-batch count and schedule won (``plan.explain("pp")``)."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
+from autopar.ir.bubbles import TAIL
 from autopar.units import human_bytes, human_seconds
 
 _RUNNERS_UP = 8
@@ -29,6 +31,28 @@ def pipeline_lines(plan) -> list[str]:
     out.append("  (F, B: one micro-batch on one device of the stage; memory: parameters, gradients, optimizer "
                "state and the activations in flight)")
     out.append("  peak per pp rank: " + ", ".join(human_bytes(b) for b in pl.rank_peak_bytes))
+    return out + fill_lines(pl.fill)
+
+
+def fill_lines(fill) -> list[str]:
+    """What fills the bubbles (K-FAC's work), and the step and bubble before and after."""
+    if fill is None:
+        return []
+    in_gaps = [w for w in fill.work if w.after != TAIL]
+    out = [f"  K-FAC in the bubbles: {len(fill.layers)} weights preconditioned, curvature refreshed every "
+           f"{fill.refresh} step(s); {len(in_gaps)} of {len(fill.work)} pieces of its work fill bubbles, the rest "
+           f"run after the step",
+           f"    step: first-order {human_seconds(fill.step_first_order_s)}, K-FAC unfilled "
+           f"{human_seconds(fill.step_unfilled_s)}, filled {human_seconds(fill.step_filled_s)} "
+           f"({fill.step_filled_s / fill.step_first_order_s:.2f}x first-order); bubble {fill.bubble_before:.1%} -> "
+           f"{fill.bubble_after:.1%}; factors {human_bytes(fill.factor_bytes)} per pp rank"]
+    kinds = Counter((w.kind, w.after != TAIL) for w in fill.work)
+    out.append("    " + ", ".join(f"{kind}: {kinds[kind, True]} in bubbles, {kinds[kind, False]} after"
+                                  for kind in dict.fromkeys(w.kind for w in fill.work)))
+    if fill.first_order:
+        shown = ", ".join(fill.first_order[:6]) + (f" and {len(fill.first_order) - 6} more"
+                                                    if len(fill.first_order) > 6 else "")
+        out.append(f"    first-order (not linear weights): {shown}")
     return out
 
 
