@@ -218,6 +218,33 @@ def test_headroom_keeps_deferred_inputs_out_of_late_gaps():
         verify(greedy(items, gaps, 8.0, 1), items, gaps, 8.0, 0.0, {0: 150.0})
 
 
+def test_greedy_tail_lengthens_the_shortest_step_within_headroom():
+    # No gaps on rank 0; step ends at 4. t1 overflows into phase 0 (tie, lowest phase): [4, 6]. t2 then
+    # lengthens phase 1 less (5 against 7): [4, 5]. t3 holds 100 bytes from 0; phase 1's tail would hold them
+    # over h's (released at 1, pinned to phase 1's tail), 200 > 150, so t3 goes to phase 0 though it ends later
+    # there; t4 breaks the headroom in both phases, so it goes to the shortest step anyway.
+    items = [Item("t1", 0, 2.0), Item("t2", 0, 1.0), Item("h", 0, 0.5, bytes=100.0, release_s=1.0, phase=1),
+             Item("t3", 0, 0.5, bytes=100.0), Item("t4", 0, 0.5, bytes=200.0)]
+    fill = greedy(items, [Gap(1, "other", 0.0, 1.0)], 4.0, 2, headroom_bytes={0: 150.0})
+    assert fill.placed == (Placed("t1", 0, 0, TAIL, 4.0, 6.0), Placed("t2", 1, 0, TAIL, 4.0, 5.0),
+                           Placed("h", 1, 0, TAIL, 5.0, 5.5), Placed("t3", 0, 0, TAIL, 6.0, 6.5),
+                           Placed("t4", 1, 0, TAIL, 5.5, 6.0))
+    assert fill.step_s == (6.5, 6.0)
+
+
+def test_exact_breaks_the_headroom_in_a_tail_only_when_nothing_else_is_left():
+    # h holds 100 bytes over [7.5, 8) and fills Z but for 0.3 s. x (100 bytes, released at 0) fits gap A, holding them until 1; in the
+    # tail it would hold them over h's (200 > 150). So x takes A, y no longer fits there and overflows: the
+    # step runs to 11. Sending x to the tail (ending 10.2) and y to A would be shorter but breaks the headroom
+    # while a placement within it exists. Without a headroom x waits for Z, after h, and nothing overflows.
+    gaps = [Gap(0, "A", 1.0, 2.0), Gap(0, "Z", 8.0, 8.8)]
+    items = [Item("h", 0, 0.5, bytes=100.0, release_s=7.5), Item("x", 0, 0.2, bytes=100.0),
+             Item("y", 0, 1.0)]
+    best = exact(items, gaps, 10.0, 1, headroom_bytes={0: 150.0})
+    assert best.placed[1] == Placed("x", 0, 0, "A", 1.0, 1.2) and best.mean_step_s == 11.0
+    assert exact(items, gaps, 10.0, 1).placed[1] == Placed("x", 0, 0, "Z", 8.5, 8.7)
+
+
 GAP = [Gap(0, "G", 0.0, 4.0)]
 PAIR = [Item("a", 0, 1.0), Item("b", 0, 1.0, deps=("a",))]
 

