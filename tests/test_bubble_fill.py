@@ -173,6 +173,16 @@ def test_greedy_strictly_worse_than_exact():
     assert [p.after for p in best.placed] == ["B", "A", "A"]
 
 
+def test_exact_breaks_ties_by_bytes_held():
+    # Either order fits both items without overflow; the greedy leaves x's 100 bytes held until B (5 s), the
+    # exact search puts x first, holding them until A (1 s).
+    gaps = [Gap(0, "A", 1.0, 2.0), Gap(0, "B", 5.0, 6.0)]
+    items = [Item("y", 0, 1.0), Item("x", 0, 1.0, bytes=100.0)]
+    assert [p.after for p in greedy(items, gaps, 10.0, 1).placed] == ["A", "B"]
+    best = exact(items, gaps, 10.0, 1)
+    assert [p.after for p in best.placed] == ["B", "A"] and best.mean_step_s == 10.0
+
+
 def test_exact_eight_items_six_options():
     gaps = [Gap(0, f"g{k}", 2.0 * k, 2.0 * k + 1.2) for k in range(5)]
     items = [Item(f"i{k}", 0, 0.3 + 0.1 * k, release_s=0.5 * k, deps=(f"i{k - 1}",) if k % 3 else ()) for k in range(8)]
@@ -196,7 +206,7 @@ def test_refresh_period_spreads_cycle_work():
     assert fill.placed == (Placed("p", 0, 0, "0B", 2.0, 2.5), Placed("c1", 0, 0, "0B", 2.5, 3.5),
                            Placed("c2", 1, 0, "0B", 2.0, 3.0))
     assert refresh_period(items, gaps, 4.0, 1) == one  # no cycle fits: the fill at max_refresh
-    with pytest.raises(AutoparError, match="max_refresh"):
+    with pytest.raises(AutoparError, match="at least 3"):
         refresh_period([Item("q", 0, 1.0, phase=2)], gaps, 4.0, 2)
 
 
@@ -233,13 +243,13 @@ def test_greedy_tail_lengthens_the_shortest_step_within_headroom():
 
 
 def test_exact_breaks_the_headroom_in_a_tail_only_when_nothing_else_is_left():
-    # h holds 100 bytes over [7.5, 8) and fills Z but for 0.3 s. x (100 bytes, released at 0) fits gap A, holding them until 1; in the
-    # tail it would hold them over h's (200 > 150). So x takes A, y no longer fits there and overflows: the
-    # step runs to 11. Sending x to the tail (ending 10.2) and y to A would be shorter but breaks the headroom
-    # while a placement within it exists. Without a headroom x waits for Z, after h, and nothing overflows.
+    # h holds 100 bytes over [7.5, 8) and fills Z but for 0.3 s. x (100 bytes, released at 0) fits gap A,
+    # holding them until 1; in the tail it would hold them over h's (200 > 150). So x takes A, y no longer fits
+    # there and overflows: the step runs to 11. Sending x to the tail (ending 10.2) and y to A would be shorter
+    # but breaks the headroom while a placement within it exists. Without a headroom x waits for Z, after h, and
+    # nothing overflows.
     gaps = [Gap(0, "A", 1.0, 2.0), Gap(0, "Z", 8.0, 8.8)]
-    items = [Item("h", 0, 0.5, bytes=100.0, release_s=7.5), Item("x", 0, 0.2, bytes=100.0),
-             Item("y", 0, 1.0)]
+    items = [Item("h", 0, 0.5, bytes=100.0, release_s=7.5), Item("x", 0, 0.2, bytes=100.0), Item("y", 0, 1.0)]
     best = exact(items, gaps, 10.0, 1, headroom_bytes={0: 150.0})
     assert best.placed[1] == Placed("x", 0, 0, "A", 1.0, 1.2) and best.mean_step_s == 11.0
     assert exact(items, gaps, 10.0, 1).placed[1] == Placed("x", 0, 0, "Z", 8.5, 8.7)

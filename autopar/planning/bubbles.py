@@ -38,8 +38,9 @@ FACTOR_COPIES = 4  # per factor: its running average, the cycle's sum, its inver
 _FLOAT = 4  # bytes: factors and their work in float32
 
 
-def fill_bubbles(plan, request) -> BubbleFill:
-    """The K-FAC work of ``plan`` (pipelined, its layouts solved) placed into its bubbles."""
+def fill_bubbles(plan, request, into_bubbles: bool = True) -> BubbleFill:
+    """The K-FAC work of ``plan`` (pipelined, its layouts solved) placed into its bubbles; with
+    ``into_bubbles`` False, all of it after the step (the baseline the filling is measured by)."""
     pipeline = plan.pipeline
     layers, first_order = curvature_layers(plan)
     if not layers:
@@ -58,7 +59,8 @@ def fill_bubbles(plan, request) -> BubbleFill:
                            f"use more stages or a first-order optimizer")
     for refresh in ([request.inv_every] if request.inv_every else range(1, MAX_REFRESH + 1)):
         items = work.items(blocks, refresh)
-        filled = greedy(list(items.values()), gaps, pipeline.step_time_s, refresh, margin, headroom)
+        filled = greedy(list(items.values()), gaps if into_bubbles else [], pipeline.step_time_s, refresh, margin,
+                        headroom)
         if not any(p.after == TAIL for p in filled.placed if items[p.item].phase is None):
             break
     unfilled = greedy(list(items.values()), [], pipeline.step_time_s, refresh, margin, headroom)

@@ -162,7 +162,9 @@ class KFAC(torch.optim.SGD):
         self.work = _kfac_work_of(model)
         self.work.configure(damping, factor_decay)
         self.kl_clip = kl_clip
-        params = [p for p in model.parameters() if not p.is_meta]
+        # torch's optimizers refuse an empty list: a rank whose stages hold no parameters (the loss
+        # alone) steps an empty tensor, and still joins the clip's all-reduce
+        params = [p for p in model.parameters() if not p.is_meta] or [torch.zeros(0, requires_grad=True)]
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     @torch.no_grad()

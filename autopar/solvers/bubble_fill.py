@@ -29,10 +29,11 @@ The model, and why:
 - An item's inputs are held from its release until it starts; deferring it holds
   them longer. On a rank with a ``headroom_bytes`` entry, a placement must keep
   the bytes held (by it and the items placed before it, in that phase) within
-  the headroom over the time it holds them. A tail placement obeys this when some
-  phase allows it; when none does it goes to the tail anyway (the work must run)
-  and the memory it holds past the headroom is the caller's to find by memory
-  planning: ``verify`` checks the headroom for gap placements only.
+  the headroom over the time it holds them. Tail placements obey it too, except
+  when no placement of the item (gap or tail, in any phase it may take) does:
+  then it goes to the tail anyway, since the work must run, and the memory held
+  past the headroom is left for memory planning to see. So ``verify`` checks the
+  headroom for gap placements only.
 - A cycle item runs in a phase no earlier than its dependencies' and no later
   than any pinned item that depends on it (directly or through others), so a
   fill never strands a pinned item behind its inputs.
@@ -104,7 +105,7 @@ class _Problem:
     refresh: int
     margin_s: float
     headroom: Mapping[int, float]
-    phases: Mapping[str, tuple[int, int]]  # per item: the (earliest, latest) phase its and its neighbours' pins allow
+    phases: Mapping[str, tuple[int, int]]  # per item: the (earliest, latest) phase the pins around it allow
 
 
 def _le(a: float, b: float) -> bool:
@@ -246,8 +247,9 @@ def _steps(prob: _Problem, placed: tuple[Placed, ...]) -> tuple[float, ...]:
 def greedy(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, refresh: int, margin_s: float = 0.0,
            headroom_bytes: Optional[Mapping[int, float]] = None) -> Fill:
     """PipeFisher's first fit: each item in the given order goes into the first gap it fits (earliest phase
-    first, then in time order), else into the tail of the phase whose step that lengthens least (ties: the
-    lowest phase). The given order is kept, not sorted by release, so dependencies always come first."""
+    first, then in time order), else into the tail of the phase whose step that lengthens least (among the
+    tails within the headroom when there are any; ties: the lowest phase). The given order is kept, not sorted
+    by release, so dependencies always come first."""
     prob = _problem(items, gaps, step_end_s, refresh, margin_s, headroom_bytes)
     placed: tuple[Placed, ...] = ()
     for item in prob.items:
@@ -309,8 +311,8 @@ def refresh_period(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float
     The search starts at the least cycle that holds every pinned item's phase."""
     first = 1 + max((item.phase for item in items if item.phase is not None), default=0)
     if first > max_refresh:
-        raise AutoparError(f"an item is pinned to phase {first - 1}, beyond max_refresh={max_refresh}; "
-                           f"raise max_refresh to at least {first}")
+        raise AutoparError(f"max_refresh={max_refresh} leaves no cycle to try: a cycle needs a phase, and one for "
+                           f"every pinned item's phase; raise max_refresh to at least {first}")
     cycle = {item.name for item in items if item.phase is None}
     for refresh in range(first, max_refresh + 1):
         fill = greedy(items, gaps, step_end_s, refresh, margin_s, headroom_bytes)
@@ -391,7 +393,7 @@ def _check_order(placed: Mapping[str, Placed], by_name: Mapping[str, Item]) -> N
             raise AutoparError(f"item {p.item!r} starts at {p.start_s}, before its release at {item.release_s}")
         for d in item.deps:
             dep = placed[d]
-            if False:
+            if not (dep.phase < p.phase or (dep.phase == p.phase and _le(dep.end_s, p.start_s))):
                 raise AutoparError(f"item {p.item!r} (phase {p.phase}, start {p.start_s}) starts before its "
                                    f"dependency {d!r} (phase {dep.phase}, end {dep.end_s}) ends")
 
