@@ -13,7 +13,7 @@ from torch import nn
 import autopar
 from autopar.errors import AutoparError
 from autopar.inspect.report_html import render_html
-from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, TAIL
+from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, START, TAIL
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2, ill_conditioned
 from tests import workers
@@ -137,10 +137,14 @@ def _check_placement(plan) -> None:
         last = [b.action for b in pipeline.timeline if re.fullmatch(f"{s.index}[BW][0-9]+", b.action)][-1]
         syncs[last] = exposed(s.sync_s, s.backward_s, workers.FAST.gradient_overlap)
     plain = simulate(actions, times, syncs).makespan_s
+    first = {r: min(b.start_s for b in pipeline.timeline if b.rank == r) for r in range(pipeline.pp)}
+    for w in work.values():  # work at a step's start ends before the rank's first input can arrive
+        if w.after == START:
+            assert w.end_s <= first[w.rank] - fill.margin_s + 1e-15
     for phase in range(fill.refresh):
         extra = dict(syncs)
         for w in work.values():
-            if w.phase == phase and w.after != TAIL:
+            if w.phase == phase and w.after not in (START, TAIL):
                 extra[w.after] = extra.get(w.after, 0.0) + w.end_s - w.start_s
         assert simulate(actions, times, extra).makespan_s <= plain + fill.margin_s + 1e-15
 
@@ -234,7 +238,7 @@ def test_the_summary_and_the_report_show_what_fills_the_bubbles():
     summary = plan.summary()
     assert f"curvature refreshed every {fill.refresh} step(s)" in summary
     assert f"bubble {fill.bubble_before:.1%} -> {fill.bubble_after:.1%}" in summary
-    assert "first-order (not linear weights): layers.0.bias" in summary
+    assert "first-order (not linear weights, or a factor wider than 8192): layers.0.bias" in summary
     html = render_html(plan)
     assert html.count('class="filled"') == sum(w.phase == 0 for w in fill.work)
     first = next(w for w in fill.work if w.phase == 0 and w.after != TAIL)

@@ -6,6 +6,7 @@ import math
 from collections import Counter
 
 from autopar.ir.bubbles import TAIL
+from autopar.lowering.curvature import MAX_FACTOR_WIDTH
 from autopar.units import human_bytes, human_seconds
 
 _RUNNERS_UP = 8
@@ -52,7 +53,7 @@ def fill_lines(fill) -> list[str]:
     if fill.first_order:
         shown = ", ".join(fill.first_order[:6]) + (f" and {len(fill.first_order) - 6} more"
                                                     if len(fill.first_order) > 6 else "")
-        out.append(f"    first-order (not linear weights): {shown}")
+        out.append(f"    first-order (not linear weights, or a factor wider than {MAX_FACTOR_WIDTH}): {shown}")
     return out
 
 

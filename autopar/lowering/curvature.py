@@ -9,7 +9,9 @@ forward multiplies the same input by the weight's transpose (``mm``/``addmm`` of
 ``t(weight)``: ``nn.Linear``); the stage programs hand the runtime that ``mm``'s operands.
 
 Every other parameter (biases, norms, embeddings) keeps its plain gradient: the plan lists
-them. Factors are computed on a rank's rows of a micro-batch and averaged over the stage's
+them. So does a linear layer with a factor wider than ``MAX_FACTOR_WIDTH`` (a vocabulary head):
+inverting a 30k-wide factor costs more than the whole step, which is why K-FAC implementations
+leave such layers first-order. Factors are computed on a rank's rows of a micro-batch and averaged over the stage's
 devices, which needs the features whole on each device: a layer whose input or output
 gradient is split along its features (tensor parallelism) is refused.
 """
@@ -23,6 +25,7 @@ from autopar.ir.placement import Partial, Shard
 _TRANSPOSES = ("aten.t.default", "aten.transpose.int", "aten.permute.default")
 _CASTS = ("aten._to_copy.default",)
 _LINEAR = ("aten.mm.default", "aten.addmm.default")
+MAX_FACTOR_WIDTH = 8192
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ def _linear_layer(graph, grad: str, fqn: str, placeholder: str):
         return None
     first, second = (graph.node(r) for r in node.refs())
     out_features, in_features = weight.shape
+    if max(out_features, in_features) > MAX_FACTOR_WIDTH:
+        return None
     a = _source(graph, first) if swapped else second
     if not _multiplies_by_transpose(graph, a.name, placeholder):
         return None

@@ -16,7 +16,8 @@ into the gaps; the step times before and after are the plan's prediction.
 The runtime runs a piece when the stage's program of the action before its gap returns, which
 is before torch's schedule posts that action's sends; so only gaps after actions that send
 nothing another rank waits for are offered: weight gradients (W), the last stage's forwards
-and the first stage's backwards. Work after any other action would delay the next stage.
+and the first stage's backwards; and the wait for a rank's first input, where work that needs
+nothing of the step (an inversion) runs. Work after any other action would delay the next stage.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import math
 from autopar.cost_models.collectives import axis_placement, collective_time
 from autopar.cost_models.compute import roofline_time
 from autopar.errors import AutoparError
-from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, TAIL, BubbleFill, Work
+from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, START, TAIL, BubbleFill, Work
 from autopar.ir.mesh import Mesh
 from autopar.lowering.curvature import CurvatureLayer, curvature_layers
 from autopar.passes.predict import exposed
@@ -38,18 +39,30 @@ FACTOR_COPIES = 4  # per factor: its running average, the cycle's sum, its inver
 _FLOAT = 4  # bytes: factors and their work in float32
 
 
-def fill_bubbles(plan, request, into_bubbles: bool = True) -> BubbleFill:
-    """The K-FAC work of ``plan`` (pipelined, its layouts solved) placed into its bubbles; with
-    ``into_bubbles`` False, all of it after the step (the baseline the filling is measured by)."""
+@dataclasses.dataclass
+class PlacementProblem:
+    """K-FAC's work of one plan as the placement solver takes it (autopar.solvers.bubble_fill)."""
+    items: list  # Item, dependencies first
+    gaps: list  # Gap
+    step_end_s: float
+    refresh: int
+    margin_s: float
+    headroom_bytes: dict  # pp rank -> bytes beside the pipeline and the factors
+
+    def solve(self, into_bubbles: bool = True):
+        return greedy(self.items, self.gaps if into_bubbles else [], self.step_end_s, self.refresh, self.margin_s,
+                      self.headroom_bytes)
+
+
+def placement_problem(plan, request, refresh: int) -> tuple[PlacementProblem, "_StageWork"]:
+    """The placement problem of ``plan``'s K-FAC work over a cycle of ``refresh`` steps."""
     pipeline = plan.pipeline
-    layers, first_order = curvature_layers(plan)
+    layers, _ = curvature_layers(plan)
     if not layers:
         raise AutoparError("optimizer='kfac' preconditions linear layers (nn.Linear weights), and this model has "
                            "none: use 'sgd' or 'adam'")
     work = _StageWork(plan, request, layers)
     blocks = _blocks(pipeline, request.hardware)
-    gaps = _gaps(blocks, pipeline.pp, len(pipeline.stages), pipeline.step_time_s)
-    margin = MARGIN_SHARE * pipeline.step_time_s
     headroom = {r: request.memory_budget_bytes - pipeline.rank_peak_bytes[r] - work.factor_bytes(r)
                 for r in range(pipeline.pp)}
     if min(headroom.values()) < 0:
@@ -57,19 +70,32 @@ def fill_bubbles(plan, request, into_bubbles: bool = True) -> BubbleFill:
         raise AutoparError(f"K-FAC's factors ({work.factor_bytes(r) / 2**30:.2f} GiB on pipeline rank {r}) do not fit "
                            f"the memory budget beside the pipeline's {pipeline.rank_peak_bytes[r] / 2**30:.2f} GiB: "
                            f"use more stages or a first-order optimizer")
+    problem = PlacementProblem(list(work.items(blocks, refresh).values()),
+                               _gaps(blocks, pipeline.pp, len(pipeline.stages), pipeline.step_time_s),
+                               pipeline.step_time_s, refresh, MARGIN_SHARE * pipeline.step_time_s, headroom)
+    return problem, work
+
+
+def fill_bubbles(plan, request, into_bubbles: bool = True) -> BubbleFill:
+    """The K-FAC work of ``plan`` (pipelined, its layouts solved) placed into its bubbles; with
+    ``into_bubbles`` False, all of it after the step (the baseline the filling is measured by)."""
+    pipeline = plan.pipeline
     for refresh in ([request.inv_every] if request.inv_every else range(1, MAX_REFRESH + 1)):
-        items = work.items(blocks, refresh)
-        filled = greedy(list(items.values()), gaps if into_bubbles else [], pipeline.step_time_s, refresh, margin,
-                        headroom)
-        if not any(p.after == TAIL for p in filled.placed if items[p.item].phase is None):
+        problem, work = placement_problem(plan, request, refresh)
+        filled = problem.solve(into_bubbles)
+        if not any(p.after == TAIL and item.phase is None for p, item in zip(filled.placed, problem.items)):
             break
-    unfilled = greedy(list(items.values()), [], pipeline.step_time_s, refresh, margin, headroom)
-    busy = sum(b[3] - b[2] for b in blocks)
+    unfilled = problem.solve(into_bubbles=False)
+    if unfilled.mean_step_s < filled.mean_step_s:  # the greedy is no optimum: never worse than not filling
+        filled = unfilled
+    busy = sum(b.end_s - b.start_s for b in pipeline.timeline)
+    items = {i.name: i for i in problem.items}
+    layers, first_order = curvature_layers(plan)
     return BubbleFill(
-        "kfac", refresh, margin, tuple(layer.weight for layer in layers), tuple(first_order),
+        "kfac", refresh, problem.margin_s, tuple(layer.weight for layer in layers), tuple(first_order),
         tuple(work.placed(p, items[p.item]) for p in filled.placed), pipeline.step_time_s, unfilled.mean_step_s,
         filled.mean_step_s, _idle(busy, pipeline.pp, [pipeline.step_time_s]),
-        _idle(busy + sum(i.duration_s for i in items.values()) / refresh, pipeline.pp, filled.step_s),
+        _idle(busy + sum(i.duration_s for i in problem.items) / refresh, pipeline.pp, filled.step_s),
         max(work.factor_bytes(r) for r in range(pipeline.pp)))
 
 
@@ -109,10 +135,12 @@ def _microbatch(action: str) -> int:
 
 
 def _gaps(blocks, ranks: int, stages: int, step_end_s: float) -> list[Gap]:
-    """The idle intervals after each quiet action, per rank."""
+    """The idle intervals after each quiet action, and before each rank's first, per rank."""
     gaps = []
     for r in range(ranks):
         mine = sorted((b for b in blocks if b[0] == r), key=lambda b: b[2])
+        if mine and mine[0][2] > 0:
+            gaps.append(Gap(r, START, 0.0, mine[0][2]))
         for b, following in zip(mine, mine[1:] + [None]):
             end = following[2] if following is not None else step_end_s
             if end > b[3] and _quiet(b[1], stages):

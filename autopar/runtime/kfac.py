@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from autopar.errors import AutoparError
-from autopar.ir.bubbles import FACTOR, TAIL
+from autopar.ir.bubbles import FACTOR, START, TAIL
 from autopar.lowering.curvature import curvature_layers
 
 
@@ -74,7 +74,9 @@ class KfacWork:
         return self.operands.setdefault((stage, microbatch), {})
 
     def begin_step(self) -> None:
+        """A training step starts: the work placed at its start runs now, before the schedule's."""
         self.inner, self.preconditioned, self.operands, self.active = 0.0, set(), {}, True
+        self.after(START, {})
 
     def after(self, action: str, staged: dict) -> None:
         """Run the work placed after ``action`` (or TAIL: after the schedule's last) in this
