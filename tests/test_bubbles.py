@@ -45,11 +45,11 @@ def _kfac_plan(model, inputs, mesh, schedule, inv_every=None, microbatches=4):
                         inv_every=inv_every, hardware=workers.FAST)
 
 
-def _run(model, inputs, plan, steps=3):
+def _run(model, inputs, plan, steps=3, autoparallelized=False):
     buffer = io.BytesIO()
     torch.save(model, buffer)
     ranks = get_cluster(plan.device_mesh.size).run(workers.train_kfac, buffer.getvalue(), inputs, plan.to_json(),
-                                                   steps, SETTINGS)
+                                                   steps, SETTINGS, autoparallelized)
     params = {}
     for r in ranks:
         params.update(r["params"])
@@ -64,8 +64,8 @@ def _reference(model, inputs, plan, steps=3):
                           factor_phase=phases, **SETTINGS)
 
 
-def _assert_matches(model, inputs, plan):
-    losses, params, ranks = _run(model, inputs, plan)
+def _assert_matches(model, inputs, plan, autoparallelized=False):
+    losses, params, ranks = _run(model, inputs, plan, autoparallelized=autoparallelized)
     want_losses, want_params = _reference(model, inputs, plan)
     assert all(r["losses"] == losses for r in ranks)  # every rank reports the batch's loss
     assert losses == pytest.approx(want_losses, rel=1e-5, abs=1e-6)
@@ -77,10 +77,11 @@ def _assert_matches(model, inputs, plan):
 
 
 def test_kfac_on_two_stages_equals_the_single_process_reference():
+    """As a user runs it: autoparallelize with the K-FAC plan, autopar.KFAC on the model."""
     model, inputs = _deep()
     plan = _kfac_plan(model, inputs, "pp=2", "1F1B", inv_every=1)
     assert plan.pipeline.fill.refresh == 1
-    _assert_matches(model, inputs, plan)
+    _assert_matches(model, inputs, plan, autoparallelized=True)
 
 
 def test_kfac_refreshed_every_second_step_on_data_parallel_stages_equals_the_reference():
@@ -264,3 +265,26 @@ def test_kfac_reaches_a_lower_loss_than_sgd_and_adamw_on_an_ill_conditioned_regr
                                ill_conditioned.KFAC_SETTINGS)
     kfac = ranks[0]["losses"][-1]  # the loss after `steps` updates
     assert kfac < 0.75 * adamw and kfac < 0.75 * sgd, (kfac, adamw, sgd)
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_the_greedy_placement_of_a_small_plan_against_the_exact_one(schedule):
+    """On a plan small enough to search exhaustively, the exact placement is never slower than
+    the greedy one, and both pass the solver's independent checker (benchmarks/bubbles.py
+    prints the gap)."""
+    from autopar.planning.bubbles import placement_problem
+    from autopar.planning.request import resolve
+    from autopar.solvers.bubble_fill import exact, verify
+
+    torch.manual_seed(0)
+    model = DeepTanh(width=32, depth=2)
+    inputs = (torch.randn(4, 8, 32), torch.randn(4, 8, 32))
+    plan = _kfac_plan(model, inputs, "pp=2", schedule, inv_every=1, microbatches=2)
+    request = resolve("pp=2", workers.FAST, optimizer="kfac", schedule=schedule, microbatches=2, inv_every=1)
+    problem, _ = placement_problem(plan, request, 1)
+    assert 6 <= len(problem.items) <= 10
+    greedy_fill, best = problem.solve(), exact(problem.items, problem.gaps, problem.step_end_s, 1,
+                                               problem.margin_s, problem.headroom_bytes)
+    for fill in (greedy_fill, best):
+        verify(fill, problem.items, problem.gaps, problem.step_end_s, problem.margin_s, problem.headroom_bytes)
+    assert best.mean_step_s <= greedy_fill.mean_step_s + 1e-15

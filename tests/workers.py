@@ -386,19 +386,22 @@ def evaluate_pipelined(rank, world_size, model_bytes, inputs, mesh):
         return {"loss": None, "error": str(exc)}
 
 
-def train_kfac(rank, world_size, model_bytes, inputs, plan_json, steps, settings):
-    """``steps`` K-FAC steps (autopar.KFAC) of a pipelined plan made with optimizer="kfac": each
-    step's loss and, after the last, the parameters this rank holds, whole."""
+def train_kfac(rank, world_size, model_bytes, inputs, plan_json, steps, settings, autoparallelized=False):
+    """``steps`` K-FAC steps (autopar.KFAC) of a pipelined plan made with optimizer="kfac", run
+    by a PipelinedModule or (``autoparallelized``) by autoparallelize: each step's loss and,
+    after the last, the parameters this rank holds, whole."""
     import io
 
     from autopar.check import rank_mesh_for
-    from autopar.runtime.kfac import KFAC
     from autopar.runtime.pipeline import PipelinedModule
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
     plan = autopar.Plan.from_json(plan_json)
-    pipelined = PipelinedModule(model, plan, rank_mesh_for(plan.mesh, plan.pipeline.pp), plan.emit("torch"))
-    opt = KFAC(pipelined, **settings)
+    if autoparallelized:
+        pipelined = autopar.autoparallelize(model, mesh=plan.device_mesh, plan=plan, example_inputs=inputs)
+    else:
+        pipelined = PipelinedModule(model, plan, rank_mesh_for(plan.mesh, plan.pipeline.pp), plan.emit("torch"))
+    opt = autopar.KFAC(pipelined, **settings)
     losses = []
     for _ in range(steps):
         loss = pipelined(*inputs)

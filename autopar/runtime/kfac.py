@@ -10,7 +10,8 @@ on torch.distributed.pipelining's own actions. What it computes, per preconditio
 - the cycle's mean over its micro-batches, averaged over the stage's devices;
 - at inversion: the running factors ``A ← ε·A + (1-ε)·Ā`` (the first cycle: ``Ā``), damped with
   factored Tikhonov damping (π = sqrt((tr A/d_A)/(tr G/d_G)); A + π√λ·I, G + √λ/π·I, Martens &
-  Grosse §6.3) and inverted, in float64; the new inverses take effect in the cycle's last step;
+  Grosse §6.3) and inverted, in float32 (as the planner prices it); the new inverses take effect
+  in the cycle's last step;
 - every step: ``W.grad ← G⁻¹ · W.grad · A⁻¹`` (a weight without inverses yet keeps its gradient).
 ``KFAC``, the optimizer, scales those gradients by Ba et al. (2017)'s KL clip
 ``ν = min(1, sqrt(κ / (lr² Σ⟨P, ∇W⟩)))`` and takes an SGD step (momentum, weight decay).
@@ -94,7 +95,7 @@ class KfacWork:
         (weight,) = work.layers
         layer = self.layers[weight]
         first, second = self.operands[work.stage, work.microbatch].pop(weight)
-        a, g = layer.input_and_output_grad(first.double(), second.double())
+        a, g = layer.input_and_output_grad(first.float(), second.float())
         if a.shape[1] != layer.in_features or g.shape[1] != layer.out_features:
             raise AutoparError(f"K-FAC needs {weight}'s inputs and output gradients whole along their features on "
                                f"each device; this rank holds {list(a.shape)} and {list(g.shape)}")
