@@ -288,3 +288,10 @@ def test_the_greedy_placement_of_a_small_plan_against_the_exact_one(schedule):
     for fill in (greedy_fill, best):
         verify(fill, problem.items, problem.gaps, problem.step_end_s, problem.margin_s, problem.headroom_bytes)
     assert best.mean_step_s <= greedy_fill.mean_step_s + 1e-15
+
+
+def test_check_compares_a_kfac_plans_programs_with_eager():
+    model, inputs = _deep()
+    plan = _kfac_plan(model, inputs, "pp=2", "ZBVZeroBubble")
+    report = autopar.check(model, inputs, plan=plan, steps=2)
+    assert report.ok, str(report)
