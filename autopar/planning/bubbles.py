@@ -34,7 +34,7 @@ from autopar.passes.predict import exposed
 from autopar.solvers.bubble_fill import Gap, Item, greedy
 
 MAX_REFRESH = 10  # the longest refresh cycle the planner proposes before it lengthens the step instead
-MARGIN_SHARE = 0.01  # of the step: each gap's slack, so an estimate that runs long delays no action
+MARGIN_SHARE = 0.001  # of the step: each gap's slack, so an estimate that runs long delays no action
 FACTOR_COPIES = 4  # per factor: its running average, the cycle's sum, its inverse, the next inverse
 _FLOAT = 4  # bytes: factors and their work in float32
 
