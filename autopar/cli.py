@@ -17,7 +17,8 @@ import sys
 
 from autopar.errors import AutoparError
 from autopar.ir.precision import PRESETS
-from autopar.ir.request import DEFAULT_HARDWARE, DEFAULT_SOLVER, DEFAULT_TIME_LIMIT_S, SOLVERS
+from autopar.ir.request import DEFAULT_HARDWARE, DEFAULT_OPTIMIZER, DEFAULT_SOLVER, DEFAULT_TIME_LIMIT_S, SOLVERS
+from autopar.lowering.memory import OPTIMIZERS
 
 
 def load_factory(spec: str):
@@ -49,7 +50,7 @@ def cmd_plan(args) -> int:
         result = plan(model, inputs, mesh=mesh, hardware=args.hardware, solver=args.solver,
                       solver_time_limit_s=args.time_limit, cache=not args.no_cache, cache_dir=args.cache_dir,
                       precision=args.precision, schedule=args.schedule, microbatches=args.microbatches,
-                      progress=progress)
+                      optimizer=args.optimizer, inv_every=args.inv_every, progress=progress)
     print(result.summary())
     if args.out:
         with open(args.out, "w") as f:
@@ -157,6 +158,11 @@ def main(argv=None) -> int:
     p.add_argument("--schedule", help="on a mesh with pp: the pipeline schedule (torch's class name without "
                                       "'Schedule': GPipe, 1F1B, Interleaved1F1B, ...; default: searched)")
     p.add_argument("--microbatches", type=int, help="on a mesh with pp: the micro-batch count (default: searched)")
+    p.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=sorted(OPTIMIZERS),
+                   help=f"the optimizer whose state is counted (default {DEFAULT_OPTIMIZER}); kfac, on a mesh with pp: "
+                        f"K-FAC with its curvature work placed in the pipeline's bubbles")
+    p.add_argument("--inv-every", type=int, help="with --optimizer kfac: steps between curvature refreshes "
+                                                 "(default: the fewest whose work the bubbles hold)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--no-cache", action="store_true", help="solve again even if the plan cache holds this plan")
     p.add_argument("--cache-dir", help="plan cache directory (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans)")

@@ -295,3 +295,17 @@ def test_check_compares_a_kfac_plans_programs_with_eager():
     plan = _kfac_plan(model, inputs, "pp=2", "ZBVZeroBubble")
     report = autopar.check(model, inputs, plan=plan, steps=2)
     assert report.ok, str(report)
+
+
+def make_deep():
+    """A factory for the CLI: (model, example inputs)."""
+    return _deep()
+
+
+def test_the_cli_plans_kfac_and_shows_the_fill(capsys):
+    from autopar.cli import main as cli
+
+    code = cli(["plan", "tests.test_bubbles:make_deep", "--mesh", "pp=2", "--schedule", "ZBVZeroBubble",
+                "--microbatches", "4", "--optimizer", "kfac", "--inv-every", "2", "--quiet", "--no-cache"])
+    out = capsys.readouterr().out
+    assert code == 0 and "K-FAC in the bubbles: 4 weights preconditioned, curvature refreshed every 2 step(s)" in out
