@@ -83,7 +83,8 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     ``optimizer="kfac"`` (a pipelined mesh only) plans K-FAC's work — each micro-batch's curvature
     factors, their reduction, their inversion, the gradients' preconditioning — into the
     pipeline's bubbles (``plan.pipeline.fill``); curvature is refreshed every ``inv_every`` steps,
-    by default the fewest steps whose work the bubbles hold. Train with autopar.KFAC.
+    by default the shortest cycle (up to 10 steps) within 1% of the best amortized step time.
+    Train with autopar.KFAC.
     ``cache``: a plan of the same graph, meshes, hardware spec, options and autopar code is
     loaded from ``cache_dir`` (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans) instead
     of solved; plans with ``restrict`` or custom passes are not cached (autopar.planning.cache).

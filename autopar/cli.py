@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                    help=f"the optimizer whose state is counted (default {DEFAULT_OPTIMIZER}); kfac, on a mesh with pp: "
                         f"K-FAC with its curvature work placed in the pipeline's bubbles")
     p.add_argument("--inv-every", type=int, help="with --optimizer kfac: steps between curvature refreshes "
-                                                 "(default: the fewest whose work the bubbles hold)")
+                                                 "(default: the shortest cycle within 1% of the best step time)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--no-cache", action="store_true", help="solve again even if the plan cache holds this plan")
     p.add_argument("--cache-dir", help="plan cache directory (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans)")

@@ -4,7 +4,7 @@ K-FAC with its work after the step (unfilled) and with it placed in the bubbles 
 (a) Simulated: a BERT-Large-shaped model (24 layers, width 1024, sequence 128) on 8 pipeline
     stages of A100s, under 1F1B and the zero-bubble schedules; a GPT-shaped model (24 layers,
     width 2048, sequence 1024) on 64 H100s (pp=8 x dp=8). Plans made with optimizer="kfac"; the
-    refresh period is the planner's (the fewest steps whose curvature the bubbles hold, at most 10).
+    refresh period is the planner's (the shortest cycle, up to 10 steps, within 1% of the best step time).
 (b) Measured on 4 CPU processes (pp=4): a GPT-2-style decoder's step (model call, backward,
     optimizer step) first-order (SGD on the same pipeline), K-FAC unfilled and K-FAC filled, medians
     of interleaved rounds, beside the planner's predictions (on this machine's calibrated CPU spec,

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from autopar.errors import AutoparError
-from autopar.solvers.bubble_fill import TAIL, Fill, Gap, Item, Placed, exact, greedy, refresh_period, verify
+from autopar.solvers.bubble_fill import TAIL, Fill, Gap, Item, Placed, exact, greedy, verify
 
 EPS = 1e-9
 
@@ -191,23 +191,6 @@ def test_exact_eight_items_six_options():
     assert best.mean_step_s <= fast.mean_step_s
     with pytest.raises(AutoparError, match="limit"):
         exact(items, gaps, 10.0, 1, limit=5)
-
-
-def test_refresh_period_spreads_cycle_work():
-    # One gap of 1.5 s: the per-step item p and cycle item c1 fill it, so with R=1 c2 overflows; with R=2
-    # c2 runs in phase 1's gap (c1 ran in phase 0) and nothing overflows.
-    gaps = [Gap(0, "0B", 2.0, 3.5)]
-    items = [Item("p", 0, 0.5, phase=0), Item("c1", 0, 1.0), Item("c2", 0, 1.0, deps=("c1",))]
-    one = greedy(items, gaps, 4.0, 1)
-    assert one.placed[2] == Placed("c2", 0, 0, TAIL, 4.0, 5.0)
-    fill = refresh_period(items, gaps, 4.0, 4)
-    assert fill.refresh == 2 and fill.step_s == (4.0, 4.0)
-    assert all(p.after != TAIL for p in fill.placed)
-    assert fill.placed == (Placed("p", 0, 0, "0B", 2.0, 2.5), Placed("c1", 0, 0, "0B", 2.5, 3.5),
-                           Placed("c2", 1, 0, "0B", 2.0, 3.0))
-    assert refresh_period(items, gaps, 4.0, 1) == one  # no cycle fits: the fill at max_refresh
-    with pytest.raises(AutoparError, match="at least 3"):
-        refresh_period([Item("q", 0, 1.0, phase=2)], gaps, 4.0, 2)
 
 
 def test_headroom_keeps_deferred_inputs_out_of_late_gaps():

@@ -309,3 +309,21 @@ def test_the_cli_plans_kfac_and_shows_the_fill(capsys):
                 "--microbatches", "4", "--optimizer", "kfac", "--inv-every", "2", "--quiet", "--no-cache"])
     out = capsys.readouterr().out
     assert code == 0 and "K-FAC in the bubbles: 4 weights preconditioned, curvature refreshed every 2 step(s)" in out
+
+
+def test_the_refresh_period_is_the_shortest_cycle_within_a_percent_of_the_best():
+    """Longer cycles spread the curvature work over more steps' bubbles: the planner takes the
+    shortest whose amortized step is within 1% of the best cycle's (up to 10 steps)."""
+    from autopar.planning.bubbles import MAX_REFRESH, placement_problem
+    from autopar.planning.request import resolve
+
+    torch.manual_seed(0)
+    model = DeepTanh(width=32, depth=4)
+    inputs = (torch.randn(8, 64, 32), torch.randn(8, 64, 32))
+    plan = _kfac_plan(model, inputs, "pp=2", "InterleavedZeroBubble")
+    fill = plan.pipeline.fill
+    request = resolve("pp=2", workers.FAST, optimizer="kfac", schedule="InterleavedZeroBubble", microbatches=4)
+    steps = {r: placement_problem(plan, request, r)[0].solve().mean_step_s for r in range(1, MAX_REFRESH + 1)}
+    assert 1 < fill.refresh < MAX_REFRESH  # (this instance is one where the search matters)
+    assert fill.step_filled_s == pytest.approx(steps[fill.refresh], rel=1e-12)
+    assert steps[fill.refresh] <= 1.01 * min(steps.values()) < steps[fill.refresh - 1]

@@ -10,7 +10,9 @@ work with the cost model, per stage:
 - ``precondition``: every step, after the stage's last weight gradients and their syncs.
 Factors, reduction and inversion form a refresh cycle of ``refresh`` steps (the factors of a
 micro-batch may be computed in any step of the cycle, from that step's micro-batch); the new
-inverses take effect in the cycle's last step. autopar.solvers.bubble_fill places the pieces
+inverses take effect in the cycle's last step; the cycle is the shortest whose step time,
+amortized, is within 1% of the best cycle's (``refresh_period``), unless ``inv_every`` pins it.
+autopar.solvers.bubble_fill places the pieces
 into the gaps; the step times before and after are the plan's prediction.
 
 The runtime runs a piece when the stage's program of the action before its gap returns, which
@@ -27,13 +29,14 @@ import math
 from autopar.cost_models.collectives import axis_placement, collective_time
 from autopar.cost_models.compute import roofline_time
 from autopar.errors import AutoparError
-from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, START, TAIL, BubbleFill, Work
+from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, START, BubbleFill, Work
 from autopar.ir.mesh import Mesh
 from autopar.lowering.curvature import CurvatureLayer, curvature_layers
 from autopar.passes.predict import exposed
 from autopar.solvers.bubble_fill import Gap, Item, greedy
 
-MAX_REFRESH = 10  # the longest refresh cycle the planner proposes before it lengthens the step instead
+MAX_REFRESH = 10  # the longest refresh cycle the planner proposes
+REFRESH_TOLERANCE = 0.01  # a cycle this much slower (per step) than the best is still preferred if shorter
 MARGIN_SHARE = 0.001  # of the step: each gap's slack, so an estimate that runs long delays no action
 FACTOR_COPIES = 4  # per factor: its running average, the cycle's sum, its inverse, the next inverse
 _FLOAT = 4  # bytes: factors and their work in float32
@@ -80,11 +83,9 @@ def fill_bubbles(plan, request, into_bubbles: bool = True) -> BubbleFill:
     """The K-FAC work of ``plan`` (pipelined, its layouts solved) placed into its bubbles; with
     ``into_bubbles`` False, all of it after the step (the baseline the filling is measured by)."""
     pipeline = plan.pipeline
-    for refresh in ([request.inv_every] if request.inv_every else range(1, MAX_REFRESH + 1)):
-        problem, work = placement_problem(plan, request, refresh)
-        filled = problem.solve(into_bubbles)
-        if not any(p.after == TAIL and item.phase is None for p, item in zip(filled.placed, problem.items)):
-            break
+    refresh = request.inv_every or refresh_period(plan, request)
+    problem, work = placement_problem(plan, request, refresh)
+    filled = problem.solve(into_bubbles)
     unfilled = problem.solve(into_bubbles=False)
     if unfilled.mean_step_s < filled.mean_step_s:  # the greedy is no optimum: never worse than not filling
         filled = unfilled
@@ -97,6 +98,14 @@ def fill_bubbles(plan, request, into_bubbles: bool = True) -> BubbleFill:
         filled.mean_step_s, _idle(busy, pipeline.pp, [pipeline.step_time_s]),
         _idle(busy + sum(i.duration_s for i in problem.items) / refresh, pipeline.pp, filled.step_s),
         max(work.factor_bytes(r) for r in range(pipeline.pp)))
+
+
+def refresh_period(plan, request) -> int:
+    """The fewest steps per curvature refresh whose filled step, amortized over the cycle, is
+    within ``REFRESH_TOLERANCE`` of the least any cycle up to ``MAX_REFRESH`` steps reaches: a
+    longer cycle spreads the curvature work over more steps' bubbles, and refreshes it less often."""
+    steps = [placement_problem(plan, request, r)[0].solve().mean_step_s for r in range(1, MAX_REFRESH + 1)]
+    return next(r for r, s in enumerate(steps, 1) if s <= (1 + REFRESH_TOLERANCE) * min(steps))
 
 
 def _idle(busy_s: float, ranks: int, step_s) -> float:

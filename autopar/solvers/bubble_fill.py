@@ -39,10 +39,9 @@ The model, and why:
   fill never strands a pinned item behind its inputs.
 
 ``greedy`` is PipeFisher's first-fit placement; ``exact`` searches every choice
-of small instances, to measure how far the greedy is from the optimum;
-``refresh_period`` picks the shortest cycle that fits the cycle work into the
-gaps; ``verify`` checks a fill against the model without reusing the placement
-code.
+of small instances, to measure how far the greedy is from the optimum; ``verify``
+checks a fill against the model without reusing the placement code. (The refresh
+period is the planner's: autopar.planning.bubbles tries cycles of growing length.)
 """
 from __future__ import annotations
 
@@ -50,8 +49,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from autopar.errors import AutoparError
+from autopar.ir.bubbles import TAIL  # Placed.after for work that runs after the step's end
 
-TAIL = "tail"  # Placed.after for work that runs after the step's end
 _EPS = 1e-9  # relative slack: sums of float durations land a hair past exact bounds
 
 
@@ -109,7 +108,7 @@ class _Problem:
 
 
 def _le(a: float, b: float) -> bool:
-    return a <= b + _EPS * max(1.0, abs(b))
+    return a <= b + _EPS * max(abs(a), abs(b))
 
 
 def _problem(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, refresh: int, margin_s: float,
@@ -302,23 +301,6 @@ def exact(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, refresh
     search = _Search(prob, limit)
     search.visit(())
     return Fill(search.best, refresh, _steps(prob, search.best))
-
-
-def refresh_period(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, max_refresh: int,
-                   margin_s: float = 0.0, headroom_bytes: Optional[Mapping[int, float]] = None) -> Fill:
-    """The greedy fill over the shortest refresh cycle in which no cycle item overflows into a tail: a
-    shorter cycle refreshes the curvature more often. Falls back to the greedy fill at ``max_refresh``.
-    The search starts at the least cycle that holds every pinned item's phase."""
-    first = 1 + max((item.phase for item in items if item.phase is not None), default=0)
-    if first > max_refresh:
-        raise AutoparError(f"max_refresh={max_refresh} leaves no cycle to try: a cycle needs a phase, and one for "
-                           f"every pinned item's phase; raise max_refresh to at least {first}")
-    cycle = {item.name for item in items if item.phase is None}
-    for refresh in range(first, max_refresh + 1):
-        fill = greedy(items, gaps, step_end_s, refresh, margin_s, headroom_bytes)
-        if not any(p.after == TAIL and p.item in cycle for p in fill.placed):
-            break
-    return fill
 
 
 def verify(fill: Fill, items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, margin_s: float,
