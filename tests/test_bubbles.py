@@ -327,3 +327,12 @@ def test_the_refresh_period_is_the_shortest_cycle_within_a_percent_of_the_best()
     assert 1 < fill.refresh < MAX_REFRESH  # (this instance is one where the search matters)
     assert fill.step_filled_s == pytest.approx(steps[fill.refresh], rel=1e-12)
     assert steps[fill.refresh] <= 1.01 * min(steps.values()) < steps[fill.refresh - 1]
+
+
+def test_kfac_refuses_gradients_accumulated_over_calls():
+    model, inputs = _deep()
+    plan = _kfac_plan(model, inputs, "pp=2", "1F1B", inv_every=1)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    errors = get_cluster(2).run(workers.kfac_accumulating_two_calls, buffer.getvalue(), inputs, plan.to_json())
+    assert all(e is not None and "one step per training call" in e for e in errors)

@@ -411,3 +411,19 @@ def train_kfac(rank, world_size, model_bytes, inputs, plan_json, steps, settings
         losses.append(loss.item())
     held = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters() if not p.is_meta}
     return {"losses": losses, "params": held}
+
+
+def kfac_accumulating_two_calls(rank, world_size, model_bytes, inputs, plan_json):
+    """Two training calls of a K-FAC plan before one autopar.KFAC step: the AutoparError's text."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    wrapped = autopar.autoparallelize(model, mesh=plan.device_mesh, plan=plan, example_inputs=inputs)
+    autopar.KFAC(wrapped, lr=0.1)
+    wrapped(*inputs).backward()
+    try:
+        wrapped(*inputs).backward()
+    except autopar.AutoparError as exc:
+        return str(exc)
+    return None

@@ -57,6 +57,7 @@ class KfacWork:
         self.preconditioned: set[str] = set()
         self.seed = 1.0  # the gradient backward seeded the loss with: .grad = seed x the staged gradient
         self.active = False  # within a training step
+        self.unstepped = False  # a training step ran that KFAC.step has not applied yet
         wanted = [w for w in self.fill.work if w.kind == FACTOR and w.stage in stages]
         self.capture_at = {(w.phase, w.stage, w.microbatch) for w in wanted}
 
@@ -76,7 +77,12 @@ class KfacWork:
 
     def begin_step(self) -> None:
         """A training step starts: the work placed at its start runs now, before the schedule's."""
+        if self.unstepped:
+            raise AutoparError("autopar.KFAC takes one step per training call of the model (its curvature cycle "
+                               "counts calls, and its KL clip weighs one call's gradients): call opt.step() after "
+                               "each loss.backward(), rather than accumulating gradients over calls")
         self.inner, self.preconditioned, self.operands, self.active = 0.0, set(), {}, True
+        self.unstepped = self.settings is not None  # until KFAC.step (a model without one: no clip to keep)
         self.after(START, {})
 
     def after(self, action: str, staged: dict) -> None:
@@ -175,6 +181,7 @@ class KFAC(torch.optim.SGD):
         if closure is not None:
             raise AutoparError("autopar.KFAC takes no closure: call the model and loss.backward() before step()")
         work = self.work
+        work.unstepped = False
         total = torch.tensor([work.inner * work.seed ** 2], dtype=torch.float64, device=work.rt.device)
         if work.rt.pipeline_group is not None:  # every stage's weights share one clip
             dist.all_reduce(total, group=work.rt.pipeline_group)
@@ -182,7 +189,8 @@ class KFAC(torch.optim.SGD):
         if total.item() > 0:
             nu = min(1.0, math.sqrt(self.kl_clip / (lr ** 2 * total.item())))
             for weight in work.preconditioned:
-                work.params[weight].grad.mul_(nu)
+                if work.params[weight].grad is not None:
+                    work.params[weight].grad.mul_(nu)
         return super().step()
 
 

@@ -68,15 +68,14 @@ class StageRunner:
         self.staged, self.normalizer_values = staged, []
         self.counts = dict.fromkeys(self.counts, 0)
 
-    def _done(self, kind: str) -> int:
-        """Count an action of ``kind`` as done and run the work placed after it; its micro-batch."""
+    def _done(self, kind: str) -> None:
+        """Count an action of ``kind`` as done and run the work placed after it."""
         microbatch = self.counts[kind]
         self.counts[kind] += 1
         if self.kfac is not None:
             label = f"{self.program.index}{{}}{microbatch}"
             for done in ("W", "B") if kind == "W" else (kind,):  # a full backward (B) ends with its W
                 self.kfac.after(label.format(done), self.staged)
-        return microbatch
 
     def placeholders(self, inputs: tuple) -> list:
         """The forward program's placeholders: parameters' and buffers' blocks, and (stage 0)
