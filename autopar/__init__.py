@@ -12,11 +12,11 @@ from autopar.ir.placement import Partial, Replicate, Shard, Spec
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision
 from autopar.ops.table import register_rule
+from autopar.optim import KFAC
 from autopar.parallelize import autoparallelize, data_parallel_info, plan_of, prepare
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.constraints import Constraints
 from autopar.passes.registry import register_pass, registered_passes, unregister_pass
-from autopar.runtime.kfac import KFAC
 
 __all__ = [
     "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "prepare",

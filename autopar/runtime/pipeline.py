@@ -32,6 +32,7 @@ from autopar.errors import AutoparError, PlanMismatchError
 from autopar.ir.call import FlatCall, flatten_call, module_modes
 from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram, stage_programs
+from autopar.runtime.kfac import KfacWork
 from autopar.runtime.program import load_program
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.state import as_gradient, local
@@ -311,8 +312,6 @@ def _kfac_work(plan: Plan, rt: RankMesh, mine: list[StageProgram], params: dict,
     fill = plan.pipeline.fill
     if fill is None or fill.optimizer != "kfac":
         return None
-    from autopar.runtime.kfac import KfacWork
-
     work = KfacWork(plan, rt, [p.index for p in mine], params)
     for runner in runners:
         runner.kfac = work
