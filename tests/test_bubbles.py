@@ -199,11 +199,16 @@ def test_kfac_options_are_checked_with_the_reason():
         autopar.plan(model, inputs, mesh="pp=2", optimizer="adam", inv_every=2)
 
 
-def test_kfac_refuses_layers_split_along_their_features():
+def test_kfac_on_tensor_parallel_stages_equals_the_reference():
+    """pp=2 x tp=2: features split over tp are gathered for the factors, and split gradients for
+    their preconditioning (each device keeps its block)."""
     model, inputs = gpt2.make(gpt2.GPT2Config(vocab=64, seq=8, layers=2, heads=2, width=32, batch=8))
-    with pytest.raises(AutoparError, match="whole features"):
-        autopar.plan(model, inputs, mesh="pp=2,tp=2", schedule="1F1B", microbatches=4, optimizer="kfac",
-                     hardware=workers.FAST)
+    plan = _kfac_plan(model, inputs, "pp=2,tp=2", "1F1B", inv_every=1)
+    from autopar.lowering.curvature import curvature_layers
+
+    layers = curvature_layers(plan)[0]
+    assert any(la.weight_gathers for la in layers) and any(any(g) for la in layers for g in la.operand_gathers)
+    _assert_matches(model, inputs, plan)
 
 
 def test_kfac_needs_linear_layers():

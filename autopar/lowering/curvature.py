@@ -11,16 +11,21 @@ forward multiplies the same input by the weight's transpose (``mm``/``addmm`` of
 Every other parameter (biases, norms, embeddings) keeps its plain gradient: the plan lists
 them. So does a linear layer with a factor wider than ``MAX_FACTOR_WIDTH`` (a vocabulary head):
 inverting a 30k-wide factor costs more than the whole step, which is why K-FAC implementations
-leave such layers first-order. Factors are computed on a rank's rows of a micro-batch and averaged over the stage's
-devices, which needs the features whole on each device: a layer whose input or output
-gradient is split along its features (tensor parallelism) is refused.
+leave such layers first-order.
+
+Factors are computed on a device's rows of a micro-batch and averaged over the stage's devices
+(rows split over data-parallel axes). Features split over the stage's devices (tensor
+parallelism) are gathered first, so every device holds the whole factors (replicated, not
+sharded); a weight's gradient split likewise is gathered to be preconditioned, and each device
+keeps its block. An operand that is a partial sum is refused.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autopar.errors import AutoparError
-from autopar.ir.placement import Partial, Shard
+from autopar.ir.placement import Shard
 
 _TRANSPOSES = ("aten.t.default", "aten.transpose.int", "aten.permute.default")
 _CASTS = ("aten._to_copy.default",)
@@ -36,6 +41,9 @@ class CurvatureLayer:
     in_features: int
     out_features: int
     rows: int  # rows of ``a`` and ``g`` in one micro-batch (batch x sequence, over every device)
+    # per operand of the gradient mm: the (mesh axis, dim) its features are split along, to gather
+    operand_gathers: tuple = ((), ())
+    weight_gathers: tuple = ()  # the (mesh axis, dim) the weight (and its gradient) is split along
 
     def input_and_output_grad(self, first, second):
         """(a, g) as [rows, features] from the gradient mm's two operands."""
@@ -52,8 +60,7 @@ def curvature_layers(plan) -> tuple[list[CurvatureLayer], list[str]]:
         if layer is None:
             first_order.append(fqn)
         else:
-            _check_features_whole(plan, layer)
-            layers.append(layer)
+            layers.append(_with_gathers(plan, layer, placeholder_of[fqn]))
     return layers, first_order
 
 
@@ -101,19 +108,23 @@ def _multiplies_by_transpose(graph, a: str, placeholder: str) -> bool:
     return False
 
 
-def _check_features_whole(plan, layer: CurvatureLayer) -> None:
+def _with_gathers(plan, layer: CurvatureLayer, placeholder: str) -> CurvatureLayer:
+    """``layer`` with the gathers that make its operands' features and its gradient whole."""
     node = plan.graph.node(layer.gradient_mm)
-    feature_dims = (1, 0) if layer.swapped else (0, 1)  # (first operand's, second operand's) feature dim
-    for ref, dim in zip(node.refs(), feature_dims):
-        spec = plan.strategies[ref].out_specs[0]
-        if any(isinstance(p, Partial) or p == Shard(dim) for p in spec.placements):
-            raise AutoparError(
-                f"K-FAC computes {layer.weight}'s curvature factors from whole features on each device, and this "
-                f"plan splits its {'input' if (ref == node.refs()[1]) != layer.swapped else 'output gradient'} as "
-                f"{spec} over {plan.mesh}: plan K-FAC on a mesh of 'pp' and 'dp' axes, or use a first-order "
-                f"optimizer")
-    weight = next(ph for ph, fqn in plan.graph.params.items() if fqn == layer.weight)
-    if not plan.strategies[weight].out_specs[0].is_replicated:
-        raise AutoparError(f"K-FAC preconditions whole weights, and this plan shards {layer.weight} as "
-                           f"{plan.strategies[weight].out_specs[0]} over {plan.mesh}: plan it with the weights "
-                           f"replicated on the stages' devices, or use a first-order optimizer")
+    axes = plan.mesh.axis_names
+    operands = []
+    for i, spec in enumerate(plan.strategies[node.name].in_specs[:2]):  # each operand's feature dim is i
+        if spec.has_partial():
+            raise AutoparError(f"K-FAC computes {layer.weight}'s curvature factors from its gradient matmul's "
+                               f"operands, and this plan multiplies a partial sum there ({spec} over {plan.mesh}): "
+                               f"use a first-order optimizer for this plan")
+        operands.append(_split_along(spec, axes, i))
+    weight = _split_along(plan.strategies[placeholder].out_specs[0], axes, None)
+    return dataclasses.replace(layer, operand_gathers=tuple(operands), weight_gathers=weight)
+
+
+def _split_along(spec, axes, dim) -> tuple:
+    """(mesh axis, dim) of each Shard of ``spec`` (of ``dim`` alone, unless None), innermost axis
+    first: the order gathers undo a split over several axes."""
+    return tuple((axes[a], p.dim) for a, p in reversed(list(enumerate(spec.placements)))
+                 if isinstance(p, Shard) and (dim is None or p.dim == dim))

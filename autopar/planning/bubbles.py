@@ -174,6 +174,7 @@ class _StageWork:
         for layer in layers:
             self.by_stage.setdefault(node_stage[layer.gradient_mm], []).append(layer)
         self.meta: dict[str, tuple] = {}  # item name -> (kind, stage, layers, micro-batch)
+        self._full = Mesh(("pp",) + plan.mesh.axis_names, (self.pipeline.pp,) + plan.mesh.shape)
 
     def factor_bytes(self, rank: int) -> float:
         return sum(FACTOR_COPIES * _FLOAT * (la.in_features ** 2 + la.out_features ** 2)
@@ -218,15 +219,18 @@ class _StageWork:
         return Work(p.item, kind, stage, item.rank, p.phase, p.after, p.start_s, p.end_s, layers, microbatch)
 
     def _rows(self, layer: CurvatureLayer) -> int:
-        """The rows of one micro-batch's operands a device holds."""
+        """The rows of one micro-batch's operands a device holds (dim 1 of the first: gᵀ or aᵀ)."""
         node = self.plan.graph.node(layer.gradient_mm)
-        first = node.refs()[0]
-        shape = self.plan.graph.node(first).outputs[0].shape
-        return self.plan.strategies[first].out_specs[0].local_shape(shape, self.plan.mesh)[1]
+        shape = self.plan.graph.node(node.refs()[0]).outputs[0].shape
+        return self.plan.strategies[node.name].in_specs[0].local_shape(shape, self.plan.mesh)[1]
 
     def _factor_s(self, la: CurvatureLayer) -> float:
         n, d = self._rows(la), la.in_features ** 2 + la.out_features ** 2
-        return roofline_time(2 * n * d, _FLOAT * (n * (la.in_features + la.out_features) + d), _FLOAT, self.hw)
+        gathers = sum(self._gather_s(_FLOAT * n * features, axes)
+                      for features, axes in zip((la.out_features, la.in_features) if not la.swapped else
+                                                (la.in_features, la.out_features), la.operand_gathers))
+        return gathers + roofline_time(2 * n * d, _FLOAT * (n * (la.in_features + la.out_features) + d), _FLOAT,
+                                       self.hw)
 
     def _invert_s(self, la: CurvatureLayer) -> float:
         # an inverse by LU costs about 2 n³ flops; two factors per layer
@@ -237,12 +241,20 @@ class _StageWork:
         flops = sum(2 * la.in_features * la.out_features * (la.in_features + la.out_features) for la in layers)
         nbytes = sum(_FLOAT * (la.in_features ** 2 + la.out_features ** 2 + 2 * la.in_features * la.out_features)
                      for la in layers)
-        return roofline_time(flops, nbytes, _FLOAT, self.hw)
+        gathers = sum(self._gather_s(_FLOAT * la.in_features * la.out_features, la.weight_gathers) for la in layers)
+        return gathers + roofline_time(flops, nbytes, _FLOAT, self.hw)
+
+    def _gather_s(self, whole_bytes: float, gathers) -> float:
+        """The all-gathers that make a tensor of ``whole_bytes`` whole along ``gathers`` (axis, dim)."""
+        return sum(collective_time("all_gather", whole_bytes, axis_placement(self._full, self._axis(axis), self.hw),
+                                   self.hw) for axis, _ in gathers)
+
+    def _axis(self, name: str) -> int:
+        return self.plan.mesh.axis_names.index(name) + 1  # after pp
 
     def _reduce_s(self, layers) -> float:
         nbytes = sum(_FLOAT * (la.in_features ** 2 + la.out_features ** 2) for la in layers)
-        full = Mesh(("pp",) + self.plan.mesh.axis_names, (self.pipeline.pp,) + self.plan.mesh.shape)
-        return sum(collective_time("all_reduce", nbytes, axis_placement(full, a + 1, self.hw), self.hw)
+        return sum(collective_time("all_reduce", nbytes, axis_placement(self._full, a + 1, self.hw), self.hw)
                    for a in range(self.plan.mesh.ndim))
 
 

@@ -26,6 +26,7 @@ import torch
 from autopar.errors import AutoparError
 from autopar.ir.bubbles import FACTOR, START, TAIL
 from autopar.lowering.curvature import curvature_layers
+from autopar.runtime.rank_mesh import local_shard
 
 
 @dataclass
@@ -41,6 +42,7 @@ class KfacWork:
         """``stages``: the ones this rank runs; ``params``: name -> the parameters it holds."""
         self.plan, self.rt, self.fill, self.params = plan, rt, plan.pipeline.fill, params
         self.layers = {la.weight: la for la in curvature_layers(plan)[0]}
+        self.specs = {fqn: plan.strategies[ph].out_specs[0] for ph, fqn in plan.graph.params.items()}
         self.microbatches = plan.pipeline.microbatches
         mine = {(w.phase, w.after) for w in self.fill.work if w.stage in stages}
         self.placed = {key: [w for w in sorted(self.fill.work, key=lambda w: w.start_s)
@@ -99,11 +101,9 @@ class KfacWork:
     def _factor(self, work, staged) -> None:
         (weight,) = work.layers
         layer = self.layers[weight]
-        first, second = self.operands[work.stage, work.microbatch].pop(weight)
-        a, g = layer.input_and_output_grad(first.float(), second.float())
-        if a.shape[1] != layer.in_features or g.shape[1] != layer.out_features:
-            raise AutoparError(f"K-FAC needs {weight}'s inputs and output gradients whole along their features on "
-                               f"each device; this rank holds {list(a.shape)} and {list(g.shape)}")
+        first, second = (self._gathered(x.float(), gathers) for x, gathers in
+                         zip(self.operands[work.stage, work.microbatch].pop(weight), layer.operand_gathers))
+        a, g = layer.input_and_output_grad(first, second)
         g = g * (layer.rows * self.microbatches)  # ĝ: each row's own loss gradient, for a mean loss
         n = a.shape[0]
         sums = self.sums.setdefault(weight, [0.0, 0.0, 0])
@@ -139,11 +139,19 @@ class KfacWork:
             if weight not in self.inverses:
                 continue
             a_inv, g_inv = self.inverses[weight]
-            grad = staged[weight]
+            layer = self.layers[weight]
+            grad = self._gathered(staged[weight], layer.weight_gathers)
             p = g_inv.to(grad.dtype) @ grad @ a_inv.to(grad.dtype)
             self.inner += float((p.double() * grad.double()).sum())
-            staged[weight] = p
+            staged[weight] = local_shard(p, self.specs[weight], self.plan.mesh, self.rt.coords) \
+                if layer.weight_gathers else p
             self.preconditioned.add(weight)
+
+    def _gathered(self, x: torch.Tensor, gathers) -> torch.Tensor:
+        """``x`` whole along the dims the plan splits over the stage's devices (tensor parallelism)."""
+        for axis, dim in gathers:
+            x = self.rt.all_gather(x.contiguous(), axis, dim)
+        return x
 
 
 def damped_inverses(a: torch.Tensor, g: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
