@@ -13,7 +13,7 @@ from torch import nn
 import autopar
 from autopar.errors import AutoparError
 from autopar.inspect.report_html import render_html
-from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, START, TAIL
+from autopar.ir.bubbles import END, FACTOR, INVERT, PRECONDITION, REDUCE, START, TAIL
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2, ill_conditioned
 from tests import workers
@@ -139,13 +139,16 @@ def _check_placement(plan) -> None:
         syncs[last] = exposed(s.sync_s, s.backward_s, workers.FAST.gradient_overlap)
     plain = simulate(actions, times, syncs).makespan_s
     first = {r: min(b.start_s for b in pipeline.timeline if b.rank == r) for r in range(pipeline.pp)}
+    last = {r: max(b.end_s for b in pipeline.timeline if b.rank == r) for r in range(pipeline.pp)}
     for w in work.values():  # work at a step's start ends before the rank's first input can arrive
         if w.after == START:
             assert w.end_s <= first[w.rank] - fill.margin_s + 1e-15
+        if w.after == END:  # after the rank's last action, within the step
+            assert last[w.rank] - 1e-15 <= w.start_s and w.end_s <= pipeline.step_time_s - fill.margin_s + 1e-15
     for phase in range(fill.refresh):
         extra = dict(syncs)
         for w in work.values():
-            if w.phase == phase and w.after not in (START, TAIL):
+            if w.phase == phase and w.after not in (START, END, TAIL):
                 extra[w.after] = extra.get(w.after, 0.0) + w.end_s - w.start_s
         assert simulate(actions, times, extra).makespan_s <= plain + fill.margin_s + 1e-15
 

@@ -5,7 +5,8 @@ of each micro-batch, their reduction over the stage's devices, the factors' inve
 gradients' preconditioning — runs in those gaps. Each piece runs right after one of the
 schedule's actions on its rank (``after``, e.g. "1W3"), or past the step's end ("tail") when no
 gap holds it; work that needs nothing of the step (an inversion of factors an earlier step
-computed) may also run at its ``START``, while the rank waits for its first input. Curvature is
+computed) may also run at its ``START``, while the rank waits for its first input, and any work
+at its ``END``, once the rank's schedule has returned while others finish. Curvature is
 refreshed once every ``refresh`` steps, its work spread over the cycle's steps (phases);
 preconditioning runs every step.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 TAIL = "tail"  # runs after the rank's last action of the step: it lengthens the step
 START = "start"  # runs as the step starts, while the rank waits for its first input
+END = "end"  # runs when the rank's schedule has returned, while other ranks finish the step
 # K-FAC's kinds of deferred work
 FACTOR, REDUCE, INVERT, PRECONDITION = "factor", "reduce", "invert", "precondition"
 
@@ -27,7 +29,7 @@ class Work:
     stage: int
     rank: int  # its coordinate on the pp axis
     phase: int  # the step of the refresh cycle it runs in
-    after: str  # the action whose end it follows, or START, or TAIL
+    after: str  # the action whose end it follows, or START, END, TAIL
     start_s: float
     end_s: float
     layers: tuple[str, ...]  # the weights it works on
@@ -60,7 +62,7 @@ class BubbleFill:
         return BubbleFill(**d)
 
     def at(self, phase: int, rank: int) -> dict[str, list[Work]]:
-        """The work of ``phase`` on pp rank ``rank``: action label (or START, TAIL) -> its pieces, in order."""
+        """The work of ``phase`` on pp rank ``rank``: action label (or START, END, TAIL) -> its pieces, in order."""
         out: dict[str, list[Work]] = {}
         for w in sorted(self.work, key=lambda w: w.start_s):
             if w.phase == phase and w.rank == rank:

@@ -18,8 +18,10 @@ into the gaps; the step times before and after are the plan's prediction.
 The runtime runs a piece when the stage's program of the action before its gap returns, which
 is before torch's schedule posts that action's sends; so only gaps after actions that send
 nothing another rank waits for are offered: weight gradients (W), the last stage's forwards
-and the first stage's backwards; and the wait for a rank's first input, where work that needs
-nothing of the step (an inversion) runs. Work after any other action would delay the next stage.
+and the first stage's backwards; the wait for a rank's first input, where work that needs
+nothing of the step (an inversion) runs; and the time from when a rank's schedule returns (its
+last sends taken) to the step's end, while other ranks finish. Work after any other action would
+delay the next stage.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import math
 from autopar.cost_models.collectives import axis_placement, collective_time
 from autopar.cost_models.compute import roofline_time
 from autopar.errors import AutoparError
-from autopar.ir.bubbles import FACTOR, INVERT, PRECONDITION, REDUCE, START, BubbleFill, Work
+from autopar.ir.bubbles import END, FACTOR, INVERT, PRECONDITION, REDUCE, START, BubbleFill, Work
 from autopar.ir.mesh import Mesh
 from autopar.lowering.curvature import CurvatureLayer, curvature_layers
 from autopar.passes.predict import exposed
@@ -144,17 +146,32 @@ def _microbatch(action: str) -> int:
 
 
 def _gaps(blocks, ranks: int, stages: int, step_end_s: float) -> list[Gap]:
-    """The idle intervals after each quiet action, and before each rank's first, per rank."""
+    """The idle intervals after each quiet action, before each rank's first, and from when a
+    rank's schedule returns to the step's end, per rank."""
     gaps = []
+    starts = {b[1]: b[2] for b in blocks}
     for r in range(ranks):
         mine = sorted((b for b in blocks if b[0] == r), key=lambda b: b[2])
         if mine and mine[0][2] > 0:
             gaps.append(Gap(r, START, 0.0, mine[0][2]))
         for b, following in zip(mine, mine[1:] + [None]):
-            end = following[2] if following is not None else step_end_s
-            if end > b[3] and _quiet(b[1], stages):
-                gaps.append(Gap(r, b[1], b[3], end))
+            if following is not None and following[2] > b[3] and _quiet(b[1], stages):
+                gaps.append(Gap(r, b[1], b[3], following[2]))
+        done = _returns(mine[-1], starts, stages) if mine else step_end_s
+        if done < step_end_s:
+            gaps.append(Gap(r, END, done, step_end_s))
     return gaps
+
+
+def _returns(last, starts: dict, stages: int) -> float:
+    """When a rank's schedule returns: after its last action, once what that action sends has
+    been taken (its receiver's action starts)."""
+    action, end = last[1], last[3]
+    if _quiet(action, stages):
+        return end
+    kind, stage, microbatch = _kind(action), _stage(action), _microbatch(action)
+    receivers = [f"{stage + 1}F{microbatch}"] if kind == "F" else [f"{stage - 1}{k}{microbatch}" for k in "BI"]
+    return max([end] + [starts[a] for a in receivers if a in starts])
 
 
 def _quiet(action: str, stages: int) -> bool:

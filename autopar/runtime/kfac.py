@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from autopar.errors import AutoparError
-from autopar.ir.bubbles import FACTOR, START, TAIL
+from autopar.ir.bubbles import END, FACTOR, START, TAIL
 from autopar.lowering.curvature import curvature_layers
 from autopar.runtime.rank_mesh import local_shard
 
@@ -93,6 +93,8 @@ class KfacWork:
             getattr(self, f"_{work.kind}")(work, staged)
 
     def end_step(self, staged: dict) -> None:
+        """The schedule has returned on this rank: the work placed at its end, then past the step's."""
+        self.after(END, staged)
         self.after(TAIL, staged)
         self.step += 1
         self.active = False
