@@ -248,6 +248,7 @@ def test_the_summary_and_the_report_show_what_fills_the_bubbles():
     assert f"curvature refreshed every {fill.refresh} step(s)" in summary
     assert f"bubble {fill.bubble_before:.1%} -> {fill.bubble_after:.1%}" in summary
     assert "first-order (not linear weights, or a factor wider than 8192): layers.0.bias" in summary
+    assert f"curvature refreshed every {fill.refresh} step(s)" in plan.explain("pp")
     html = render_html(plan)
     assert html.count('class="filled"') == sum(w.phase == 0 for w in fill.work)
     first = next(w for w in fill.work if w.phase == 0 and w.after != TAIL)

@@ -82,6 +82,7 @@ def explain_pipeline(plan) -> str:
     out.append("  partition: " + "; ".join(f"stage {st.index} (rank {st.rank}): {', '.join(st.units)}"
                                          for st in pl.stages))
     out.append(_why(pl, priced))
+    out += fill_lines(pl.fill)
     return "\n".join(out)
 
 
