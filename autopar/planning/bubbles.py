@@ -12,8 +12,8 @@ Factors, reduction and inversion form a refresh cycle of ``refresh`` steps (the 
 micro-batch may be computed in any step of the cycle, from that step's micro-batch); the new
 inverses take effect in the cycle's last step; the cycle is the shortest whose step time,
 amortized, is within 1% of the best cycle's (``refresh_period``), unless ``inv_every`` pins it.
-autopar.solvers.bubble_fill places the pieces
-into the gaps; the step times before and after are the plan's prediction.
+autopar.solvers.bubble_fill places the pieces into the gaps; the step times before and after
+are the plan's prediction.
 
 The runtime runs a piece when the stage's program of the action before its gap returns, which
 is before torch's schedule posts that action's sends; so only gaps after actions that send
@@ -26,7 +26,6 @@ delay the next stage.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from autopar.cost_models.collectives import axis_placement, collective_time
 from autopar.cost_models.compute import roofline_time
@@ -121,7 +120,7 @@ def _blocks(pipeline, hw) -> list[tuple[int, str, float, float]]:
     after its gradient syncs, which run inside them and which the pipeline left exposed."""
     last = {}
     for b in pipeline.timeline:
-        if b.action[-1:].isdigit() and _kind(b.action) in ("B", "W"):
+        if _kind(b.action) in ("B", "W") and b.end_s >= getattr(last.get(_stage(b.action)), "end_s", 0.0):
             last[_stage(b.action)] = b
     out = []
     for b in pipeline.timeline:
@@ -280,6 +279,4 @@ def with_fill(plan, request):
     fill = fill_bubbles(plan, request)
     pipeline = dataclasses.replace(plan.pipeline, fill=fill)
     predicted = dataclasses.replace(plan.predicted, step_time_s=fill.step_filled_s)
-    if not math.isfinite(fill.step_filled_s):
-        raise AutoparError("K-FAC's work could not be placed: its step time is not finite")
     return dataclasses.replace(plan, pipeline=pipeline, predicted=predicted)
