@@ -12,7 +12,6 @@ preconditioning runs every step.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 TAIL = "tail"  # runs after the rank's last action of the step: it lengthens the step
@@ -51,20 +50,9 @@ class BubbleFill:
     bubble_after: float  # with the work in the bubbles
     factor_bytes: float  # factors and inverses held per pp rank, at most
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
     @staticmethod
     def from_json(d: dict) -> "BubbleFill":
         d = dict(d)
         d["layers"], d["first_order"] = tuple(d["layers"]), tuple(d["first_order"])
         d["work"] = tuple(Work(**{**w, "layers": tuple(w["layers"])}) for w in d["work"])
         return BubbleFill(**d)
-
-    def at(self, phase: int, rank: int) -> dict[str, list[Work]]:
-        """The work of ``phase`` on pp rank ``rank``: action label (or START, END, TAIL) -> its pieces, in order."""
-        out: dict[str, list[Work]] = {}
-        for w in sorted(self.work, key=lambda w: w.start_s):
-            if w.phase == phase and w.rank == rank:
-                out.setdefault(w.after, []).append(w)
-        return out
