@@ -135,19 +135,7 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="autopar", description="Plan and check distributed training of "
-                                                                 "PyTorch models.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("factory", help="MODULE:FACTORY; FACTORY() returns (model, example_inputs)")
-    common.add_argument("--mesh", required=True, help="named mesh axes, e.g. dp=2,tp=2; for plan also a device "
-                                                         "count (8) or auto: the fastest mesh of that many")
-    common.add_argument("--hardware", default=DEFAULT_HARDWARE,
-                        help=f"hardware preset (default {DEFAULT_HARDWARE}) or a spec file")
-    common.add_argument("--precision", choices=sorted(PRESETS),
-                        help="mixed precision: float32 parameters, compute in bf16 or fp16 (default: the model's "
-                             "dtypes)")
+def _add_plan_command(sub, common) -> None:
     p = sub.add_parser("plan", parents=[common], help="plan a model and print the summary")
     p.add_argument("--out", help="write the plan as JSON here")
     p.add_argument("--emit", action="append", metavar="BACKEND:PATH", help="write the program: torch:gen.py "
@@ -167,6 +155,22 @@ def main(argv=None) -> int:
     p.add_argument("--no-cache", action="store_true", help="solve again even if the plan cache holds this plan")
     p.add_argument("--cache-dir", help="plan cache directory (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans)")
     p.set_defaults(run=cmd_plan)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="autopar", description="Plan and check distributed training of "
+                                                                 "PyTorch models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("factory", help="MODULE:FACTORY; FACTORY() returns (model, example_inputs)")
+    common.add_argument("--mesh", required=True, help="named mesh axes, e.g. dp=2,tp=2; for plan also a device "
+                                                         "count (8) or auto: the fastest mesh of that many")
+    common.add_argument("--hardware", default=DEFAULT_HARDWARE,
+                        help=f"hardware preset (default {DEFAULT_HARDWARE}) or a spec file")
+    common.add_argument("--precision", choices=sorted(PRESETS),
+                        help="mixed precision: float32 parameters, compute in bf16 or fp16 (default: the model's "
+                             "dtypes)")
+    _add_plan_command(sub, common)
     c = sub.add_parser("check", parents=[common], help="run the plan on local CPU processes and compare "
                                                         "with eager PyTorch")
     c.add_argument("--steps", type=int, default=1, help="optimizer steps to compare (torch backend)")

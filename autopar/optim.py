@@ -37,9 +37,12 @@ class KFAC(torch.optim.SGD):
     def step(self, closure=None):
         if closure is not None:
             raise AutoparError("autopar.KFAC takes no closure: call the model and loss.backward() before step()")
+        if len(self.param_groups) != 1:  # the KL clip bounds one learning rate's step
+            raise AutoparError("autopar.KFAC clips its step with one learning rate: keep its one parameter group "
+                               "(no add_param_group)")
         work = self.work
         work.unstepped = False
-        total = torch.tensor([work.inner * work.seed ** 2], dtype=torch.float64, device=work.rt.device)
+        total = torch.tensor([float(work.inner) * work.seed ** 2], dtype=torch.float64, device=work.rt.device)
         if work.rt.pipeline_group is not None:  # every stage's weights share one clip
             dist.all_reduce(total, group=work.rt.pipeline_group)
         lr = self.param_groups[0]["lr"]

@@ -345,3 +345,24 @@ def test_kfac_refuses_gradients_accumulated_over_calls():
     torch.save(model, buffer)
     errors = get_cluster(2).run(workers.kfac_accumulating_two_calls, buffer.getvalue(), inputs, plan.to_json())
     assert all(e is not None and "one step per training call" in e for e in errors)
+
+
+def test_kfac_refuses_a_second_learning_rate():
+    model, inputs = _deep()
+    plan = _kfac_plan(model, inputs, "pp=2", "1F1B", inv_every=1)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    errors = get_cluster(2).run(workers.kfac_with_two_parameter_groups, buffer.getvalue(), inputs, plan.to_json())
+    assert all(e is not None and "one learning rate" in e for e in errors)
+
+
+def test_a_zero_factor_is_damped_without_a_balance():
+    """All-zero inputs give A = 0 (and a zero weight gradient): π has nothing to balance, the
+    damped inverses stay finite and the preconditioned step is the zero it should be."""
+    from autopar.runtime.kfac import damped_inverses
+
+    g = torch.randn(8, 3)
+    a_inv, g_inv = damped_inverses(torch.zeros(4, 4), g.t() @ g, 1e-2)
+    assert torch.isfinite(a_inv).all() and torch.isfinite(g_inv).all()
+    torch.testing.assert_close(a_inv, torch.eye(4) / 0.1)
+    assert (g_inv @ torch.zeros(3, 4) @ a_inv).abs().max() == 0

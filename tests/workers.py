@@ -427,3 +427,20 @@ def kfac_accumulating_two_calls(rank, world_size, model_bytes, inputs, plan_json
     except autopar.AutoparError as exc:
         return str(exc)
     return None
+
+
+def kfac_with_two_parameter_groups(rank, world_size, model_bytes, inputs, plan_json):
+    """The AutoparError autopar.KFAC's step raises once a second parameter group is added."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    wrapped = autopar.autoparallelize(model, mesh=plan.device_mesh, plan=plan, example_inputs=inputs)
+    opt = autopar.KFAC(wrapped, lr=0.1)
+    wrapped(*inputs).backward()
+    opt.add_param_group({"params": [torch.zeros(1, requires_grad=True)], "lr": 0.5})
+    try:
+        opt.step()
+    except autopar.AutoparError as exc:
+        return str(exc)
+    return None

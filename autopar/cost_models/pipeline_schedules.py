@@ -15,6 +15,7 @@ torch's runtime runs one after the other.
 """
 from __future__ import annotations
 
+import re
 import types
 from dataclasses import dataclass
 from typing import Optional
@@ -47,6 +48,12 @@ class Action:
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @staticmethod
+    def parse(label: str) -> "Action":
+        """The action ``str(action)`` printed, e.g. "3F1"."""
+        stage, kind, microbatch = re.fullmatch(r"(\d+)([FBIW])(\d+)", label).groups()
+        return Action(int(stage), kind, int(microbatch))
 
 
 def check_schedule(name: str) -> None:

@@ -51,7 +51,7 @@ class PlanRequest:
     # 1/m for a pipeline stage's micro-batch, whose gradients sync once per m micro-batches
     sync_share: float = 1.0
     # optimizer="kfac": the steps between curvature refreshes (its factors and inverses); None:
-    # chosen by the planner (autopar.planning.bubbles.refresh_period)
+    # chosen by the planner (autopar.planning.bubbles._refresh_period)
     inv_every: Optional[int] = None
 
     @property

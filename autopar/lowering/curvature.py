@@ -54,9 +54,10 @@ def curvature_layers(plan) -> tuple[list[CurvatureLayer], list[str]]:
     """(the K-FAC layers, the parameters updated first-order), in the graph's parameter order."""
     graph = plan.graph
     placeholder_of = {fqn: ph for ph, fqn in graph.params.items()}
+    linear = _forward_linear_pairs(graph)
     layers, first_order = [], []
     for grad, fqn in graph.grads.items():
-        layer = _linear_layer(graph, grad, fqn, placeholder_of[fqn])
+        layer = _linear_layer(graph, grad, fqn, placeholder_of[fqn], linear)
         if layer is None:
             first_order.append(fqn)
         else:
@@ -64,7 +65,7 @@ def curvature_layers(plan) -> tuple[list[CurvatureLayer], list[str]]:
     return layers, first_order
 
 
-def _linear_layer(graph, grad: str, fqn: str, placeholder: str):
+def _linear_layer(graph, grad: str, fqn: str, placeholder: str, linear: set):
     weight = graph.node(placeholder).outputs[0]
     if weight is None or len(weight.shape) != 2:
         return None
@@ -76,7 +77,7 @@ def _linear_layer(graph, grad: str, fqn: str, placeholder: str):
     if max(out_features, in_features) > MAX_FACTOR_WIDTH:
         return None
     a = _source(graph, first) if swapped else second
-    if not _multiplies_by_transpose(graph, a.name, placeholder):
+    if (a.name, placeholder) not in linear:
         return None
     rows = a.outputs[0].shape[0]
     return CurvatureLayer(fqn, node.name, swapped, in_features, out_features, rows)
@@ -96,16 +97,18 @@ def _source(graph, node):
     return graph.node(node.refs()[0]) if node.target in _TRANSPOSES else node
 
 
-def _multiplies_by_transpose(graph, a: str, placeholder: str) -> bool:
-    """Whether forward computes ``a @ weight.t()`` (nn.Linear's matmul, with or without bias)."""
+def _forward_linear_pairs(graph) -> set[tuple[str, str]]:
+    """(input, weight placeholder) of every forward ``mm``/``addmm`` of an input by ``t(weight)``:
+    nn.Linear's matmul, with or without bias."""
+    pairs = set()
     for n in graph.nodes:
         if n.phase != "forward" or n.target not in _LINEAR:
             continue
         refs = n.refs()
-        if a in refs and any(graph.node(r).target in _TRANSPOSES and graph.node(r).refs() == [placeholder]
-                             for r in refs):
-            return True
-    return False
+        weights = [graph.node(r).refs()[0] for r in refs if graph.node(r).target in _TRANSPOSES
+                   and len(graph.node(r).refs()) == 1]
+        pairs |= {(r, w) for r in refs for w in weights}
+    return pairs
 
 
 def _with_gathers(plan, layer: CurvatureLayer, placeholder: str) -> CurvatureLayer:

@@ -11,7 +11,7 @@ work with the cost model, per stage:
 Factors, reduction and inversion form a refresh cycle of ``refresh`` steps (the factors of a
 micro-batch may be computed in any step of the cycle, from that step's micro-batch); the new
 inverses take effect in the cycle's last step; the cycle is the shortest whose step time,
-amortized, is within 1% of the best cycle's (``refresh_period``), unless ``inv_every`` pins it.
+amortized, is within 1% of the best cycle's (``_refresh_period``), unless ``inv_every`` pins it.
 autopar.solvers.bubble_fill places the pieces into the gaps; the step times before and after
 are the plan's prediction.
 
@@ -29,6 +29,7 @@ import dataclasses
 
 from autopar.cost_models.collectives import axis_placement, collective_time
 from autopar.cost_models.compute import roofline_time
+from autopar.cost_models.pipeline_schedules import Action
 from autopar.errors import AutoparError
 from autopar.ir.bubbles import END, FACTOR, INVERT, PRECONDITION, REDUCE, START, BubbleFill, Work
 from autopar.ir.mesh import Mesh
@@ -60,52 +61,36 @@ class PlacementProblem:
 
 def placement_problem(plan, request, refresh: int) -> tuple[PlacementProblem, "_StageWork"]:
     """The placement problem of ``plan``'s K-FAC work over a cycle of ``refresh`` steps."""
-    pipeline = plan.pipeline
-    layers, _ = curvature_layers(plan)
-    if not layers:
-        raise AutoparError("optimizer='kfac' preconditions linear layers (nn.Linear weights), and this model has "
-                           "none: use 'sgd' or 'adam'")
-    work = _StageWork(plan, request, layers)
-    blocks = _blocks(pipeline, request.hardware)
-    headroom = {r: request.memory_budget_bytes - pipeline.rank_peak_bytes[r] - work.factor_bytes(r)
-                for r in range(pipeline.pp)}
-    if min(headroom.values()) < 0:
-        r = min(headroom, key=headroom.get)
-        raise AutoparError(f"K-FAC's factors ({work.factor_bytes(r) / 2**30:.2f} GiB on pipeline rank {r}) do not fit "
-                           f"the memory budget beside the pipeline's {pipeline.rank_peak_bytes[r] / 2**30:.2f} GiB: "
-                           f"use more stages or a first-order optimizer")
-    problem = PlacementProblem(list(work.items(blocks, refresh).values()),
-                               _gaps(blocks, pipeline.pp, len(pipeline.stages), pipeline.step_time_s),
-                               pipeline.step_time_s, refresh, MARGIN_SHARE * pipeline.step_time_s, headroom)
-    return problem, work
+    work = _StageWork(plan, request)
+    return work.problem(refresh), work
 
 
 def fill_bubbles(plan, request, into_bubbles: bool = True) -> BubbleFill:
     """The K-FAC work of ``plan`` (pipelined, its layouts solved) placed into its bubbles; with
     ``into_bubbles`` False, all of it after the step (the baseline the filling is measured by)."""
     pipeline = plan.pipeline
-    refresh = request.inv_every or refresh_period(plan, request)
-    problem, work = placement_problem(plan, request, refresh)
+    work = _StageWork(plan, request)
+    refresh = request.inv_every or _refresh_period(work)
+    problem = work.problem(refresh)
     filled = problem.solve(into_bubbles)
     unfilled = problem.solve(into_bubbles=False)
     if unfilled.mean_step_s < filled.mean_step_s:  # the greedy is no optimum: never worse than not filling
         filled = unfilled
     busy = sum(b.end_s - b.start_s for b in pipeline.timeline)
     items = {i.name: i for i in problem.items}
-    layers, first_order = curvature_layers(plan)
     return BubbleFill(
-        "kfac", refresh, problem.margin_s, tuple(layer.weight for layer in layers), tuple(first_order),
+        "kfac", refresh, problem.margin_s, tuple(layer.weight for layer in work.layers), tuple(work.first_order),
         tuple(work.placed(p, items[p.item]) for p in filled.placed), pipeline.step_time_s, unfilled.mean_step_s,
         filled.mean_step_s, _idle(busy, pipeline.pp, [pipeline.step_time_s]),
         _idle(busy + sum(i.duration_s for i in problem.items) / refresh, pipeline.pp, filled.step_s),
         max(work.factor_bytes(r) for r in range(pipeline.pp)))
 
 
-def refresh_period(plan, request) -> int:
+def _refresh_period(work: "_StageWork") -> int:
     """The fewest steps per curvature refresh whose filled step, amortized over the cycle, is
     within ``REFRESH_TOLERANCE`` of the least any cycle up to ``MAX_REFRESH`` steps reaches: a
     longer cycle spreads the curvature work over more steps' bubbles, and refreshes it less often."""
-    steps = [placement_problem(plan, request, r)[0].solve().mean_step_s for r in range(1, MAX_REFRESH + 1)]
+    steps = [work.problem(r).solve().mean_step_s for r in range(1, MAX_REFRESH + 1)]
     return next(r for r, s in enumerate(steps, 1) if s <= (1 + REFRESH_TOLERANCE) * min(steps))
 
 
@@ -120,28 +105,17 @@ def _blocks(pipeline, hw) -> list[tuple[int, str, float, float]]:
     after its gradient syncs, which run inside them and which the pipeline left exposed."""
     last = {}
     for b in pipeline.timeline:
-        if _kind(b.action) in ("B", "W") and b.end_s >= getattr(last.get(_stage(b.action)), "end_s", 0.0):
-            last[_stage(b.action)] = b
+        action = Action.parse(b.action)
+        if action.kind in ("B", "W") and b.end_s >= getattr(last.get(action.stage), "end_s", 0.0):
+            last[action.stage] = b
     out = []
     for b in pipeline.timeline:
         end = b.end_s
-        if last.get(_stage(b.action)) is b:
-            stage = pipeline.stages[_stage(b.action)]
+        if last.get(Action.parse(b.action).stage) is b:
+            stage = pipeline.stages[Action.parse(b.action).stage]
             end += exposed(stage.sync_s, stage.backward_s, hw.gradient_overlap)
         out.append((b.rank, b.action, b.start_s, end))
     return out
-
-
-def _stage(action: str) -> int:
-    return int(action[:len(action) - len(action.lstrip("0123456789"))])
-
-
-def _kind(action: str) -> str:
-    return action.lstrip("0123456789")[0]
-
-
-def _microbatch(action: str) -> int:
-    return int(action.lstrip("0123456789")[1:])
 
 
 def _gaps(blocks, ranks: int, stages: int, step_end_s: float) -> list[Gap]:
@@ -168,62 +142,92 @@ def _returns(last, starts: dict, stages: int) -> float:
     action, end = last[1], last[3]
     if _quiet(action, stages):
         return end
-    kind, stage, microbatch = _kind(action), _stage(action), _microbatch(action)
-    receivers = [f"{stage + 1}F{microbatch}"] if kind == "F" else [f"{stage - 1}{k}{microbatch}" for k in "BI"]
+    a = Action.parse(action)
+    receivers = [f"{a.stage + 1}F{a.microbatch}"] if a.kind == "F" else [f"{a.stage - 1}{k}{a.microbatch}"
+                                                                          for k in "BI"]
     return max([end] + [starts[a] for a in receivers if a in starts])
 
 
 def _quiet(action: str, stages: int) -> bool:
     """Whether no other stage waits on what ``action`` sends (it sends nothing)."""
-    kind, stage = _kind(action), _stage(action)
-    return kind == "W" or (kind == "F" and stage == stages - 1) or (kind in ("B", "I") and stage == 0)
+    a = Action.parse(action)
+    return a.kind == "W" or (a.kind == "F" and a.stage == stages - 1) or (a.kind in ("B", "I") and a.stage == 0)
 
 
 class _StageWork:
-    """The pieces of K-FAC's work of each stage, priced on the plan's hardware."""
+    """The pieces of K-FAC's work of each stage, priced on the plan's hardware, and the gaps and
+    memory headroom they may go into: what every refresh cycle's placement problem shares."""
 
-    def __init__(self, plan, request, layers: list[CurvatureLayer]):
+    def __init__(self, plan, request):
         self.plan, self.hw = plan, request.hardware
-        self.pipeline = plan.pipeline
-        node_stage = self.pipeline.node_stages()
+        self.pipeline = pipeline = plan.pipeline
+        self.layers, self.first_order = curvature_layers(plan)
+        if not self.layers:
+            raise AutoparError("optimizer='kfac' preconditions linear layers (nn.Linear weights), and this model "
+                               "has none: use 'sgd' or 'adam'")
+        node_stage = pipeline.node_stages()
         self.by_stage: dict[int, list[CurvatureLayer]] = {}
-        for layer in layers:
+        for layer in self.layers:
             self.by_stage.setdefault(node_stage[layer.gradient_mm], []).append(layer)
         self.meta: dict[str, tuple] = {}  # item name -> (kind, stage, layers, micro-batch)
-        self._full = Mesh(("pp",) + plan.mesh.axis_names, (self.pipeline.pp,) + plan.mesh.shape)
+        self._full = Mesh(("pp",) + plan.mesh.axis_names, (pipeline.pp,) + plan.mesh.shape)
+        # each piece's price, alike in every cycle
+        self.factor_s = {la.weight: self._factor_s(la) for la in self.layers}
+        self.held_bytes = {la.weight: _FLOAT * self._rows(la) * (la.in_features + la.out_features)
+                           for la in self.layers}  # a micro-batch's operands, held until its factors run
+        self.invert_s = {la.weight: self._invert_s(la) for la in self.layers}
+        self.reduce_s = {s: self._reduce_s(layers) for s, layers in self.by_stage.items()}
+        self.precondition_s = {s: self._precondition_s(layers) for s, layers in self.by_stage.items()}
+        self.blocks = _blocks(pipeline, request.hardware)
+        self.gaps = _gaps(self.blocks, pipeline.pp, len(pipeline.stages), pipeline.step_time_s)
+        self.headroom = {r: request.memory_budget_bytes - pipeline.rank_peak_bytes[r] - self.factor_bytes(r)
+                         for r in range(pipeline.pp)}
+        if min(self.headroom.values()) < 0:
+            r = min(self.headroom, key=self.headroom.get)
+            raise AutoparError(f"K-FAC's factors ({self.factor_bytes(r) / 2**30:.2f} GiB on pipeline rank {r}) do "
+                               f"not fit the memory budget beside the pipeline's "
+                               f"{pipeline.rank_peak_bytes[r] / 2**30:.2f} GiB: use more stages or a first-order "
+                               f"optimizer")
+
+    def problem(self, refresh: int) -> PlacementProblem:
+        """The placement problem over a cycle of ``refresh`` steps."""
+        step = self.pipeline.step_time_s
+        return PlacementProblem(list(self.items(refresh).values()), self.gaps, step, refresh, MARGIN_SHARE * step,
+                                self.headroom)
 
     def factor_bytes(self, rank: int) -> float:
         return sum(FACTOR_COPIES * _FLOAT * (la.in_features ** 2 + la.out_features ** 2)
                    for s, layers in self.by_stage.items() if self.pipeline.stages[s].rank == rank for la in layers)
 
-    def items(self, blocks, refresh: int) -> dict[str, Item]:
+    def items(self, refresh: int) -> dict[str, Item]:
         """name -> item, in an order where every dependency comes first."""
-        ends = {b[1]: b[3] for b in blocks}
+        ends = {b[1]: b[3] for b in self.blocks}
         out: dict[str, Item] = {}
+        self.meta = {}
         for s, layers in sorted(self.by_stage.items()):
-            rank = self.pipeline.stages[s].rank
+            rank, weights = self.pipeline.stages[s].rank, tuple(la.weight for la in layers)
+            factors: dict[str, list[str]] = {w: [] for w in weights}  # weight -> its factors' items
             for i in range(self.pipeline.microbatches):
                 done = ends.get(f"{s}W{i}", ends.get(f"{s}B{i}"))
                 for la in layers:
-                    self._add(out, Item(f"{FACTOR} {la.weight} mb{i}", rank, self._factor_s(la),
-                                        _FLOAT * self._rows(la) * (la.in_features + la.out_features), done),
-                              FACTOR, s, (la.weight,), i)
-            factors = tuple(n for n, m in self.meta.items() if m[0] == FACTOR and m[1] == s)
-            reduced = factors
+                    factors[la.weight].append(f"{FACTOR} {la.weight} mb{i}")
+                    self._add(out, Item(factors[la.weight][-1], rank, self.factor_s[la.weight],
+                                        self.held_bytes[la.weight], done), FACTOR, s, (la.weight,), i)
+            reduced = None
             if self.plan.mesh.size > 1:
-                self._add(out, Item(f"{REDUCE} stage {s}", rank, self._reduce_s(layers), deps=factors),
-                          REDUCE, s, tuple(la.weight for la in layers))
-                reduced = (f"{REDUCE} stage {s}",)
+                reduced = f"{REDUCE} stage {s}"
+                self._add(out, Item(reduced, rank, self.reduce_s[s], deps=tuple(n for f in factors.values()
+                                                                                  for n in f)), REDUCE, s, weights)
             for la in layers:
-                own = tuple(n for n in reduced if n.startswith(REDUCE) or f" {la.weight} " in n)
-                self._add(out, Item(f"{INVERT} {la.weight}", rank, self._invert_s(la), deps=own),
+                own = (reduced,) if reduced else tuple(factors[la.weight])
+                self._add(out, Item(f"{INVERT} {la.weight}", rank, self.invert_s[la.weight], deps=own),
                           INVERT, s, (la.weight,))
-            synced = max(ends[a] for a in ends if _stage(a) == s and _kind(a) in ("B", "W"))
-            inverted = tuple(f"{INVERT} {la.weight}" for la in layers)
+            synced = max(end for a, end in ends.items() if Action.parse(a).stage == s and Action.parse(a).kind in "BW")
+            inverted = tuple(f"{INVERT} {w}" for w in weights)
             for p in range(refresh):
-                self._add(out, Item(f"{PRECONDITION} stage {s} step {p}", rank, self._precondition_s(layers),
+                self._add(out, Item(f"{PRECONDITION} stage {s} step {p}", rank, self.precondition_s[s],
                                     release_s=synced, deps=inverted if p == refresh - 1 else (), phase=p),
-                          PRECONDITION, s, tuple(la.weight for la in layers))
+                          PRECONDITION, s, weights)
         return out
 
     def _add(self, out: dict, item: Item, kind: str, stage: int, layers: tuple, microbatch: int = -1) -> None:

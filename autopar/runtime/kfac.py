@@ -44,9 +44,10 @@ class KfacWork:
         self.layers = {la.weight: la for la in curvature_layers(plan)[0]}
         self.specs = {fqn: plan.strategies[ph].out_specs[0] for ph, fqn in plan.graph.params.items()}
         self.microbatches = plan.pipeline.microbatches
-        mine = {(w.phase, w.after) for w in self.fill.work if w.stage in stages}
-        self.placed = {key: [w for w in sorted(self.fill.work, key=lambda w: w.start_s)
-                             if (w.phase, w.after) == key and w.stage in stages] for key in mine}
+        self.placed: dict[tuple[int, str], list] = {}  # (phase, action it follows) -> its stages' work, in order
+        for w in sorted(self.fill.work, key=lambda w: w.start_s):
+            if w.stage in stages:
+                self.placed.setdefault((w.phase, w.after), []).append(w)
         self.settings: _Settings | None = None
         self.step = 0  # training steps run: the phase of the cycle is step % refresh
         self.operands: dict[tuple[int, int], dict] = {}  # (stage, micro-batch) -> weight -> its mm's operands
@@ -144,7 +145,7 @@ class KfacWork:
             layer = self.layers[weight]
             grad = self._gathered(staged[weight], layer.weight_gathers)
             p = g_inv.to(grad.dtype) @ grad @ a_inv.to(grad.dtype)
-            self.inner += float((p.double() * grad.double()).sum())
+            self.inner = self.inner + (p.double() * grad.double()).sum()  # read once, at the optimizer step
             staged[weight] = local_shard(p, self.specs[weight], self.plan.mesh, self.rt.coords) \
                 if layer.weight_gathers else p
             self.preconditioned.add(weight)
@@ -158,7 +159,10 @@ class KfacWork:
 
 def damped_inverses(a: torch.Tensor, g: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(A⁻¹, G⁻¹) under factored Tikhonov damping (Martens & Grosse 2015, §6.3)."""
-    pi = math.sqrt(float(torch.trace(a)) / a.shape[0] / (float(torch.trace(g)) / g.shape[0]))
+    trace_a, trace_g = float(torch.trace(a)) / a.shape[0], float(torch.trace(g)) / g.shape[0]
+    # π balances the two traces; a zero factor comes with a zero weight gradient (all-zero inputs
+    # or output gradients), whose preconditioned step is zero whatever the balance
+    pi = math.sqrt(trace_a / trace_g) if trace_a > 0 and trace_g > 0 else 1.0
     root = math.sqrt(damping)
     eye_a = torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
     eye_g = torch.eye(g.shape[0], dtype=g.dtype, device=g.device)

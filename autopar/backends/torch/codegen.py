@@ -100,9 +100,11 @@ class BackwardBody:
     what earlier micro-batches left in ``unsynced``, then syncs once. The gradient collectives
     are linear, so syncing the sum equals summing the syncs."""
 
-    def __init__(self, plan, printer: "StatementPrinter", sections: Sections, gradients=None):
-        """``gradients``: the gradient nodes it returns (a pipeline stage's own; default all)."""
+    def __init__(self, plan, printer: "StatementPrinter", sections: Sections, gradients=None, before=None):
+        """``gradients``: the gradient nodes it returns (a pipeline stage's own; default all);
+        ``before``: variable -> lines printed before the statement that defines it."""
         self.plan, self.printer, self.sections = plan, printer, sections
+        self.before = before or {}
         self.local = tuple(plan.graph.gradients if gradients is None else gradients)  # each before its sync
         self.syncs = {r.id: r for r in plan.redistributions if r.consumers == ("output",)}
         # a gradient's move to its parameter's layout that a backward op reads too: its collectives
@@ -122,7 +124,7 @@ class BackwardBody:
             if program.saved else []
         out += ["saved.clear()  # held here alone now: each is freed after its last use"]
         for s in program.backward:
-            out += self.sections.before(s, "backward") + self.statement(s)
+            out += self.sections.before(s, "backward") + self.before.get(s.defines, []) + self.statement(s)
         return out
 
     def statement(self, s: Statement) -> list[str]:

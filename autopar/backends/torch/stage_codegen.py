@@ -49,9 +49,10 @@ def emit_torch_pipeline(plan) -> str:
         "{parameter name: gradient}",
     ] + module_preamble(plan)
     printer = StatementPrinter(named)
+    captured = _captured_weights(named)
     for stage in stage_programs(named):
         lines += ["", ""] + _forward(named, printer, stage)
-        lines += ["", ""] + _backward(named, printer, stage)
+        lines += ["", ""] + _backward(named, printer, stage, captured)
     lines += ["", "", *ACCUMULATE_SOURCE.splitlines()]
     return "\n".join(lines) + "\n"
 
@@ -75,7 +76,7 @@ def _forward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
     return lines + indented(body)
 
 
-def _backward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
+def _backward(plan, printer: StatementPrinter, stage: StageProgram, captured: dict) -> list[str]:
     args = [p for p in stage.placeholders if p not in stage.inputs]
     lines = wrapped(f"def backward_input_{stage.index}(", ["rt", *args, "saved", "grads_in", "grad_loss"], "):")
     body = wrapped("[", list(stage.grads_in), "] = grads_in  # from the next stage") if stage.grads_in else []
@@ -87,7 +88,7 @@ def _backward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]
     body += ["return ("] + indented(wrapped("[", list(stage.grads_out), "],  # to the stage before")
                                     + wrapped("[", list(stage.kept), "],  # for the weight gradients")) + [")"]
     lines += indented(body)
-    weight = BackwardBody(plan, printer, _CurvatureCaptures(plan), stage.gradients)
+    weight = BackwardBody(plan, printer, Sections(plan), stage.gradients, _curvature_captures(stage, captured))
     if weight.shared:
         raise AutoparError(f"the gradient syncs of {', '.join(weight.shared)} are read by backward too, so they "
                            f"cannot wait for a stage's last micro-batch; plan this model without 'pp'")
@@ -96,24 +97,20 @@ def _backward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]
     return lines + indented(weight.lines(Split([], stage.backward_weight, stage.kept)))
 
 
-class _CurvatureCaptures(Sections):
-    """The sections' comments, and before each K-FAC weight's gradient matmul the line that hands
-    its two operands to the runtime (a plan without K-FAC has none)."""
+def _captured_weights(plan) -> dict[str, str]:
+    """Under K-FAC: each preconditioned weight's gradient matmul -> the weight (none without)."""
+    fill = plan.pipeline.fill
+    if fill is None or fill.optimizer != "kfac":
+        return {}
+    return {layer.gradient_mm: layer.weight for layer in curvature_layers(plan)[0]}
 
-    def __init__(self, plan):
-        super().__init__(plan)
-        fill = plan.pipeline.fill
-        layers = curvature_layers(plan)[0] if fill is not None and fill.optimizer == "kfac" else []
-        self.captures = {layer.gradient_mm: layer.weight for layer in layers}
 
-    def before(self, statement, phase: str) -> list[str]:
-        lines = super().before(statement, phase)
-        weight = self.captures.get(statement.defines) if statement.kind == "call" else None
-        if weight is not None:
-            first, second = statement.uses
-            lines += ["if curvature is not None:  # K-FAC: this weight's gradient matmul's operands",
-                      f"    curvature[{weight!r}] = ({first}, {second})"]
-        return lines
+def _curvature_captures(stage: StageProgram, captured: dict) -> dict[str, list[str]]:
+    """Before each of the stage's captured gradient matmuls: the lines that hand its two operands
+    to the runtime, for the weight's curvature factors."""
+    return {s.defines: ["if curvature is not None:  # K-FAC: this weight's gradient matmul's operands",
+                        f"    curvature[{captured[s.defines]!r}] = ({s.uses[0]}, {s.uses[1]})"]
+            for s in stage.backward_weight if s.kind == "call" and s.defines in captured}
 
 
 def _slots(slots) -> str:
