@@ -13,6 +13,7 @@ from autopar.ir.hardware import Hardware
 from autopar.ir.plan import Plan
 from autopar.ir.request import (
     DEFAULT_HARDWARE,
+    DEFAULT_OFFLOAD,
     DEFAULT_OPTIMIZER,
     DEFAULT_RECOMPUTE,
     DEFAULT_SOLVER,
@@ -35,7 +36,7 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
          optimizer: str = DEFAULT_OPTIMIZER, recompute: str = DEFAULT_RECOMPUTE,
          symbolic_dims: Optional[dict[str, int]] = None, cluster_layers: bool = True,
          precision=None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
-         partition: str = "balanced", inv_every: Optional[int] = None,
+         partition: str = "balanced", inv_every: Optional[int] = None, offload: "str | bool" = DEFAULT_OFFLOAD,
          restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
          cache_dir: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
          verbose: bool = False) -> Plan:
@@ -85,6 +86,12 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     pipeline's bubbles (``plan.pipeline.fill``); curvature is refreshed every ``inv_every`` steps,
     by default the shortest cycle (up to 10 steps) within 1% of the best amortized step time.
     Train with autopar.KFAC.
+    ``offload``: "auto" (the default) keeps parameters, with their gradients and optimizer
+    state, in host memory when the memory budget needs it (in fixed-size chunks that visit the
+    device for the statements that read them, moved as the plan fixes: ``plan.offload``), and
+    only where that is the fastest plan that fits; True offloads every parameter; False never.
+    The host's side is priced with the hardware's ``host_link``, ``host_memory_bytes`` and
+    ``host_optimizer_rate``. Not on a mesh with 'pp' yet.
     ``cache``: a plan of the same graph, meshes, hardware spec, options and autopar code is
     loaded from ``cache_dir`` (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans) instead
     of solved; plans with ``restrict`` or custom passes are not cached (autopar.planning.cache).
@@ -95,7 +102,8 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     request = resolve(mesh, hardware, solver=solver, solver_time_limit_s=solver_time_limit_s, pin=pin,
                       memory_budget=memory_budget, optimizer=optimizer, recompute=recompute,
                       symbolic_dims=symbolic_dims, cluster_layers=cluster_layers, precision=precision,
-                      schedule=schedule, microbatches=microbatches, partition=partition, inv_every=inv_every)
+                      schedule=schedule, microbatches=microbatches, partition=partition, inv_every=inv_every,
+                      offload=offload)
     pipeline(passes)
     if kwargs:
         _check_positional_only(request)

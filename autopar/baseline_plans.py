@@ -98,6 +98,7 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
                 layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1),
                                  (NormsOverSequence(tokens[1]),) if sp and tokens else ())
     out = Baselines()
+    plan_options.setdefault("offload", False)  # the hand-written configurations hold their state on the device
     for name, (mesh, pin, restrict, passes) in layouts.items():
         if batch % mesh.shape[0]:
             out.skipped[name] = (f"the batch of {batch} samples does not split over dp={mesh.shape[0]}: data "

@@ -50,7 +50,8 @@ def cmd_plan(args) -> int:
         result = plan(model, inputs, mesh=mesh, hardware=args.hardware, solver=args.solver,
                       solver_time_limit_s=args.time_limit, cache=not args.no_cache, cache_dir=args.cache_dir,
                       precision=args.precision, schedule=args.schedule, microbatches=args.microbatches,
-                      optimizer=args.optimizer, inv_every=args.inv_every, progress=progress)
+                      optimizer=args.optimizer, inv_every=args.inv_every, memory_budget=args.memory_budget,
+                      offload=_OFFLOAD_CHOICES[args.offload], progress=progress)
     print(result.summary())
     if args.out:
         with open(args.out, "w") as f:
@@ -135,6 +136,9 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+_OFFLOAD_CHOICES = {"auto": "auto", "always": True, "never": False}
+
+
 def _add_plan_command(sub, common) -> None:
     p = sub.add_parser("plan", parents=[common], help="plan a model and print the summary")
     p.add_argument("--out", help="write the plan as JSON here")
@@ -151,6 +155,10 @@ def _add_plan_command(sub, common) -> None:
                         f"K-FAC with its curvature work placed in the pipeline's bubbles")
     p.add_argument("--inv-every", type=int, help="with --optimizer kfac: steps between curvature refreshes "
                                                  "(default: the shortest cycle within 1% of the best step time)")
+    p.add_argument("--memory-budget", help="per device, e.g. 60GiB (default: 90%% of the device's memory)")
+    p.add_argument("--offload", default="auto", choices=sorted(_OFFLOAD_CHOICES),
+                   help="parameters and optimizer state in host memory: auto (where the budget needs it), "
+                        "always, never")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--no-cache", action="store_true", help="solve again even if the plan cache holds this plan")
     p.add_argument("--cache-dir", help="plan cache directory (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans)")

@@ -184,6 +184,27 @@ def test_calibration_fits_recover_known_parameters():
         assert fit_link(measured, floor) == pytest.approx((launch, alpha, beta), abs=1e-12, rel=1e-6)
 
 
+def test_host_link_fit_recovers_latency_and_bandwidth():
+    from autopar.cost_models.calibrate import fit_host_link
+
+    latency, bandwidth = 40e-6, 6e9
+    samples = [(n, latency + n / bandwidth) for n in (1 << 20, 4 << 20, 16 << 20, 64 << 20)]
+    link = fit_host_link(samples)
+    assert isinstance(link, Link)
+    assert (link.latency, link.bandwidth) == pytest.approx((latency, bandwidth), rel=1e-6)
+    # noise that would make the intercept negative: latency 0, bandwidth through the origin
+    assert fit_host_link([(1e6, 1.0e-4), (1e7, 2.0e-3)]).latency == 0.0
+
+
+def test_hardware_json_round_trips_the_offload_fields():
+    for name, hw in autopar.PRESETS.items():
+        back = Hardware.from_dict(json.loads(hw.to_json()), source=name)
+        assert back == hw and isinstance(back.host_link, Link)
+    calibrated = dataclasses.replace(HW, host_link=Link(3e9, 2e-5), host_memory_bytes=64e9,
+                                     host_optimizer_rate=2e8, host_copies_overlap=False)
+    assert Hardware.from_dict(json.loads(calibrated.to_json())) == calibrated
+
+
 def test_every_collective_call_pays_the_library_launch():
     """A two-step move (all-gather on each axis) pays the launch twice; the presets pay none."""
     from autopar.ir.placement import Spec

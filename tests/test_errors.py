@@ -77,9 +77,9 @@ def test_indivisible_dims_are_never_split_and_the_plan_runs():
 def test_an_infeasible_budget_names_one_that_works():
     model, inputs = mlp.make(batch=8, width=256, hidden=1024)
     with pytest.raises(AutoparError, match="fits the memory budget") as info:
-        autopar.plan(model, inputs, mesh="tp=2", hardware=FAST, memory_budget="100KiB")
+        autopar.plan(model, inputs, mesh="tp=2", hardware=FAST, offload=False, memory_budget="100KiB")
     budget = re.search(r"raise memory_budget to at least '([\d.]+[KMGT]iB)'", str(info.value)).group(1)
-    plan = autopar.plan(model, inputs, mesh="tp=2", hardware=FAST, memory_budget=budget)
+    plan = autopar.plan(model, inputs, mesh="tp=2", hardware=FAST, offload=False, memory_budget=budget)
     assert plan.predicted.peak_memory_bytes <= parse_bytes(budget)
 
 

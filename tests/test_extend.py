@@ -101,7 +101,7 @@ def test_a_forbidden_collective_never_appears():
 
 def test_a_memory_cap_binds_and_an_impossible_one_names_the_smallest_peak():
     model, inputs = mlp.make(batch=8, width=256, hidden=1024)
-    options = dict(mesh="dp=4", hardware="h100-sxm", optimizer="sgd", recompute="none")
+    options = dict(mesh="dp=4", hardware="h100-sxm", optimizer="sgd", recompute="none", offload=False)
     free = autopar.plan(model, inputs, **options)  # data parallel: every rank holds the weights
     cap = 0.5 * free.predicted.peak_memory_bytes
     capped = autopar.plan(model, inputs, **options, passes=[Constrain(lambda c: c.cap_memory(cap))])

@@ -53,7 +53,7 @@ def test_predicted_peak_memory_matches_the_workers(fast_network):
     so parameters are sharded. The workers run SGD, so the Adam state is left out of the comparison."""
     model, inputs = gpt2.make("tiny")
     loose = autopar.plan(model, inputs, mesh="dp=4", hardware=fast_network)
-    tight = autopar.plan(model, inputs, mesh="dp=4", hardware=fast_network,
+    tight = autopar.plan(model, inputs, mesh="dp=4", hardware=fast_network, offload=False,
                          memory_budget=0.75 * loose.predicted.peak_memory_bytes)
     assert sum(not tight.param_spec(f).is_replicated() for f in tight.graph.params.values()) > \
         sum(not loose.param_spec(f).is_replicated() for f in loose.graph.params.values())
@@ -73,7 +73,7 @@ def test_a_tight_budget_shards_parameters_and_optimizer_state_over_dp():
     loose = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm")
     budget = 0.92 * loose.predicted.peak_memory_bytes
     assert budget < replicated_adam_state
-    plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=budget)
+    plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", offload=False, memory_budget=budget)
     assert plan.predicted.peak_memory_bytes <= budget
     shapes = {fqn: p.shape.numel() for fqn, p in model.named_parameters()}
     sharded = sum(n for fqn, n in shapes.items() if isinstance(plan.param_spec(fqn).placements[0], autopar.Shard))
@@ -89,13 +89,13 @@ def test_lowering_the_budget_never_raises_the_peak_and_an_impossible_one_is_expl
     model, inputs = gpt2.make(cfg, device="meta")
     peaks = []
     for budget in (None, "3GiB", "2GiB", "1.2GiB"):
-        plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=budget)
+        plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", offload=False, memory_budget=budget)
         peaks.append(plan.predicted.peak_memory_bytes)
         if budget is not None:
             assert plan.predicted.peak_memory_bytes <= parse_bytes(budget)
     assert peaks == sorted(peaks, reverse=True)
     with pytest.raises(AutoparError, match=r"smallest peak autopar finds is [\d.]+ [KMG]B") as info:
-        autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget="100MiB")
+        autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", offload=False, memory_budget="100MiB")
     assert "memory_budget" in str(info.value)
 
 
@@ -130,14 +130,16 @@ def test_when_the_budget_loop_gives_up_the_leanest_layout_is_taken_if_it_fits(mo
 
     def suggested(budget: str) -> str:
         with pytest.raises(AutoparError, match=r"at least '([\d.]+MiB)'") as info:
-            autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=budget, cache=False)
+            autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", offload=False, memory_budget=budget,
+                         cache=False)
         return re.search(r"at least '([\d.]+MiB)'", str(info.value)).group(1)
 
     leanest = suggested("100MiB")
     assert parse_bytes("400MiB") < parse_bytes(leanest) < parse_bytes("868MiB")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the budget chose this layout, not the solver's time limit: no warning
-        plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", memory_budget=leanest, cache=False)
+        plan = autopar.plan(model, inputs, mesh="dp=8", hardware="h100-sxm", offload=False, memory_budget=leanest,
+                            cache=False)
     assert plan.predicted.peak_memory_bytes <= parse_bytes(leanest)
     # reported as what it is, its objective a step time (it was solved with bytes, in GB, as the objective)
     assert plan.solver.status == "least-memory" and plan.solver.gap == 1.0

@@ -198,7 +198,8 @@ def recompute_plans():
     pin = {fqn: "R" for fqn, _ in model.named_parameters()}
 
     def make(**options):
-        return autopar.plan(model, inputs, mesh="dp=2", hardware=FAST, optimizer="sgd", pin=pin, **options)
+        return autopar.plan(model, inputs, mesh="dp=2", hardware=FAST, optimizer="sgd", pin=pin, offload=False,
+                            **options)
 
     plain, full = make(recompute="none"), make(recompute="full")
     top, bottom = plain.predicted.peak_memory_bytes, full.predicted.peak_memory_bytes

@@ -6,6 +6,7 @@ import shutil
 import struct
 import subprocess
 import zlib
+from html import escape
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ import pytest
 import autopar
 from autopar.cli import main as cli
 from autopar.inspect.report_html import render_html
-from autopar.units import human_seconds
+from autopar.inspect.report_offload import MAX_ROWS
+from autopar.units import human_bytes, human_seconds
 from examples import gpt2
 from tests.workers import FAST
 
@@ -66,6 +68,40 @@ def test_report_is_self_contained_and_escapes_names(plan_file, tmp_path, capsys)
     assert page.count('<details class="mod"') == len(modules)  # one tree node per module
     hostile = dataclasses.replace(plan, modules={n: "<img src=x>" for n in plan.modules})
     assert "<img src=x>" not in render_html(hostile) and "&lt;img src=x&gt;" in render_html(hostile)
+
+
+@pytest.fixture(scope="module")
+def offload_plan():
+    model, inputs = gpt2.make("tiny")  # a budget under what any layout needs: parameters go to host memory
+    plan = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g", memory_budget=4.3e6)
+    assert plan.offload is not None and 1 < len(plan.offload.chunks) <= MAX_ROWS
+    return plan
+
+
+def test_report_shows_the_offload_figures_device_bytes_and_each_chunks_residence(offload_plan, plan_file):
+    o = offload_plan.offload
+    page = render_html(offload_plan)
+    section = re.search(r'<section class="offload">.*?</section>', page, re.S).group(0)
+    assert f"{len(o.chunks)} chunks × {human_bytes(o.chunk_bytes)} in host memory" in section
+    assert f"host {human_bytes(o.host_bytes)} per device" in section and f"at most {o.slots} on the device" in section
+    assert f"{o.fetches} fetches per step, {human_bytes(o.fetches * o.chunk_bytes)} host → device" in section
+    assert f"adds {human_seconds(o.added_s)} per step: waits for fetches {human_seconds(o.exposed_s)}" in section
+    assert human_seconds(o.optimizer.device_s) in section and escape(o.reason) in section
+    assert "<polyline" in section  # the chunk bytes on the device over the statements
+    rows = re.findall(r'<g class="chunk">(.*?)</g>', section, re.S)
+    assert len(rows) == len(o.chunks)
+    first = o.chunks[0]
+    assert f"chunk 0: {first.params[0]}" in rows[0] and f"{human_bytes(first.nbytes)})" in rows[0]
+    for chunk, row in zip(o.chunks, rows):  # one bar per span on the device
+        assert row.count("on the device from statement") == len(o.residence(chunk.index, len(o.device_bytes)))
+    assert 'class="offload"' not in render_html(plan_file[0])  # nothing offloaded, no section
+
+
+def test_report_caps_the_offload_rows(offload_plan):
+    o = offload_plan.offload
+    many = tuple(dataclasses.replace(o.chunks[k % len(o.chunks)], index=k) for k in range(MAX_ROWS + 25))
+    page = render_html(dataclasses.replace(offload_plan, offload=dataclasses.replace(o, chunks=many)))
+    assert page.count('<g class="chunk">') == MAX_ROWS and "… 25 more chunks" in page
 
 
 def _prefixes(path: str):
@@ -125,6 +161,13 @@ def test_report_renders_in_a_headless_browser(plan_file, chromium, tmp_path):
     colours = np.unique(pixels.reshape(-1, pixels.shape[2]), axis=0)
     non_white = (pixels.min(axis=2) < 235).mean()
     assert len(colours) > 200 and non_white > 0.1, (len(colours), non_white)  # text, chips, charts: not blank
+
+
+def test_an_offloading_plans_report_renders_without_script_errors(offload_plan, chromium, tmp_path):
+    page = tmp_path / "offload.html"
+    page.write_text(render_html(offload_plan))
+    root = re.search(r"<html[^>]*>", _browse(chromium, page, tmp_path, "--dump-dom").stdout).group(0)
+    assert 'data-ready="1"' in root and "data-js-errors" not in root, root
 
 
 def test_the_browser_check_sees_script_errors(plan_file, chromium, tmp_path):

@@ -444,3 +444,50 @@ def kfac_with_two_parameter_groups(rank, world_size, model_bytes, inputs, plan_j
     except autopar.AutoparError as exc:
         return str(exc)
     return None
+
+
+def train_offloaded(rank, world_size, model_bytes, inputs, plan_json, steps, settings):
+    """``steps`` AdamW steps of an offloading plan through autoparallelize: the losses, the
+    parameters whole, and the memory of a step after the first (when the optimizer state
+    exists): MemTracker's peak over the step (every tensor of the process, host and "device"
+    alike on CPU), the host bytes of the step (the chunks and the offloaded state), and the
+    chunk store's own counts."""
+    import io
+
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from autopar.parallelize import parallel_module
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    wrapped = autopar.autoparallelize(model, mesh=plan.device_mesh, plan=plan, example_inputs=inputs)
+    wrapped(*inputs)  # distributes the parameters: the optimizer is built on their DTensors
+    opt = torch.optim.AdamW(model.parameters(), **settings)
+    store = parallel_module(wrapped).chunks
+    losses, memory = [], {}
+
+    def step():
+        loss = wrapped(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+
+    for k in range(steps):
+        if k != 1:
+            step()
+            continue
+        tracker = MemTracker()
+        tracker.track_external(model, opt)
+        store.peak = 0
+        with tracker:
+            step()
+        offloaded = set(store.slices)
+        state = sum(t.to_local().numel() * t.element_size() for n, p in model.named_parameters() if n in offloaded
+                    for t in opt.state[p].values() if t.dim())
+        grads = sum(p.to_local().numel() * p.element_size() for n, p in model.named_parameters() if n in offloaded)
+        memory = {"tracked_peak": sum(s["Total"] for s in tracker.get_tracker_snapshot("peak").values()),
+                  "host": sum(h.numel() * h.element_size() for h in store.host.values()) + state + grads,
+                  "chunk_peak": store.peak, "fetched": store.fetched_bytes}
+    params = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+    return {"losses": losses, "params": params, "memory": memory}

@@ -13,7 +13,14 @@ Fits (least squares):
   ``cost_models.collectives`` for each kind, size and group size, and c a fixed
   cost per call (on shared cores every rank of the group must be scheduled before
   the first ring step: a 4 KiB all-gather among 2 of 4 busy processes takes about
-  1.2 ms, not one ring step's 0.5 ms).
+  1.2 ms, not one ring step's 0.5 ms);
+- host link (offload) time t = latency + bytes / bandwidth, from copies into freshly allocated
+  buffers, as the runtime moves a chunk between "device" and "host" (both CPU memory here).
+
+Measured directly: the kernel floor, a view's host time, memory bandwidth, the node's Adam rate
+(parameter elements per second through ``torch.optim.AdamW``, all ranks stepping at once, summed
+over the node) and its physical memory (host memory; each "device" gets an equal share). Host
+copies do not overlap compute here: both run on the same cores.
 """
 from __future__ import annotations
 
@@ -30,6 +37,11 @@ from autopar.errors import AutoparError
 
 MATMUL_SIZES = (64, 128, 256, 512, 768)
 MESSAGE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
+# chunk moves from the small chunks of test models (latency-bound) to the large ones of real models
+HOST_COPY_BYTES = (64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+# parameters the optimizer rate is timed on, per rank: large enough that per-tensor overheads
+# do not dominate, small enough for four ranks' Adam state to fit a small machine
+OPTIMIZER_SHAPES = ((1024, 1024),) * 4
 
 
 def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
@@ -59,6 +71,7 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
         for kind, nbytes, seconds in rows:
             report(f"  {kind:<15} {nbytes / 1024:>8.0f} KiB: {seconds * 1e6:9.1f} us")
             collectives.append((kind, p, nbytes, seconds))
+    host_link, host_optimizer_rate = _host_figures(cluster, report)
     rate, half = fit_compute(matmuls)
     emulated = ("reduce_scatter", "all_to_all")  # gloo lacks them; RankMesh composes them
     launch, alpha, beta = fit_link(collectives, floor, emulated)
@@ -69,7 +82,24 @@ def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
                     intra_node=link, inter_node=link, devices_per_node=largest, compute_efficiency=1.0,
                     half_efficiency_flops=half, memory_efficiency=1.0, kernel_floor_s=floor, host_op_s=host_op,
                     collective_launch_s=launch, fp32_flops_ratio=1.0, emulated_collectives=emulated,
-                    collectives_library="gloo")
+                    collectives_library="gloo", host_link=host_link, host_memory_bytes=_memory_bytes(),
+                    host_optimizer_rate=host_optimizer_rate, host_copies_overlap=False)
+
+
+def _host_figures(cluster, report) -> tuple[Link, float]:
+    """(host link, node's Adam rate) for offload, each timed on every rank at once."""
+    report("host copies (offload moves), all ranks at once ...")
+    copies = cluster.run(_measure_host_copies, HOST_COPY_BYTES)[0]
+    for nbytes, seconds in copies:
+        report(f"  {nbytes / 1024:>8.0f} KiB: {seconds * 1e6:9.1f} us, {nbytes / seconds / 1e9:6.2f} GB/s")
+    link = fit_host_link(copies)
+    report(f"fit: host link {link.bandwidth / 1e9:.2f} GB/s, latency {link.latency * 1e6:.1f} us")
+    per_rank = cluster.run(_measure_host_optimizer, OPTIMIZER_SHAPES)[0]
+    # the field is per node (the planner divides it among the node's devices): all ranks stepped at once
+    rate = per_rank * cluster.world_size
+    report(f"host optimizer (AdamW, fp32): {per_rank / 1e6:.1f} M elements/s per rank, "
+           f"{rate / 1e6:.1f} M/s for the node")
+    return link, rate
 
 
 def fit_compute(samples: list[tuple[float, float]]) -> tuple[float, float]:
@@ -78,6 +108,15 @@ def fit_compute(samples: list[tuple[float, float]]) -> tuple[float, float]:
     slope, intercept = _relative_lstsq([[f, 1.0] for f, _ in samples], [t for _, t in samples])
     rate = 1.0 / slope
     return rate, max(0.0, intercept * rate)
+
+
+def fit_host_link(samples: list[tuple[float, float]]) -> Link:
+    """The link t = latency + bytes / bandwidth through (bytes, seconds) pairs, on relative error;
+    the latency is dropped (0) where the data make it negative."""
+    latency, per_byte = _relative_lstsq([[1.0, n] for n, _ in samples], [t for _, t in samples])
+    if latency < 0:
+        latency, (per_byte,) = 0.0, _relative_lstsq([[n] for n, _ in samples], [t for _, t in samples])
+    return Link(bandwidth=1.0 / max(per_byte, 1e-15), latency=latency)
 
 
 def ring_terms(kind: str, p: int, nbytes: float, emulated=()) -> tuple[float, float]:
@@ -154,6 +193,28 @@ def _measure_memory(rank, world_size):
     out = torch.empty_like(big)
     seconds = _per_call(lambda: torch.add(big, 1, out=out), calls=30)
     return floor, view, 2 * big.numel() * big.element_size() / seconds
+
+
+def _measure_host_copies(rank, world_size, sizes):
+    """(bytes, seconds) of a chunk's move: allocate the destination and copy into it, as the
+    runtime does (a fresh buffer pays its page faults, which a reused one would hide)."""
+    out = []
+    for nbytes in sizes:
+        src = torch.randn(nbytes // 4)
+        calls = max(1, int(_WINDOW_S * 1e10 / nbytes))  # ~0.1 s at 10 GB/s
+        out.append((nbytes, _per_call(lambda: torch.empty_like(src).copy_(src), calls)))
+    return out
+
+
+def _measure_host_optimizer(rank, world_size, shapes):
+    """Parameter elements per second this rank takes through an fp32 AdamW step."""
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params)  # default foreach: the optimizer users build (see parallelize.py)
+    opt.step()  # the first step allocates the moments: not part of the steady rate
+    seconds = _per_call(opt.step, calls=3)
+    return sum(p.numel() for p in params) / seconds
 
 
 def _measure_collectives(rank, world_size, group, sizes):

@@ -18,13 +18,23 @@ __all__ = ["GB", "Hardware", "Link", "PRESETS", "get_hardware", "load_hardware",
 # nothing left to hide under and the two contend for SMs and memory, so not all of backward
 # covers (0.8: an assumption, not a measurement).
 _GPU_OVERLAP = 0.8
+# Host links: PCIe Gen4 x16 (A100) moves about 25 GB/s per direction of its 32 GB/s, Gen5 x16
+# (H100, H200) about 50 of 64. Host memory per node: DGX A100 1 TB, DGX H100/H200 2 TB. The host
+# optimizer rate (Adam, parameter elements per second per node) is of the order ZeRO-Offload's
+# vectorized CPU-Adam reaches on a two-socket server (Ren et al. 2021): an assumption, not a
+# measurement; `autopar calibrate` measures this machine's.
+_PCIE4, _PCIE5 = Link(25 * GB, 1e-5), Link(50 * GB, 1e-5)
+_CPU_ADAM_RATE = 1e9
 PRESETS = {
     "a100-sxm-80g": Hardware("a100-sxm-80g", 312e12, 80 * GB, 2.04e12, Link(300 * GB, 1e-6), Link(25 * GB, 2e-6),
-                             gradient_overlap=_GPU_OVERLAP),
+                             gradient_overlap=_GPU_OVERLAP, host_link=_PCIE4, host_memory_bytes=1e12,
+                             host_optimizer_rate=_CPU_ADAM_RATE),
     "h100-sxm": Hardware("h100-sxm", 989e12, 80 * GB, 3.35e12, Link(450 * GB, 1e-6), Link(50 * GB, 2e-6),
-                         gradient_overlap=_GPU_OVERLAP),
+                         gradient_overlap=_GPU_OVERLAP, host_link=_PCIE5, host_memory_bytes=2e12,
+                         host_optimizer_rate=_CPU_ADAM_RATE),
     "h200-sxm": Hardware("h200-sxm", 989e12, 141 * GB, 4.8e12, Link(450 * GB, 1e-6), Link(50 * GB, 2e-6),
-                         gradient_overlap=_GPU_OVERLAP),
+                         gradient_overlap=_GPU_OVERLAP, host_link=_PCIE5, host_memory_bytes=2e12,
+                         host_optimizer_rate=_CPU_ADAM_RATE),
 }
 
 

@@ -18,6 +18,7 @@ from importlib import resources
 from autopar.backends.printer import shape_text
 from autopar.cost_models.hardware import PRESETS
 from autopar.inspect.plan_layers import TOP_LEVEL, node_modules
+from autopar.inspect.report_offload import offload_section
 from autopar.inspect.report_pipeline import pipeline_chart
 from autopar.ir.placement import Partial, Shard, Spec
 from autopar.units import human_bytes, human_seconds
@@ -31,7 +32,8 @@ OPEN_LEVELS = 3  # module tree levels open when the page loads (see _module_html
 
 def render_html(plan) -> str:
     body = "".join([_header(plan), '<div class="charts">', _step_time_chart(plan), _memory_chart(plan), "</div>",
-                    pipeline_chart(plan), _tree(plan), _collectives_table(plan), _fallbacks(plan)])
+                    offload_section(plan), pipeline_chart(plan), _tree(plan), _collectives_table(plan),
+                    _fallbacks(plan)])
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>autopar plan {escape(plan.hash)}</title><script>{_ERROR_HOOK}</script>"
             f"<style>{_CSS}{_placement_css()}</style></head>\n<body>{body}<script>{_JS}</script></body></html>\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from autopar.backends.printer import shape_text
+from autopar.inspect.offload_view import offload_lines
 from autopar.inspect.pipeline_view import pipeline_lines
 from autopar.inspect.plan_layers import TOP_LEVEL, module_rows
 from autopar.units import human_bytes, human_seconds
@@ -41,6 +42,7 @@ def summarize(plan) -> str:
         f"peak memory per device: {human_bytes(p.peak_memory_bytes)} = "
         + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
         _recompute_line(plan),
+        *offload_lines(plan),
         *pipeline_lines(plan),
         "",
         f"by module (compute per step; parameters with their placement per mesh axis: {axes}):",

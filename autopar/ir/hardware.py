@@ -60,9 +60,26 @@ class Hardware:
     # gradient syncs go out in buckets of this many bytes (autopar.runtime.rank_mesh), so each
     # pays its share of one call's fixed costs
     gradient_bucket_bytes: float = GRADIENT_BUCKET_BYTES
+    # offload (autopar.planning.offload): the link each device moves chunks to and from host
+    # memory over (PCIe), per direction; the node's host memory and the parameter elements per
+    # second its CPUs take through an Adam step, both shared by the node's devices
+    host_link: Link = Link(25 * GB, 1e-5)
+    host_memory_bytes: float = 1e12
+    host_optimizer_rate: float = 1e9
+    # whether a host copy runs beside compute (a GPU's copy engines): False where the copy and the
+    # compute share the same cores (CPU processes)
+    host_copies_overlap: bool = True
 
     def flops_rate(self, dtype_bytes: int) -> float:
         return self.peak_flops if dtype_bytes <= 2 else self.peak_flops * self.fp32_flops_ratio
+
+    @property
+    def host_memory_per_device(self) -> float:
+        return self.host_memory_bytes / self.devices_per_node
+
+    @property
+    def host_optimizer_rate_per_device(self) -> float:
+        return self.host_optimizer_rate / self.devices_per_node
 
     def efficiency(self, flops: float) -> float:
         """Fraction of peak a kernel of ``flops`` reaches (saturating: f / (f + f_half))."""
@@ -82,7 +99,7 @@ class Hardware:
                                f"known: {', '.join(sorted(fields))}")
         d = dict(d)
         try:
-            for key in ("intra_node", "inter_node"):
+            for key in ("intra_node", "inter_node", "host_link"):
                 if key in d:
                     d[key] = Link(**d[key])
             if "emulated_collectives" in d:

@@ -12,6 +12,7 @@ from autopar.errors import AutoparError, PlanFormatError
 from autopar.ir.cost_formula import CostFormula
 from autopar.ir.graph import GraphIR
 from autopar.ir.mesh import Mesh
+from autopar.ir.offload import Offload
 from autopar.ir.pipeline import Pipeline
 from autopar.ir.placement import Spec
 from autopar.ir.records import PassRecord, Predicted, Redistribution, SolverStats
@@ -59,6 +60,8 @@ class Plan:
     # on a mesh with a pp axis: the stages, schedule and micro-batches; ``mesh`` is then one
     # stage's devices and the layouts are those of every stage
     pipeline: Optional[Pipeline] = None
+    # parameters and optimizer state in host memory, in chunks moved as the program needs them
+    offload: Optional[Offload] = None
     format_version: int = FORMAT_VERSION
 
     # ---- queries -------------------------------------------------------------------
@@ -99,6 +102,8 @@ class Plan:
             body["prefetch"] = True
         if self.pipeline is not None:  # likewise
             body["pipeline"] = self.pipeline.decisions()
+        if self.offload is not None:  # likewise
+            body["offload"] = self.offload.decisions()
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
     def cost_formula(self) -> sympy.Expr:
@@ -135,6 +140,9 @@ class Plan:
         if self.pipeline is not None and backend != "torch":
             raise AutoparError(f"plan {self.hash} has {self.pipeline.pp} pipeline stages, which only the torch "
                                f"backend emits (for torch.distributed.pipelining); emit it for 'torch'")
+        if self.offload is not None and backend != "torch":
+            raise AutoparError(f"plan {self.hash} offloads parameters to host memory, which only the torch backend "
+                               f"emits; emit it for 'torch', or plan with offload=False for {backend!r}")
         return _registered(_EMITTERS, backend, "backend")(self)
 
     def explain(self, target: str, model=None, example_inputs=None, hardware=None) -> str:
@@ -174,6 +182,7 @@ class Plan:
             "prefetch": self.prefetch,
             "modules": self.modules,
             "pipeline": self.pipeline.to_json() if self.pipeline else None,
+            "offload": self.offload.to_json() if self.offload else None,
         }
         return json.dumps(body, indent=1)
 
@@ -204,6 +213,7 @@ class Plan:
                 prefetch=bool(d.get("prefetch", False)),  # likewise
                 modules=dict(d.get("modules", {})),  # likewise
                 pipeline=Pipeline.from_json(d["pipeline"]) if d.get("pipeline") else None,  # likewise
+                offload=Offload.from_json(d["offload"]) if d.get("offload") else None,  # likewise
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -19,6 +19,8 @@ DEFAULT_SOLVER = "mip"  # SCIP; "cp-sat" on request
 DEFAULT_TIME_LIMIT_S = 60.0  # per integer program
 DEFAULT_OPTIMIZER = "adam"
 DEFAULT_RECOMPUTE = "auto"
+DEFAULT_OFFLOAD = "auto"
+OFFLOAD_MODES = ("auto", True, False)
 DEFAULT_BUDGET_SHARE = 0.9  # of the device's memory, when no memory budget is given
 SOLVERS = ("mip", "cp-sat")
 PARTITIONS = ("balanced", "even")
@@ -53,6 +55,9 @@ class PlanRequest:
     # optimizer="kfac": the steps between curvature refreshes (its factors and inverses); None:
     # chosen by the planner (autopar.planning.bubbles._refresh_period)
     inv_every: Optional[int] = None
+    # parameters and optimizer state in host memory (autopar.passes.offload): "auto" where the
+    # memory budget needs it, True always (every chunk), False never
+    offload: "str | bool" = DEFAULT_OFFLOAD
 
     @property
     def pins(self) -> dict[str, str]:

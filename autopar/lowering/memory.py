@@ -41,9 +41,18 @@ def optimizer_bytes_per_element(optimizer: str, itemsize: int) -> float:
     return OPTIMIZERS[optimizer](itemsize)
 
 
-def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: str) -> MemoryEstimate:
+def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: str, offloaded=frozenset(),
+             chunk_bytes=None, to_host=frozenset()) -> MemoryEstimate:
+    """The program's memory. ``offloaded``: parameter placeholders whose value and optimizer state
+    live in host memory (autopar.passes.offload); ``chunk_bytes``: per statement, the bytes of
+    their chunks on the device then (counted as parameters); ``to_host``: gradient variables
+    moved to host memory right after the statement that defines them
+    (autopar.lowering.offload)."""
     persistent = {c: 0.0 for c in CATEGORIES}
+    chunks = chunk_bytes or [0.0] * len(statements)
     for ph, fqn in graph.params.items():
+        if ph in offloaded:
+            continue
         meta = graph.node(ph).outputs[0]
         n = math.prod(strategies[ph].out_specs[0].local_shape(meta.shape, mesh))
         persistent["parameters"] += n * meta.itemsize
@@ -73,9 +82,9 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
         if refs[sid] == 0:
             live[category[sid]] -= size[sid]
 
-    for s in statements:
+    for s, on_device in zip(statements, chunks):
         if s.kind in ("placeholder",) + RETURNS:
-            during.append(held_all_step + sum(live.values()))
+            during.append(held_all_step + sum(live.values()) + on_device)
             continue
         old = storage_of.get(s.defines)
         if s.alias_of is not None and s.alias_of in storage_of:
@@ -85,12 +94,13 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
             size[sid], refs[sid] = s.nbytes, 0
             category[sid] = _category(s, gradients)
             live[category[sid]] += s.nbytes
-        now = sum(live.values()) + s.scratch  # a rebound name's old value is still held here
+        now = sum(live.values()) + s.scratch + on_device  # a rebound name's old value is still held here
         during.append(held_all_step + now)
         if now > peak:
             peak, peak_at = now, s.defines
             peak_breakdown = dict(live)
             peak_breakdown["communication"] += s.scratch
+            peak_breakdown["parameters"] += on_device
         if old is not None:  # rebinding a name drops its old value after the statement
             release(s.defines)
         storage_of[s.defines] = sid
@@ -98,7 +108,9 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
         for var in s.frees:
             if var not in returned:
                 release(var)
-        timeline.append((s.defines, held_all_step + sum(live.values())))
+        if s.defines in to_host:
+            release(s.defines)
+        timeline.append((s.defines, held_all_step + sum(live.values()) + on_device))
     breakdown = {c: persistent[c] + peak_breakdown.get(c, 0.0) for c in CATEGORIES}
     return MemoryEstimate(sum(breakdown.values()), breakdown, tuple(timeline), peak_at, tuple(during))
 

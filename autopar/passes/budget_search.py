@@ -21,12 +21,13 @@ from typing import Optional
 
 from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
-from autopar.ir.program import Program, forward_nodes, tensor_inputs
+from autopar.ir.program import STEP, Program, forward_nodes, tensor_inputs
 from autopar.lowering.memory import optimizer_bytes_per_element
 from autopar.ops.table import rule_for
 from autopar.passes.base import PassContext
 from autopar.passes.collectives import find_redistributions
-from autopar.passes.recompute import fit, memory_budget
+from autopar.passes.offload import best_offload
+from autopar.passes.recompute import Fit, fit, memory_budget
 from autopar.passes.sharding_problem import ShardingProblem
 from autopar.solvers.sharding import MemoryLimit, evaluate, solve
 from autopar.solvers.warm_start import descend_axes
@@ -53,9 +54,35 @@ class BudgetSearch:
         self.steps = _StepMemo(self.held, self.rows)
         self.lean = _Lean(self, problem.node_costs, self.rows)
         self.attempts: list = []  # (smallest peak, its breakdown) of each layout tried
+        self.fastest = None  # (result, fit) of the fastest layout, solved with no limit of the stand-in
 
     def run(self):
-        """(solver result, its fit) of the layout the search picks; an AutoparError when none fits."""
+        """(solver result, its fit) of the layout the search picks, offloading or not; an
+        AutoparError when none fits."""
+        try:
+            chosen = self._on_device()
+        except AutoparError as refusal:
+            offloaded = self._offloaded(None)
+            if offloaded is None and self.ctx.request.offload is not False and self.graph.kind == STEP:
+                raise AutoparError(f"{refusal}; offloading parameters and optimizer state to host memory does not "
+                                   f"fit either (the gradients, activations and one chunk at a time stay on the "
+                                   f"device)") from refusal
+            if offloaded is None:
+                raise refusal
+            return _because(offloaded, f"no layout fits {human_bytes(self.budget)} on the device alone (sharding and "
+                                       f"recomputation leave a peak of {_smallest(self.attempts)} at least)", self.ctx)
+        offloaded = self._offloaded(chosen)
+        if offloaded is None:
+            return chosen
+        device_only, with_offload = _step_seconds(*chosen), _step_seconds(*offloaded)
+        if self.ctx.request.offload is True:
+            return _because(offloaded, "offload=True", self.ctx)
+        if with_offload >= device_only:
+            return chosen
+        return _because(offloaded, f"it is faster ({human_seconds(with_offload)} a step) than the fastest layout that "
+                                   f"fits on the device alone ({human_seconds(device_only)})", self.ctx)
+
+    def _on_device(self):
         best = self._within_budget()
         if best is not None:  # on a 1-D mesh every solve was the full program already
             # mesh search sets full_program False while it compares meshes, and runs it on the finalists
@@ -117,6 +144,42 @@ class BudgetSearch:
     def step_time(self, choice) -> float:
         return evaluate(self.problem.node_costs, self.problem.edges, choice, self.problem.overlap)
 
+    # ---- offload ------------------------------------------------------------------
+    def _offloaded(self, chosen):
+        """(result, fit) of the fastest offload among the layouts tried (the fastest, the
+        search's pick ``chosen`` with its recomputation, the leanest), or None: with offload
+        off, for a forward alone, or (offload "auto") where the fastest layout fits as it is."""
+        request = self.ctx.request
+        if request.offload is False or self.graph.kind != STEP:
+            return None
+        if request.offload == "auto" and self.fastest is not None and self.fastest[1].plain.peak_bytes <= self.budget:
+            return None
+        layouts = [(self.fastest[0], None) if self.fastest is not None else None,
+                   (chosen[0], chosen[1]) if chosen is not None else None, (self.lean.result, None)]
+        best, seen = None, set()
+        for result, fitted in filter(None, layouts):
+            key = (tuple(result.choice), fitted is not None)
+            if key in seen:
+                continue
+            seen.add(key)
+            found = self._offload(result, fitted)
+            if found is not None and (best is None or _step_seconds(*found) < _step_seconds(*best)):
+                best = found
+        return best
+
+    def _offload(self, result, fitted):
+        """(result, fit) of the fastest offload of ``result``'s layout, with the recomputation of
+        ``fitted`` (its fit on the device) where given, or None."""
+        strategies = self.problem.choice_of(result.choice)
+        moves = find_redistributions(self.program, strategies, self.ctx.cost, self.ctx.request.precision)
+        recompute = fitted.recompute if fitted is not None else None
+        found = best_offload(self.graph, strategies, moves, self.ctx, self.budget,
+                             recompute.variables if recompute is not None else (),
+                             recompute.seconds if recompute is not None else 0.0)
+        if found is None:
+            return None
+        return result, Fit(fitted.plain if fitted is not None else self.fit(result, "none").plain, found)
+
     # ---- the search ---------------------------------------------------------------
     def _within_budget(self):
         """(the solution that fits the budget, with recomputation if it needs it, for the least
@@ -132,6 +195,8 @@ class BudgetSearch:
             if result.objective >= best_time:
                 break  # tighter limits only slow the layout further: recomputing is the better answer
             fitted = self.fit(result)
+            if limit is None:
+                self.fastest = (result, fitted)
             self.attempts.append((fitted.least.peak_bytes, fitted.least.breakdown))
             if fitted.recompute is not None and result.objective + fitted.recompute.seconds < best_time:
                 best = (result, fitted, None if limit is None else MemoryLimit(self.rows, limit))
@@ -211,6 +276,25 @@ class BudgetSearch:
                 self.attempts.append((fastest.least.peak_bytes, fastest.least.breakdown))
             raise _infeasible(self.budget, self.attempts, lean_fit.least, self.ctx.mesh)
         return self.lean.result, lean_fit
+
+
+def _because(chosen, why: str, ctx: PassContext):
+    """``chosen`` (result, fit with offload), its offload's reason starting with ``why``."""
+    result, fitted = chosen
+    offload = fitted.recompute.offload
+    ctx.report(f"offloading to host memory: {why}")
+    offload = dataclasses.replace(offload, reason=f"offloaded because {why}; {offload.reason}")
+    return result, dataclasses.replace(fitted, recompute=dataclasses.replace(fitted.recompute, offload=offload))
+
+
+def _smallest(attempts) -> str:
+    return human_bytes(min(peak for peak, _ in attempts)) if attempts else "over the budget"
+
+
+def _step_seconds(result, fitted) -> float:
+    """A layout's step time with the recomputation (and offload) its fit takes."""
+    extra = fitted.recompute.offload.added_s if fitted.recompute.offload is not None else 0.0
+    return result.objective + fitted.recompute.seconds + extra
 
 
 class _Lean:

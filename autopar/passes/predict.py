@@ -31,6 +31,9 @@ class PredictPass(Pass):
         exposed_async = exposed(async_s - ahead["forward"], backward, overlap) + \
             exposed(ahead["forward"], compute - recompute_s - backward, overlap)
         comm = sum(r.seconds for r in redistributions) - async_s + exposed_async
+        offload = program.table("recompute").offload
+        offload_s = offload.added_s if offload is not None else 0.0  # the device waits, or the host steps
+        comm += offload_s
         memory = program.table("memory")
         flops = program.table("flops")
         total = sum(flops.values())

@@ -26,6 +26,7 @@ from typing import Optional
 
 from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
+from autopar.ir.offload import Offload
 from autopar.ir.program import STEP, Program
 from autopar.lowering.memory import MemoryEstimate, simulate
 from autopar.lowering.schedule import (
@@ -64,6 +65,9 @@ class Recompute:
     # anything; ``ahead`` names the redistributions started a layer ahead, which run under compute
     prefetch: bool = False
     ahead: tuple[str, ...] = ()
+    # parameters and optimizer state kept in host memory (autopar.passes.offload), with the time
+    # it adds (``offload.added_s``, beside ``seconds``)
+    offload: Optional[Offload] = None
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,7 @@ class _MeshPlanner:
             predicted=program.table("predicted"),
             recompute=program.table("recompute").variables,
             prefetch=program.table("recompute").prefetch,
+            offload=program.table("recompute").offload,
             fallback_nodes=dict(fallback),
             fallback_modules={n: p for n, p in self.modules.items() if n in fallback},
             modules=self.modules,

@@ -53,8 +53,9 @@ def plan_pipeline(planner, request: PlanRequest) -> Plan:
     mesh = request.meshes[0]
     pp, stage_mesh = split_mesh(mesh)
     batch = _batch_size(planner.example_inputs)
+    # a pipeline's stages hold their state on the device: offloading a stage is not planned yet
     inner = dataclasses.replace(request.on(stage_mesh), memory_budget_bytes=request.memory_budget_bytes * pp,
-                                schedule=None, microbatches=None)
+                                schedule=None, microbatches=None, offload=False)
     send = _send_seconds(mesh, request.hardware)
     candidates, built = [], {}
     report = planner.progress or (lambda message: None)

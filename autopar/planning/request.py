@@ -12,10 +12,12 @@ from autopar.ir.precision import parse_precision
 from autopar.ir.request import (
     DEFAULT_BUDGET_SHARE,
     DEFAULT_HARDWARE,
+    DEFAULT_OFFLOAD,
     DEFAULT_OPTIMIZER,
     DEFAULT_RECOMPUTE,
     DEFAULT_SOLVER,
     DEFAULT_TIME_LIMIT_S,
+    OFFLOAD_MODES,
     PARTITIONS,
     SOLVERS,
     PlanRequest,
@@ -32,7 +34,7 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
             recompute: str = DEFAULT_RECOMPUTE, symbolic_dims: Optional[dict[str, int]] = None,
             cluster_layers: bool = True, precision=None, schedule: Optional[str] = None,
             microbatches: Optional[int] = None, partition: str = "balanced", pipelines: bool = True,
-            inv_every: Optional[int] = None) -> PlanRequest:
+            inv_every: Optional[int] = None, offload: "str | bool" = DEFAULT_OFFLOAD) -> PlanRequest:
     """The request autopar.plan's options stand for (see its docstring for each); ``pipelines``:
     whether a device count's candidates include meshes with a pp axis."""
     hw = get_hardware(hardware)
@@ -42,6 +44,7 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
         raise AutoparError(f"unknown solver {solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
     optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here
     _check_kfac_options(meshes, optimizer, inv_every)
+    _check_offload(meshes, offload)
     budget = parse_bytes(memory_budget)
     mixed = parse_precision(precision)
     if mixed is not None and optimizer == "adam-mixed":
@@ -64,7 +67,17 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
         microbatches=microbatches,
         partition=partition,
         inv_every=inv_every,
+        offload=offload,
     )
+
+
+def _check_offload(meshes, offload) -> None:
+    if offload not in OFFLOAD_MODES or isinstance(offload, int) and not isinstance(offload, bool):
+        raise AutoparError(f"offload={offload!r}: use 'auto' (offload when the memory budget needs it), True "
+                           f"(always) or False (never)")
+    if offload is True and any(has_pipeline(m) for m in meshes):
+        raise AutoparError("offload=True on a mesh with 'pp': autopar does not offload a pipeline's stages yet; "
+                           "leave offload='auto' (pipelines then hold their state on the device) or plan without 'pp'")
 
 
 def _check_kfac_options(meshes, optimizer: str, inv_every) -> None:

@@ -31,6 +31,7 @@ from autopar.errors import AutoparError, NoLossError, PlanMismatchError
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.plan import Plan
 from autopar.ir.program import FORWARD, STEP
+from autopar.runtime.offload import ChunkStore
 from autopar.runtime.precision import agree_on_overflow, autocast_off, check_autocast
 from autopar.runtime.program import (
     RankProgram,
@@ -80,6 +81,8 @@ class _Step(torch.autograd.Function):
             if ctx.sync and program.plan.graph.autocast == "float16":
                 agree_on_overflow(list(grads.values()), parallel.rt.device)
         params, ctx.args, ctx.params = ctx.params, None, None
+        if program.chunks is not None and ctx.sync:  # an offloaded parameter's gradient lives beside it
+            grads = {fqn: program.chunks.on_host(g) if fqn in program.chunks.slices else g for fqn, g in grads.items()}
         none = (None,) * 4
         if not ctx.sync:  # local gradients, before any collective: kept for the next synced backward
             for fqn, grad in grads.items():
@@ -99,6 +102,9 @@ class ParallelModule(nn.Module):
         ``compile``: run every program through torch.compile (autopar.runtime.program.RankProgram)."""
         super().__init__()
         check_plan_matches(plan, model)
+        if plan.offload is not None and compile:
+            raise AutoparError(f"plan {plan.hash} offloads parameters to host memory, whose moves run between the "
+                               f"program's statements: run it with compile=False")
         self.model = model
         self.rt = rank_mesh
         self.planner, self.replan = planner, replan
@@ -116,7 +122,11 @@ class ParallelModule(nn.Module):
         self._lossless: set = set()  # step keys whose calls hold no loss: their forward programs serve them
         self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
         self._unsynced_program: Optional[tuple] = None  # the program whose layouts those gradients are in
-        distribute(model, params, buffers, plan.mesh, rank_mesh, init)
+        # an offloading plan's parameters live in host chunks, their blocks views of them
+        self.chunks = ChunkStore(plan.offload, rank_mesh.device) if plan.offload is not None else None
+        first.chunks = self.chunks
+        distribute(model, params, buffers, plan.mesh, rank_mesh, init,
+                   host=self.chunks.host_block if self.chunks is not None else None)
 
     @property
     def plan(self) -> Plan:
@@ -170,12 +180,17 @@ class ParallelModule(nn.Module):
             except NoLossError:  # as in eager: nothing to differentiate, the forward serves
                 self._lossless.add(step_key)
         found = self.programs.get(program_key(FORWARD, state, call))
-        if found is None and self.planner is None:
+        if found is None and (self.planner is None or self.chunks is not None):
             found = self.programs.get(step_key)  # its forward, dropping what it saves for backward
         return found if found is not None else self._new_program(FORWARD, call)
 
     def _new_program(self, kind: str, call: FlatCall) -> RankProgram:
         known = {key[-1] for key in self.programs}
+        if self.chunks is not None:
+            check_call_fits(self.plan, call)
+            raise PlanMismatchError(f"plan {self.plan.hash} offloads parameters to host memory, and autopar does not "
+                                    f"plan a second program over the same chunks yet: call the model as the plan was "
+                                    f"made (same modes, frozen parameters and input shapes)")
         if self.planner is None or (not self.replan and call.signature not in known):
             check_call_fits(self.plan, call)  # names the shape or structure that differs
             raise PlanMismatchError(self._no_program_message(kind))

@@ -26,6 +26,7 @@ from autopar.ir.placement import R, Shard, Spec
 from autopar.ir.plan import Plan
 from autopar.ir.program import STEP
 from autopar.lowering.schedule import programs
+from autopar.runtime.offload import ChunkStore
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.state import as_dtensor, local
 from autopar.runtime.traced_collectives import TracedCollectives
@@ -78,17 +79,23 @@ class RankProgram:
         graph = plan.graph
         self.key = plan_key(plan)
         self.grad_fqns = tuple(dict.fromkeys(graph.grads.values()))  # the parameters backward gives gradients
-        self._placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
+        offloaded = {ph for ph, fqn in graph.params.items() if plan.offload is not None and fqn in plan.offload.params}
+        # an offloaded parameter is no argument: the programs read it from ``chunks``
+        self._placeholders = [n.name for n in graph.nodes if n.op == "placeholder" and n.name not in offloaded]
+        self.chunks: Optional[ChunkStore] = None  # an offloading plan's (ParallelModule sets it)
         self._keep_old = _buffers_backward_reads_before_update(plan)
         self._warned_dropped = False
 
     def forward(self, args: list):
         """(loss, saved, values, {buffer: new value}) of the forward program on ``args``."""
-        return self._forward(self._rt, *args)
+        return self._forward(*self._leading(), *args)
 
     def backward(self, args: list, saved: list, grad_loss: torch.Tensor, sync: bool, unsynced: dict) -> dict:
         """{parameter: gradient} of the backward program (autopar.backends.torch.codegen)."""
-        return self._backward(self._rt, *args, saved, grad_loss, sync, unsynced)
+        return self._backward(*self._leading(), *args, saved, grad_loss, sync, unsynced)
+
+    def _leading(self) -> tuple:
+        return (self._rt,) if self.plan.offload is None else (self._rt, self.chunks)
 
     @property
     def is_step(self) -> bool:

@@ -31,7 +31,8 @@ _REPLACED: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
-               init: "Callable[[nn.Module], None] | None" = None, own_copy: bool = False) -> None:
+               init: "Callable[[nn.Module], None] | None" = None, own_copy: bool = False,
+               host: "Callable[[str, tuple], torch.Tensor] | None" = None) -> None:
     """Each parameter (``params``: name -> Spec) and buffer (``buffers``: name -> Spec) of
     ``model`` becomes a DTensor holding this rank's block, module by module. The values are
     rank 0's, as its model holds them: rank 0 sends each rank its block alone (a replicated
@@ -44,7 +45,9 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
     shared, and keeps its attributes. Every rank then takes rank 0's random states (CPU, and the
     device's): dropout masks are drawn alike on every rank. ``own_copy``: every rank takes its
     blocks from its own model, which holds the values (a pipeline's ranks each hold other
-    tensors, so rank 0 sends none)."""
+    tensors, so rank 0 sends none). ``host(name, shape)``: the host memory that holds an
+    offloaded parameter's block (autopar.runtime.offload.ChunkStore.host_block), for the names
+    it knows."""
     source = "own" if own_copy else _rank0_source(model, init, rank_mesh)
     specs = {**params, **buffers}
     holders = _holders(model)
@@ -61,6 +64,8 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
             fqn = _join(path, name)
             values = _tensor(module, name) if source != "none" else None
             block = _block(values, original, specs[fqn], mesh, rank_mesh, own=source == "own")
+            if host is not None:
+                block = _in_host_memory(block, host(fqn, tuple(block._local_tensor.shape)))
             if name in module._buffers:
                 module._buffers[name] = block
                 continue
@@ -162,6 +167,14 @@ def _block(values: "torch.Tensor | None", like: torch.Tensor, spec: Spec, mesh: 
             dist.send(local_shard(values.detach(), spec, mesh, mesh.coords(rank)).to(rank_mesh.device), dst=rank)
         block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
     return as_dtensor(block, rank_mesh.device_mesh, spec.to_dtensor(), like.shape)
+
+
+def _in_host_memory(block: DTensor, where: "torch.Tensor | None") -> DTensor:
+    """``block``'s DTensor with its values in the host memory ``where`` (None: as it is)."""
+    if where is None:
+        return block
+    where.copy_(block._local_tensor)
+    return DTensor(where, block._spec, requires_grad=False)
 
 
 def _share_random_state(rank_mesh: RankMesh) -> None:

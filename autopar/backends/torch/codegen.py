@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from autopar.backends.printer import Sections, call_arguments, header, indented, literal, shape_text, wrapped
+from autopar.backends.torch.chunk_moves import ChunkMoves
 from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
@@ -25,28 +26,39 @@ from autopar.units import human_bytes, human_seconds
 
 def emit_torch(plan) -> str:  # plan: autopar.Plan (which imports this module)
     named = readable(plan)  # printed with readable names; the hash and fingerprint are the plan's
-    placeholders = [n.name for n in named.graph.nodes if n.op == "placeholder"]
+    program = programs(named)
+    moves = ChunkMoves(named, program.forward + program.backward) if plan.offload is not None else None
+    placeholders = [n.name for n in named.graph.nodes if n.op == "placeholder"
+                    and (moves is None or n.name not in moves.placeholders)]
+    takes = ["rt"] + (["chunks"] if moves is not None else [])
     lines = header(plan, "autopar: per-rank training step for torch.distributed (generated; do not edit)")
     lines += [
-        "# forward(rt, parameters..., buffers..., inputs...) -> (loss, saved, values, {buffer name: new value})",
+        f"# forward({', '.join(takes)}, parameters..., buffers..., inputs...) -> (loss, saved, values, "
+        "{buffer name: new value})",
     ] + ([
-        "# backward(rt, parameters..., buffers..., inputs..., saved, grad_loss, sync, unsynced)",
+        f"# backward({', '.join(takes)}, parameters..., buffers..., inputs..., saved, grad_loss, sync, unsynced)",
         "#     -> {parameter name: gradient}",
     ] if plan.graph.kind == STEP else []) + [
         "# all on this rank's local shards; saved: the values forward keeps for backward;",
         "# values: the model's other outputs, in their planned layouts.",
-    ] + module_preamble(plan)
+    ] + ([
+        "# chunks: the offloaded parameters' host chunks (autopar.runtime.offload.ChunkStore); each is",
+        "# fetched to the device and evicted where the plan placed it, its parameters read from there.",
+    ] if moves is not None else []) + module_preamble(plan)
     lines += wrapped("PLACEHOLDERS = [", [repr(n) for n in placeholders], "]")
-    program = programs(named)
     printer, sections = StatementPrinter(named), Sections(named)
-    lines += ["", ""] + wrapped("def forward(", ["rt"] + placeholders, "):")
-    for s in program.forward[:-1]:
-        lines += indented(sections.before(s, "forward") + printer.lines(s))
-    lines += indented(_forward_return(named.graph, program.forward[-1], program.saved))
+    lines += ["", ""] + wrapped("def forward(", takes + placeholders, "):")
+    lines += indented(moves.begin(forward=True) if moves is not None else [])
+    for i, s in enumerate(program.forward[:-1]):
+        lines += indented(sections.before(s, "forward") + (moves.before(i, s) if moves is not None else [])
+                          + printer.lines(s))
+    end = len(program.forward) - 1
+    lines += indented((moves.before(end, program.forward[end]) if moves is not None else [])
+                      + _forward_return(named.graph, program.forward[end], program.saved))
     if named.graph.kind == STEP:
-        lines += ["", ""] + wrapped("def backward(", ["rt"] + placeholders + ["saved", "grad_loss", "sync", "unsynced"],
+        lines += ["", ""] + wrapped("def backward(", takes + placeholders + ["saved", "grad_loss", "sync", "unsynced"],
                                     "):")
-        lines += indented(BackwardBody(named, printer, sections).lines(program))
+        lines += indented(BackwardBody(named, printer, sections, moves=moves).lines(program))
         lines += ["", "", *ACCUMULATE_SOURCE.splitlines()]
     return "\n".join(lines) + "\n"
 
@@ -100,10 +112,12 @@ class BackwardBody:
     what earlier micro-batches left in ``unsynced``, then syncs once. The gradient collectives
     are linear, so syncing the sum equals summing the syncs."""
 
-    def __init__(self, plan, printer: "StatementPrinter", sections: Sections, gradients=None, before=None):
+    def __init__(self, plan, printer: "StatementPrinter", sections: Sections, gradients=None, before=None,
+                 moves: "ChunkMoves | None" = None):
         """``gradients``: the gradient nodes it returns (a pipeline stage's own; default all);
-        ``before``: variable -> lines printed before the statement that defines it."""
-        self.plan, self.printer, self.sections = plan, printer, sections
+        ``before``: variable -> lines printed before the statement that defines it; ``moves``:
+        an offloading plan's chunk moves."""
+        self.plan, self.printer, self.sections, self.moves = plan, printer, sections, moves
         self.before = before or {}
         self.local = tuple(plan.graph.gradients if gradients is None else gradients)  # each before its sync
         self.syncs = {r.id: r for r in plan.redistributions if r.consumers == ("output",)}
@@ -123,8 +137,12 @@ class BackwardBody:
         out += wrapped("[", list(program.saved), "] = saved  # the values forward kept for backward") \
             if program.saved else []
         out += ["saved.clear()  # held here alone now: each is freed after its last use"]
-        for s in program.backward:
-            out += self.sections.before(s, "backward") + self.before.get(s.defines, []) + self.statement(s)
+        out += self.moves.begin(forward=False) if self.moves is not None else []
+        offset, last = len(program.forward), len(program.backward) - 1
+        for j, s in enumerate(program.backward):
+            moved = self.moves.before(offset + j, s, last=j == last) if self.moves is not None else []
+            out += self.sections.before(s, "backward") + moved + self.before.get(s.defines, []) + self.statement(s)
+            out += self.moves.after(s) if self.moves is not None else []
         return out
 
     def statement(self, s: Statement) -> list[str]:

@@ -1,0 +1,273 @@
+"""offload: the third memory lever beside sharding and recomputation (PatrickStar, Fang et
+al. 2021): parameters, with their gradients and optimizer state, kept in host memory in
+fixed-size chunks that visit the device for the statements that read them.
+
+For one layout (and the recomputation it already takes) ``best_offload`` sweeps the chunk size
+and how many chunks live on the host, and keeps the fastest choice whose device peak fits the
+budget and whose host bytes fit the device's share of host memory:
+
+- parameters are packed per dtype in the order the program first reads them, so a chunk holds
+  what the next statements read and a fetch brings its neighbours; the chunks read last in
+  forward (first in backward) go to the host first, as they cross from forward to backward
+  without a second fetch;
+- the moves follow autopar.solvers.chunks.furthest_in_future (the fewest fetches, exact, as the
+  program's order is known), with as many chunks on the device at once as the budget leaves room
+  for;
+- a view of a parameter that backward reads is recomputed in backward instead of saved (it
+  costs nothing, and a saved view would hold its chunk on the device from forward to backward);
+- the time it adds: the fetches the compute cannot hide (autopar.solvers.chunks.stalls), and the
+  optimizer step of the offloaded state on the host (its gradients copied down, then the host's
+  Adam); the step on the device (parameters and state up and back down) is priced beside it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from autopar.ir.offload import Chunk, Move, Offload, OptimizerChoice
+from autopar.lowering.memory import optimizer_bytes_per_element, simulate
+from autopar.lowering.offload import gradients_to_host
+from autopar.lowering.schedule import RETURNS, Statement, backward_start, schedule
+from autopar.passes.base import PassContext
+from autopar.passes.recompute import Recompute
+from autopar.solvers.chunks import furthest_in_future, pack, stalls
+from autopar.units import human_bytes
+
+# chunk sizes swept: the offloadable bytes over these counts (never below the largest parameter,
+# which must fit one chunk); PatrickStar sweeps its chunk size the same way, under the budget
+_CHUNK_COUNTS = (4, 8, 16, 32, 64)
+_MiB = 2**20
+
+
+@dataclass(frozen=True)
+class _Param:
+    placeholder: str
+    name: str
+    dtype: str
+    itemsize: int
+    numel: int  # this rank's block
+    has_grad: bool
+
+
+class _Program:
+    """One layout's step program as offload sees it: its statements, with the views of
+    parameters that backward reads recomputed there, and which parameter each statement needs."""
+
+    def __init__(self, graph, strategies, redistributions, ctx: PassContext, recomputed=()):
+        self.graph, self.strategies, self.ctx = graph, strategies, ctx
+        library = ctx.cost.hardware.collectives_library
+        plain = schedule(graph, strategies, redistributions, ctx.mesh, recomputed, library)
+        self.recomputed = tuple(recomputed) + _saved_parameter_views(plain, graph)
+        self.statements = schedule(graph, strategies, redistributions, ctx.mesh, self.recomputed, library)
+        self.params = _params(graph, strategies, ctx.mesh)
+        self.reads = _parameter_reads(self.statements, graph)
+        self.durations = [_duration(s, strategies) for s in self.statements]
+
+    def first_read(self, placeholder: str) -> int:
+        return min((i for i, read in enumerate(self.reads) if placeholder in read), default=len(self.reads))
+
+
+def best_offload(graph, strategies, redistributions, ctx: PassContext, budget: float, recomputed=(),
+                 recompute_s: float = 0.0) -> Optional[Recompute]:
+    """The fastest offload of this layout (with ``recomputed`` forward values, adding
+    ``recompute_s``) that fits ``budget`` and the host's memory; None when none does."""
+    program = _Program(graph, strategies, redistributions, ctx, recomputed)
+    if not program.params:
+        return None
+    best = None
+    for chunk_bytes in _chunk_sizes(program.params):
+        found = _with_chunk_size(program, chunk_bytes, budget, ctx)
+        if found is not None and (best is None or found.offload.added_s < best.offload.added_s):
+            best = found
+    if best is None:
+        return None
+    return Recompute(program.recomputed, recompute_s, best.memory, offload=best.offload)
+
+
+@dataclass(frozen=True)
+class _Found:
+    offload: Offload
+    memory: object  # MemoryEstimate
+
+
+def _with_chunk_size(program: _Program, chunk_bytes: int, budget: float, ctx: PassContext) -> Optional[_Found]:
+    """The fewest chunks on the host (of this size) that fit the budget: each further chunk offloaded
+    adds its moves and its optimizer step, so the first count that fits is the fastest."""
+    chunks = _chunks(program, chunk_bytes)
+    order = sorted(chunks, key=lambda c: -max(program.first_read(p.placeholder) for p in c))
+    every = ctx.request.offload is True
+    for count in ([len(order)] if every else _counts(len(order))):
+        offloaded = order[:count]
+        found = _offloading(program, offloaded, chunk_bytes, budget, ctx)
+        if found is not None:
+            return found
+    return None
+
+
+def _offloading(program: _Program, offloaded: list, chunk_bytes: int, budget: float, ctx) -> Optional[_Found]:
+    hw, request = ctx.cost.hardware, ctx.request
+    chunks = [_chunk(k, params, chunk_bytes) for k, params in enumerate(sorted(
+        offloaded, key=lambda c: program.first_read(c[0].placeholder)))]
+    host = _host_bytes(chunks, program.params, request.optimizer)
+    if host > hw.host_memory_per_device:
+        return None
+    of = {p: c.index for c in chunks for p in c.params}
+    placeholder = {p.name: p.placeholder for p in program.params}
+    gone = frozenset(placeholder[p] for p in of)
+    needs = [frozenset(of[program.graph.params[ph]] for ph in read if program.graph.params[ph] in of)
+             for read in program.reads]
+    to_host = frozenset(gradients_to_host(program.statements, program.graph, set(of)))
+    base = simulate(program.statements, program.graph, program.strategies, ctx.mesh, request.optimizer,
+                    offloaded=gone, to_host=to_host).during
+    found = _fewest_fetches_within(needs, base, chunk_bytes, budget, len(chunks))
+    if found is None:
+        return None
+    slots, moves = found
+    on_device = [n * chunk_bytes for n in moves.resident]
+    memory = simulate(program.statements, program.graph, program.strategies, ctx.mesh, request.optimizer,
+                      offloaded=gone, chunk_bytes=on_device, to_host=to_host)
+    if memory.peak_bytes > budget:
+        return None
+    copy_s = hw.host_link.latency + chunk_bytes / hw.host_link.bandwidth
+    waited, busy = stalls(program.durations, moves, needs, copy_s, hw.host_copies_overlap)
+    optimizer = _optimizer_choice(chunks, program.params, hw, request.optimizer)
+    offload = Offload(tuple(chunks), tuple(Move(*m) for m in moves.moves), slots, optimizer, busy, waited,
+                      tuple(on_device), host, _reason(memory.peak_bytes, budget, chunks, slots))
+    return _Found(offload, memory)
+
+
+def _fewest_fetches_within(needs, base, chunk_bytes: int, budget: float, chunks: int):
+    """(slots, schedule) with the most chunks on the device at once (the fewest fetches) whose
+    peak fits; None when even the fewest slots every statement needs do not."""
+    least = max((len(n) for n in needs), default=0)
+    room = math.floor((budget - min(base)) / chunk_bytes)
+    for slots in range(min(chunks, room), max(least, 1) - 1, -1):
+        moves = furthest_in_future(needs, slots)
+        if max(b + n * chunk_bytes for b, n in zip(base, moves.resident)) <= budget:
+            return slots, moves
+    return None
+
+
+def _optimizer_choice(chunks: list[Chunk], params: list[_Param], hw, optimizer: str) -> OptimizerChoice:
+    by_name = {p.name: p for p in params}
+    moved = [by_name[name] for c in chunks for name in c.params]
+    stepped = [p for p in moved if p.has_grad]
+    elements = sum(p.numel for p in stepped)
+    grad_bytes = sum(p.numel * p.itemsize for p in stepped)
+    state_bytes = sum(p.numel * optimizer_bytes_per_element(optimizer, p.itemsize) for p in stepped)
+    link = hw.host_link
+    host_s = grad_bytes / link.bandwidth + len(chunks) * link.latency + elements / hw.host_optimizer_rate_per_device
+    # up and down run at once (each direction has its own lanes); the step itself reads and
+    # writes parameter and state, and reads the gradient, at the device's memory bandwidth
+    device_s = (grad_bytes + state_bytes) / link.bandwidth + len(chunks) * link.latency + \
+        (3 * grad_bytes + 2 * state_bytes) / (hw.memory_bandwidth * hw.memory_efficiency)
+    # the runtime steps offloaded state where it lives, on the host (torch's optimizer over host
+    # tensors); streaming it through the device chunk by chunk is priced for comparison, not run yet
+    return OptimizerChoice("host", host_s, device_s)
+
+
+def _reason(peak: float, budget: float, chunks: list[Chunk], slots: int) -> str:
+    return (f"{len(chunks)} chunks of {human_bytes(chunks[0].nbytes)} live in host memory, at most {slots} on the "
+            f"device at once: the device peaks at {human_bytes(peak)} of its {human_bytes(budget)} budget")
+
+
+def _host_bytes(chunks: list[Chunk], params: list[_Param], optimizer: str) -> float:
+    """Per device: the chunks (parameters), and the offloaded parameters' gradients and optimizer state."""
+    by_name = {p.name: p for p in params}
+    moved = [by_name[name] for c in chunks for name in c.params]
+    return sum(c.nbytes for c in chunks) + sum(
+        p.numel * (p.itemsize + optimizer_bytes_per_element(optimizer, p.itemsize)) for p in moved if p.has_grad)
+
+
+def _chunks(program: _Program, chunk_bytes: int) -> list[list[_Param]]:
+    """The parameters packed per dtype, each dtype's in first-read order."""
+    out = []
+    ordered = sorted(program.params, key=lambda p: program.first_read(p.placeholder))
+    for dtype in dict.fromkeys(p.dtype for p in ordered):
+        same = [p for p in ordered if p.dtype == dtype]
+        for members in pack([p.numel for p in same], chunk_bytes // same[0].itemsize):
+            out.append([same[i] for i in members])
+    return out
+
+
+def _chunk(index: int, params: list[_Param], chunk_bytes: int) -> Chunk:
+    offsets, at = [], 0
+    for p in params:
+        offsets.append(at)
+        at += p.numel
+    itemsize = params[0].itemsize
+    return Chunk(index, params[0].dtype, chunk_bytes // itemsize, tuple(p.name for p in params), tuple(offsets),
+                 tuple(p.numel for p in params), itemsize)
+
+
+def _chunk_sizes(params: list[_Param]) -> list[int]:
+    largest = max(p.numel * p.itemsize for p in params)
+    total = sum(p.numel * p.itemsize for p in params)
+    align = _MiB if largest >= 16 * _MiB else 4096
+    sizes = {math.ceil(max(largest, total / count) / align) * align for count in _CHUNK_COUNTS}
+    return sorted(sizes)
+
+
+def _counts(n: int) -> list[int]:
+    """How many chunks to try on the host: 1, 2, 4, ... and all of them."""
+    counts, k = [], 1
+    while k < n:
+        counts.append(k)
+        k *= 2
+    return counts + [n]
+
+
+def _params(graph, strategies, mesh) -> list[_Param]:
+    grads = set(graph.grads.values())
+    out = []
+    for ph, name in graph.params.items():
+        meta = graph.node(ph).outputs[0]
+        numel = math.prod(strategies[ph].out_specs[0].local_shape(meta.shape, mesh))
+        if numel:
+            out.append(_Param(ph, name, meta.dtype, meta.itemsize, int(numel), name in grads))
+    return out
+
+
+def _storage_bases(statements: list[Statement], graph) -> dict[str, str]:
+    """variable -> the parameter placeholder whose storage it is or views."""
+    base = {ph: ph for ph in graph.params}
+    for s in statements:
+        if s.alias_of is not None and s.alias_of in base and s.defines is not None:
+            base[s.defines] = base[s.alias_of]
+    return base
+
+
+def _parameter_reads(statements: list[Statement], graph) -> list[frozenset]:
+    """Per statement, the parameter placeholders whose storage it reads or a live variable views."""
+    base = _storage_bases(statements, graph)
+    live_until: dict[str, int] = {}
+    defined: dict[str, int] = {}
+    for i, s in enumerate(statements):
+        if s.defines in base and s.kind != "placeholder":
+            defined.setdefault(s.defines, i)
+        for u in s.uses:
+            if u in base and u not in graph.params:
+                live_until[u] = i
+    reads = [{base[u] for u in s.uses if u in graph.params} for s in statements]  # placeholders: where read
+    for var, last in live_until.items():  # a view: from where it is made to its last read
+        for i in range(defined.get(var, last), last + 1):
+            reads[i].add(base[var])
+    return [frozenset(r) for r in reads]
+
+
+def _saved_parameter_views(statements: list[Statement], graph) -> tuple[str, ...]:
+    """Forward variables that view a parameter and that backward reads."""
+    base = _storage_bases(statements, graph)
+    boundary = backward_start(statements)
+    read_later = {u for s in statements[boundary:] for u in s.uses}
+    return tuple(s.defines for s in statements[:boundary]
+                 if s.kind not in ("placeholder",) + RETURNS and s.defines in base and s.defines in read_later)
+
+
+def _duration(s: Statement, strategies) -> float:
+    if s.kind == "call":
+        return strategies[s.node.name].compute_s
+    if s.kind == "move":
+        return s.redistribution.step_seconds[s.step]
+    return 0.0

@@ -1,0 +1,169 @@
+"""Offload (PatrickStar): parameters and optimizer state in host chunks, moved as the plan fixes.
+
+The eviction schedule against brute force, the planner's choices against the cost model (fake
+tensors), and offloading plans run on gloo against eager AdamW (losses and parameters), with the
+run's device memory against the plan's prediction."""
+import copy
+import dataclasses
+import io
+import random
+
+import pytest
+import torch
+
+import autopar
+from autopar.runtime.local_cluster import get_cluster
+from autopar.solvers.chunks import FETCH, fewest_fetches_brute_force, furthest_in_future, pack, stalls
+from examples import gpt2
+from tests import workers
+
+
+def _resident_after_moves(schedule, needs):
+    """Replays the moves: the chunks on the device during each statement."""
+    on, during = set(), []
+    for i in range(len(needs) + 1):
+        for at, kind, chunk in schedule.moves:
+            if at == i:
+                (on.add if kind == FETCH else on.discard)(chunk)
+        if i < len(needs):
+            during.append(set(on))
+    return during, on
+
+
+def test_furthest_in_future_fetches_as_few_chunks_as_brute_force():
+    rng = random.Random(0)
+    for _ in range(400):
+        chunks, slots = rng.randint(2, 6), rng.randint(1, 3)
+        needs = [frozenset(rng.sample(range(chunks), rng.randint(0, min(slots, chunks))))
+                 for _ in range(rng.randint(1, 12))]
+        schedule = furthest_in_future(needs, slots)
+        assert schedule.fetches == fewest_fetches_brute_force(needs, slots), (needs, slots)
+        during, left = _resident_after_moves(schedule, needs)
+        assert all(need <= on and len(on) <= slots for need, on in zip(needs, during))
+        assert not left  # every chunk leaves the device by the end
+        assert [len(on) for on in during] == list(schedule.resident)
+
+
+def test_pack_keeps_order_and_refuses_an_item_larger_than_a_chunk():
+    assert pack([3, 3, 2, 5, 1], 6) == [[0, 1], [2], [3, 4]]
+    with pytest.raises(ValueError, match="larger than a chunk"):
+        pack([7], 6)
+
+
+def test_copies_hide_under_compute_only_where_they_can_overlap():
+    needs = [frozenset(), frozenset(), frozenset({0}), frozenset({1})]
+    schedule = furthest_in_future(needs, 2)  # both fetched before statement 0
+    waited, busy = stalls([1.0, 1.0, 1.0, 1.0], schedule, needs, 0.5, overlap=True)
+    assert (waited, busy) == (0.0, 1.0)  # 1 s of copies under 2 s of compute
+    waited, _ = stalls([1.0, 1.0, 1.0, 1.0], schedule, needs, 0.5, overlap=False)
+    assert waited == 1.0
+    waited, _ = stalls([0.0, 0.0, 0.0, 0.0], schedule, needs, 0.5, overlap=True)
+    assert waited == 1.0  # nothing to hide under
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, inputs = gpt2.make("tiny")
+    loose = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g", offload=False)
+    return model, inputs, loose
+
+
+def test_offload_only_when_the_budget_forces_it(tiny):
+    model, inputs, loose = tiny
+    assert loose.offload is None
+    roomy = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g")
+    assert roomy.offload is None and roomy.hash == loose.hash
+    tight = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g",
+                         memory_budget=0.4 * loose.predicted.peak_memory_bytes)
+    assert tight.offload is not None
+    assert tight.predicted.peak_memory_bytes <= 0.4 * loose.predicted.peak_memory_bytes
+    with pytest.raises(autopar.AutoparError, match="no plan"):
+        autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g", offload=False,
+                     memory_budget=0.4 * loose.predicted.peak_memory_bytes)
+
+
+# eps well above float32 noise: attention's key bias has a gradient of exactly zero (softmax
+# ignores a shift shared by every key), which eager computes as 0 and a sharded sum as ~1e-9;
+# Adam's step m / (sqrt(v) + eps) would blow that noise up to a full step of lr
+ADAMW = {"lr": 1e-2, "eps": 1e-3}
+
+
+def _eager_adamw(model, inputs, steps):
+    model = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    losses = []
+    for _ in range(steps):
+        loss = model(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, dict(model.named_parameters())
+
+
+def _run(model, inputs, plan, steps=3):
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    return get_cluster(plan.mesh.size).run(workers.train_offloaded, buffer.getvalue(), inputs, plan.to_json(),
+                                           steps, ADAMW)
+
+
+def test_an_offloading_plan_trains_as_eager_adamw_within_its_predicted_memory(tiny):
+    """A budget only offload meets: the plan runs 3 AdamW steps equal to eager's, and the step's
+    device memory (MemTracker's peak less what lives in host memory) is the predicted peak
+    within 10%."""
+    model, inputs, loose = tiny
+    budget = 0.4 * loose.predicted.peak_memory_bytes
+    plan = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g", memory_budget=budget)
+    assert plan.offload is not None and plan.offload.fetches > len(plan.offload.chunks)  # chunks come back
+    ranks = _run(model, inputs, plan)
+    losses, params = _eager_adamw(model, inputs, 3)
+    for got in ranks:
+        assert got["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+        for name, value in params.items():
+            torch.testing.assert_close(got["params"][name], value.detach(), rtol=1e-4, atol=1e-5, msg=name)
+        memory = got["memory"]
+        assert memory["chunk_peak"] == max(plan.offload.device_bytes)
+        device = memory["tracked_peak"] - memory["host"]
+        assert device == pytest.approx(plan.predicted.peak_memory_bytes, rel=0.10), memory
+
+
+def test_sharding_wins_over_a_slow_host_link_and_offload_over_a_slow_network(tiny):
+    """The same budget (60% of the unconstrained peak) on two machines: where the network is far
+    faster than the host link, parameters are sharded over dp and nothing is offloaded; where
+    the host link (and the host's optimizer) is far faster, parameters stay whole and offload."""
+    model, inputs, _ = tiny
+    base = autopar.PRESETS["a100-sxm-80g"]
+    fast_network = dataclasses.replace(base, name="fast-network", intra_node=autopar.Link(1e14, 1e-9),
+                                       inter_node=autopar.Link(1e14, 1e-9), host_link=autopar.Link(1e9, 1e-5),
+                                       host_optimizer_rate=1e8)
+    fast_host = dataclasses.replace(base, name="fast-host", intra_node=autopar.Link(1e9, 1e-5),
+                                    inter_node=autopar.Link(1e9, 1e-5), host_link=autopar.Link(1e14, 1e-9),
+                                    host_optimizer_rate=1e15)
+    chosen = {}
+    for hardware in (fast_network, fast_host):
+        loose = autopar.plan(model, inputs, mesh="dp=2", hardware=hardware, offload=False)
+        budget = 0.6 * loose.predicted.peak_memory_bytes
+        plan = autopar.plan(model, inputs, mesh="dp=2", hardware=hardware, memory_budget=budget)
+        assert plan.predicted.peak_memory_bytes <= budget
+        sharded = [f for f in plan.graph.params.values() if not plan.param_spec(f).is_replicated()]
+        chosen[hardware.name] = (plan.offload is not None, len(sharded))
+    assert chosen["fast-network"][0] is False and chosen["fast-network"][1] > 0
+    assert chosen["fast-host"] == (True, 0)
+
+
+def test_offload_options_and_targets_are_checked(tiny):
+    model, inputs, _ = tiny
+    with pytest.raises(autopar.AutoparError, match="offload='yes'"):
+        autopar.plan(model, inputs, mesh="dp=2", offload="yes")
+    with pytest.raises(autopar.AutoparError, match="offload=True on a mesh with 'pp'"):
+        autopar.plan(model, inputs, mesh="pp=2", offload=True)
+    forced = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g", offload=True)
+    assert len(forced.offload.params) == len(forced.graph.params)  # True: every parameter
+    assert "offload=True" in forced.offload.reason
+    with pytest.raises(autopar.AutoparError, match="only the torch backend"):
+        forced.emit("jax")
+    assert autopar.Plan.from_json(forced.to_json()) == forced
+    assert "chunk 0:" in forced.explain("offload") and "offload:" in forced.summary()
+    with pytest.raises(autopar.AutoparError, match="'chunk N'"):
+        forced.explain("chunk 99")
