@@ -479,7 +479,7 @@ def train_offloaded(rank, world_size, model_bytes, inputs, plan_json, steps, set
             continue
         tracker = MemTracker()
         tracker.track_external(model, opt)
-        store.peak = 0
+        store.peak = store.device_steps = 0
         with tracker:
             step()
         offloaded = set(store.slices)
@@ -488,6 +488,6 @@ def train_offloaded(rank, world_size, model_bytes, inputs, plan_json, steps, set
         grads = sum(p.to_local().numel() * p.element_size() for n, p in model.named_parameters() if n in offloaded)
         memory = {"tracked_peak": sum(s["Total"] for s in tracker.get_tracker_snapshot("peak").values()),
                   "host": sum(h.numel() * h.element_size() for h in store.host.values()) + state + grads,
-                  "chunk_peak": store.peak, "fetched": store.fetched_bytes}
+                  "chunk_peak": store.peak, "fetched": store.fetched_bytes, "device_steps": store.device_steps}
     params = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
     return {"losses": losses, "params": params, "memory": memory}

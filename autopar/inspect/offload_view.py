@@ -20,9 +20,16 @@ def offload_lines(plan) -> list[str]:
         f"memory ({human_bytes(o.host_bytes)} per device with their gradients and optimizer state), at most "
         f"{o.slots} on the device at once",
         f"  per step: {o.fetches} fetches ({human_bytes(moved)} host -> device), waits {human_seconds(o.exposed_s)}; "
-        f"optimizer step on the host {human_seconds(o.optimizer.host_s)} (streamed through the device it would "
-        f"take {human_seconds(o.optimizer.device_s)}); plan.explain('offload') for each chunk",
+        f"{optimizer_text(o.optimizer)}; plan.explain('offload') for each chunk",
     ]
+
+
+def optimizer_text(choice) -> str:
+    """Where the offloaded state's step runs, and what the other place was priced at."""
+    host, device = human_seconds(choice.host_s), human_seconds(choice.device_s)
+    if choice.place == "device":
+        return f"optimizer step streamed through the device chunk by chunk {device} (on the host: {host})"
+    return f"optimizer step on the host {host} (streamed through the device: {device})"
 
 
 def explain_offload(plan, target: str) -> str:
@@ -38,8 +45,7 @@ def explain_offload(plan, target: str) -> str:
     statements = len(o.device_bytes)
     out = [f"offload in plan {plan.hash}: {o.reason}.",
            f"Time it adds per step: {human_seconds(o.added_s)} = waits for fetches {human_seconds(o.exposed_s)} "
-           f"(of {human_seconds(o.transfer_s)} of copies) + the host's optimizer step "
-           f"{human_seconds(o.optimizer.host_s)}",
+           f"(of {human_seconds(o.transfer_s)} of copies) + the {optimizer_text(o.optimizer)}",
            f"Moves: furthest-next-use eviction over the program's {statements} statements (the fewest fetches); "
            f"a chunk is fetched right after the chunk it replaces was last read.", ""]
     for c in chunks[:_MAX_CHUNKS]:

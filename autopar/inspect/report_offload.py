@@ -6,6 +6,7 @@ from __future__ import annotations
 from html import escape
 from itertools import groupby
 
+from autopar.inspect.offload_view import optimizer_text
 from autopar.units import human_bytes, human_seconds
 
 WIDTH, LABEL, RIGHT = 1000, 380, 10  # the statement axis runs from LABEL to WIDTH - RIGHT
@@ -34,11 +35,7 @@ def offload_section(plan) -> str:
 
 def _figures(o) -> str:
     moved = o.fetches * o.chunk_bytes
-    opt = o.optimizer
-    step = (f"optimizer step on the host {human_seconds(opt.host_s)} (streamed through the device it would take "
-            f"{human_seconds(opt.device_s)})" if opt.place == "host" else
-            f"optimizer step streamed through the device {human_seconds(opt.device_s)} (on the host it would take "
-            f"{human_seconds(opt.host_s)})")
+    step = optimizer_text(o.optimizer)
     figures = [f"{len(o.chunks)} chunks × {human_bytes(o.chunk_bytes)} in host memory",
                f"host {human_bytes(o.host_bytes)} per device (parameters, gradients, optimizer state)",
                f"at most {o.slots} on the device",

@@ -61,8 +61,9 @@ class Move:
 class OptimizerChoice:
     """Where the offloaded state's optimizer step runs, and what each place was priced at."""
     place: str  # "host" or "device"
-    host_s: float  # host optimizer over the offloaded elements, with the gradients' copies down
-    device_s: float  # parameters and state up, the step on the device, and back down
+    host_s: float  # the gradients' copies down and the host's optimizer over the offloaded elements
+    device_s: float  # the gradients' copies down, then per chunk: up, the step on the device, back down
+    device_bytes: float = 0.0  # what the device holds during a step there (one chunk's worth at a time)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ recomputation (autopar.passes.recompute) counts with the time it adds; of the so
 tried, the fastest that fits wins (and one whose recomputation adds under 1% of the step ends
 the search). On an N-D mesh the solutions tried are the axis-by-axis descent's; the full
 integer program runs once, from the winner, when it is small enough to solve in its time
-limit, and replaces it only when it is faster and still fits.
+limit, and replaces it only when it is faster and still fits. Offloading to host memory is the
+third lever (autopar.passes.budget_offload): tried where the fastest layout does not fit as it
+is, and kept where it is the fastest that fits (or where nothing else fits).
 """
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ from autopar.ir.program import STEP, Program, forward_nodes, tensor_inputs
 from autopar.lowering.memory import optimizer_bytes_per_element
 from autopar.ops.table import rule_for
 from autopar.passes.base import PassContext
+from autopar.passes.budget_offload import OffloadLever, because, offload_limits, step_seconds
 from autopar.passes.collectives import find_redistributions
-from autopar.passes.offload import best_offload
-from autopar.passes.recompute import Fit, fit, memory_budget
+from autopar.passes.recompute import fit, memory_budget
 from autopar.passes.sharding_problem import ShardingProblem
 from autopar.solvers.sharding import MemoryLimit, evaluate, solve
 from autopar.solvers.warm_start import descend_axes
@@ -62,24 +64,23 @@ class BudgetSearch:
         try:
             chosen = self._on_device()
         except AutoparError as refusal:
-            offloaded = self._offloaded(None)
+            offloaded = OffloadLever(self).best(None)
             if offloaded is None and self.ctx.request.offload is not False and self.graph.kind == STEP:
                 raise AutoparError(f"{refusal}; offloading parameters and optimizer state to host memory does not "
-                                   f"fit either (the gradients, activations and one chunk at a time stay on the "
-                                   f"device)") from refusal
+                                   f"fit either: {offload_limits(self)}") from refusal
             if offloaded is None:
                 raise refusal
-            return _because(offloaded, f"no layout fits {human_bytes(self.budget)} on the device alone (sharding and "
-                                       f"recomputation leave a peak of {_smallest(self.attempts)} at least)", self.ctx)
-        offloaded = self._offloaded(chosen)
+            return because(offloaded, f"no layout fits {human_bytes(self.budget)} on the device alone, even with "
+                                      f"sharding and recomputation", self.ctx)
+        offloaded = OffloadLever(self).best(chosen)
         if offloaded is None:
             return chosen
-        device_only, with_offload = _step_seconds(*chosen), _step_seconds(*offloaded)
+        device_only, with_offload = step_seconds(*chosen), step_seconds(*offloaded)
         if self.ctx.request.offload is True:
-            return _because(offloaded, "offload=True", self.ctx)
+            return because(offloaded, "offload=True", self.ctx)
         if with_offload >= device_only:
             return chosen
-        return _because(offloaded, f"it is faster ({human_seconds(with_offload)} a step) than the fastest layout that "
+        return because(offloaded, f"it is faster ({human_seconds(with_offload)} a step) than the fastest layout that "
                                    f"fits on the device alone ({human_seconds(device_only)})", self.ctx)
 
     def _on_device(self):
@@ -143,42 +144,6 @@ class BudgetSearch:
 
     def step_time(self, choice) -> float:
         return evaluate(self.problem.node_costs, self.problem.edges, choice, self.problem.overlap)
-
-    # ---- offload ------------------------------------------------------------------
-    def _offloaded(self, chosen):
-        """(result, fit) of the fastest offload among the layouts tried (the fastest, the
-        search's pick ``chosen`` with its recomputation, the leanest), or None: with offload
-        off, for a forward alone, or (offload "auto") where the fastest layout fits as it is."""
-        request = self.ctx.request
-        if request.offload is False or self.graph.kind != STEP:
-            return None
-        if request.offload == "auto" and self.fastest is not None and self.fastest[1].plain.peak_bytes <= self.budget:
-            return None
-        layouts = [(self.fastest[0], None) if self.fastest is not None else None,
-                   (chosen[0], chosen[1]) if chosen is not None else None, (self.lean.result, None)]
-        best, seen = None, set()
-        for result, fitted in filter(None, layouts):
-            key = (tuple(result.choice), fitted is not None)
-            if key in seen:
-                continue
-            seen.add(key)
-            found = self._offload(result, fitted)
-            if found is not None and (best is None or _step_seconds(*found) < _step_seconds(*best)):
-                best = found
-        return best
-
-    def _offload(self, result, fitted):
-        """(result, fit) of the fastest offload of ``result``'s layout, with the recomputation of
-        ``fitted`` (its fit on the device) where given, or None."""
-        strategies = self.problem.choice_of(result.choice)
-        moves = find_redistributions(self.program, strategies, self.ctx.cost, self.ctx.request.precision)
-        recompute = fitted.recompute if fitted is not None else None
-        found = best_offload(self.graph, strategies, moves, self.ctx, self.budget,
-                             recompute.variables if recompute is not None else (),
-                             recompute.seconds if recompute is not None else 0.0)
-        if found is None:
-            return None
-        return result, Fit(fitted.plain if fitted is not None else self.fit(result, "none").plain, found)
 
     # ---- the search ---------------------------------------------------------------
     def _within_budget(self):
@@ -276,25 +241,6 @@ class BudgetSearch:
                 self.attempts.append((fastest.least.peak_bytes, fastest.least.breakdown))
             raise _infeasible(self.budget, self.attempts, lean_fit.least, self.ctx.mesh)
         return self.lean.result, lean_fit
-
-
-def _because(chosen, why: str, ctx: PassContext):
-    """``chosen`` (result, fit with offload), its offload's reason starting with ``why``."""
-    result, fitted = chosen
-    offload = fitted.recompute.offload
-    ctx.report(f"offloading to host memory: {why}")
-    offload = dataclasses.replace(offload, reason=f"offloaded because {why}; {offload.reason}")
-    return result, dataclasses.replace(fitted, recompute=dataclasses.replace(fitted.recompute, offload=offload))
-
-
-def _smallest(attempts) -> str:
-    return human_bytes(min(peak for peak, _ in attempts)) if attempts else "over the budget"
-
-
-def _step_seconds(result, fitted) -> float:
-    """A layout's step time with the recomputation (and offload) its fit takes."""
-    extra = fitted.recompute.offload.added_s if fitted.recompute.offload is not None else 0.0
-    return result.objective + fitted.recompute.seconds + extra
 
 
 class _Lean:

@@ -16,8 +16,8 @@ budget and whose host bytes fit the device's share of host memory:
 - a view of a parameter that backward reads is recomputed in backward instead of saved (it
   costs nothing, and a saved view would hold its chunk on the device from forward to backward);
 - the time it adds: the fetches the compute cannot hide (autopar.solvers.chunks.stalls), and the
-  optimizer step of the offloaded state on the host (its gradients copied down, then the host's
-  Adam); the step on the device (parameters and state up and back down) is priced beside it.
+  optimizer step of the offloaded state, on the host (the host's Adam) or streamed through the
+  device chunk by chunk (parameters, gradients and state up, back down), whichever is faster.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def _offloading(program: _Program, offloaded: list, chunk_bytes: int, budget: fl
         return None
     copy_s = hw.host_link.latency + chunk_bytes / hw.host_link.bandwidth
     waited, busy = stalls(program.durations, moves, needs, copy_s, hw.host_copies_overlap)
-    optimizer = _optimizer_choice(chunks, program.params, hw, request.optimizer)
+    optimizer = _optimizer_choice(chunks, program.params, hw, request.optimizer, memory.during[-1], budget)
     offload = Offload(tuple(chunks), tuple(Move(*m) for m in moves.moves), slots, optimizer, busy, waited,
                       tuple(on_device), host, _reason(memory.peak_bytes, budget, chunks, slots))
     return _Found(offload, memory)
@@ -149,22 +149,36 @@ def _fewest_fetches_within(needs, base, chunk_bytes: int, budget: float, chunks:
     return None
 
 
-def _optimizer_choice(chunks: list[Chunk], params: list[_Param], hw, optimizer: str) -> OptimizerChoice:
+# the optimizers whose step autopar's runtime streams through the device, chunk by chunk
+# (autopar.runtime.offload.DeviceStep: torch's Adam and AdamW)
+_DEVICE_STEPPED = ("adam",)
+
+
+def _optimizer_choice(chunks: list[Chunk], params: list[_Param], hw, optimizer: str, after_backward: float,
+                      budget: float) -> OptimizerChoice:
+    """Where the offloaded state's step runs: on the host (the gradients copied down in backward,
+    then the host's Adam), or on the device (per chunk: parameters, gradients and state up, the step
+    at the device's memory bandwidth, parameters and state back down), whichever is faster and fits:
+    the device step holds one chunk's parameters, gradients and state beside what the step holds
+    after backward (``after_backward``)."""
     by_name = {p.name: p for p in params}
-    moved = [by_name[name] for c in chunks for name in c.params]
-    stepped = [p for p in moved if p.has_grad]
+    stepped = [by_name[name] for c in chunks for name in c.params if by_name[name].has_grad]
     elements = sum(p.numel for p in stepped)
-    grad_bytes = sum(p.numel * p.itemsize for p in stepped)
+    param_bytes = sum(p.numel * p.itemsize for p in stepped)
     state_bytes = sum(p.numel * optimizer_bytes_per_element(optimizer, p.itemsize) for p in stepped)
     link = hw.host_link
-    host_s = grad_bytes / link.bandwidth + len(chunks) * link.latency + elements / hw.host_optimizer_rate_per_device
-    # up and down run at once (each direction has its own lanes); the step itself reads and
-    # writes parameter and state, and reads the gradient, at the device's memory bandwidth
-    device_s = (grad_bytes + state_bytes) / link.bandwidth + len(chunks) * link.latency + \
-        (3 * grad_bytes + 2 * state_bytes) / (hw.memory_bandwidth * hw.memory_efficiency)
-    # the runtime steps offloaded state where it lives, on the host (torch's optimizer over host
-    # tensors); streaming it through the device chunk by chunk is priced for comparison, not run yet
-    return OptimizerChoice("host", host_s, device_s)
+    latency = len(chunks) * link.latency
+    gradients_down = param_bytes / link.bandwidth + latency  # in backward, for either place
+    host_s = gradients_down + elements / hw.host_optimizer_rate_per_device
+    # up and down run at once (each direction has its own lanes): the longer one counts; the step
+    # reads parameter, gradient and state and writes parameter and state
+    up, down = 2 * param_bytes + state_bytes, param_bytes + state_bytes
+    device_s = gradients_down + max(up, down) / link.bandwidth + 2 * latency + \
+        (3 * param_bytes + 2 * state_bytes) / (hw.memory_bandwidth * hw.memory_efficiency)
+    state_ratio = optimizer_bytes_per_element(optimizer, chunks[0].itemsize) / chunks[0].itemsize
+    device_bytes = after_backward + (2 + state_ratio) * chunks[0].nbytes
+    on_device = optimizer in _DEVICE_STEPPED and device_s < host_s and device_bytes <= budget
+    return OptimizerChoice("device" if on_device else "host", host_s, device_s, device_bytes)
 
 
 def _reason(peak: float, budget: float, chunks: list[Chunk], slots: int) -> str:
@@ -271,3 +285,10 @@ def _duration(s: Statement, strategies) -> float:
     if s.kind == "move":
         return s.redistribution.step_seconds[s.step]
     return 0.0
+
+
+def host_bytes_of_everything(graph, strategies, mesh, optimizer: str) -> float:
+    """Per device: the host memory that offloading every parameter of this layout takes (their
+    values, gradients and optimizer state, chunks packed without gaps)."""
+    return sum(p.numel * (p.itemsize + (p.itemsize + optimizer_bytes_per_element(optimizer, p.itemsize)
+                                        if p.has_grad else 0)) for p in _params(graph, strategies, mesh))

@@ -31,7 +31,7 @@ from autopar.errors import AutoparError, NoLossError, PlanMismatchError
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.plan import Plan
 from autopar.ir.program import FORWARD, STEP
-from autopar.runtime.offload import ChunkStore
+from autopar.runtime.offload import ChunkStore, step_on_device
 from autopar.runtime.precision import agree_on_overflow, autocast_off, check_autocast
 from autopar.runtime.program import (
     RankProgram,
@@ -127,6 +127,8 @@ class ParallelModule(nn.Module):
         first.chunks = self.chunks
         distribute(model, params, buffers, plan.mesh, rank_mesh, init,
                    host=self.chunks.host_block if self.chunks is not None else None)
+        if self.chunks is not None and plan.offload.optimizer.place == "device":
+            step_on_device(self.chunks, model)
 
     @property
     def plan(self) -> Plan:

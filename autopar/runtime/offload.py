@@ -7,7 +7,9 @@ host memory and the host's copy is always the current one. The programs call ``f
 device copy. On a GPU a fetch is an asynchronous copy from pinned memory on a side stream, and
 ``param`` makes the compute stream wait for it; on CPU processes "device" and "host" are both
 CPU memory and a fetch is a plain copy into a separate buffer, so the moves and their bytes are
-real there too. Gradients go to the host when backward hands them over (``to_host``).
+real there too. Gradients go to the host when backward hands them over (``to_host``). Where
+the plan steps the offloaded state on the device, ``step_on_device`` streams it through the
+device chunk by chunk at the optimizer's step.
 
 The store counts the bytes of chunks on the device (``device_bytes``, its ``peak``), which the
 plan predicts per statement (``Offload.device_bytes``).
@@ -15,9 +17,12 @@ plan predicts per statement (``Offload.device_bytes``).
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 
 import torch
+from torch.optim.adam import adam
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from autopar.ir.offload import Offload
 
@@ -36,6 +41,8 @@ class ChunkStore:
         self.device_bytes = self.peak = 0
         self.fetched_bytes = 0
         self.moved: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # the gradients to_host made
+        self.stepped: dict[int, str] = {}  # id of a parameter stepped on the device -> its name
+        self.device_steps = 0  # chunks stepped on the device so far
 
     def host_block(self, name: str, shape) -> "torch.Tensor | None":
         """The host view that holds parameter ``name``'s block of ``shape`` (None: not offloaded)."""
@@ -99,3 +106,111 @@ class ChunkStore:
         host.copy_(grad)
         self.moved[id(host)] = host
         return host
+
+
+# ---- the optimizer step of offloaded state, streamed through the device ---------------------
+# Where the plan steps offloaded state on the device (OptimizerChoice.place "device"), a hook on
+# every optimizer's step runs torch's functional Adam over each chunk's parameters on the device
+# (parameters, gradients and state copied up, stepped, copied back), then hides those
+# parameters' gradients from the optimizer's own step, which so skips them, and gives them back
+# after it. Other optimizers step the host copies themselves (correct, at the host's speed).
+_DEVICE_STEPPED: "weakref.WeakSet[ChunkStore]" = weakref.WeakSet()
+_HIDDEN: dict[int, list] = {}  # id(optimizer) -> (parameter, gradient) hidden during its step
+_WARNED: set[int] = set()
+
+
+def step_on_device(store: ChunkStore, model) -> None:
+    """Have ``store``'s parameters (``model``'s, by name) stepped on the device."""
+    store.stepped = {id(p): name for name, p in model.named_parameters() if name in store.slices}
+    _DEVICE_STEPPED.add(store)
+
+
+def _before_step(optimizer, args, kwargs) -> None:
+    for store in list(_DEVICE_STEPPED):
+        mine = [(group, p) for group in optimizer.param_groups for p in group["params"]
+                if id(p) in store.stepped and p.grad is not None]
+        if not mine:
+            continue
+        refusal = _unsupported(optimizer)
+        if refusal is not None:
+            _warn_once(optimizer, refusal)
+            continue
+        chunk_of = {id(p): store.slices[store.stepped[id(p)]][0] for _, p in mine}
+        for chunk in sorted(set(chunk_of.values())):
+            _step_chunk(store, optimizer, chunk, [(g, p) for g, p in mine if chunk_of[id(p)] == chunk])
+        _HIDDEN.setdefault(id(optimizer), []).extend((p, p.grad) for _, p in mine)
+        for _, p in mine:
+            p.grad = None
+
+
+def _after_step(optimizer, args, kwargs) -> None:
+    for p, grad in _HIDDEN.pop(id(optimizer), ()):
+        p.grad = grad
+
+
+def _step_chunk(store: ChunkStore, optimizer, chunk: int, members: list) -> None:
+    """One chunk's parameters stepped on the device, and the results copied back to the host."""
+    params = _up(store.host[chunk], store.device)
+    for group in {id(g): g for g, _ in members}.values():
+        mine = [p for g, p in members if g is group]
+        views, grads, avgs, squares, steps = [], [], [], [], []
+        for p in mine:
+            _, offset, numel = store.slices[store.stepped[id(p)]]
+            views.append(params[offset:offset + numel].view(_local(p).shape))
+            state = _adam_state(optimizer, p)
+            grads.append(_up(_local(p.grad), store.device))
+            avgs.append(_up(_local(state["exp_avg"]), store.device))
+            squares.append(_up(_local(state["exp_avg_sq"]), store.device))
+            steps.append(state["step"])
+        beta1, beta2 = group["betas"]
+        adam(views, grads, avgs, squares, [], steps, foreach=False, amsgrad=False, beta1=beta1,
+                              beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                              maximize=False, decoupled_weight_decay=isinstance(optimizer, torch.optim.AdamW))
+        for p, avg, square in zip(mine, avgs, squares):
+            state = optimizer.state[p]
+            _local(state["exp_avg"]).copy_(avg)
+            _local(state["exp_avg_sq"]).copy_(square)
+    store.host[chunk].copy_(params)
+    store.device_steps += 1
+
+
+def _adam_state(optimizer, p) -> dict:
+    """``p``'s Adam state, made as torch's Adam makes it at a parameter's first step."""
+    state = optimizer.state[p]
+    if not state:
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state
+
+
+def _up(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    copy = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+    copy.copy_(tensor)
+    return copy
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+def _unsupported(optimizer) -> "str | None":
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return f"{type(optimizer).__name__} is not torch's Adam or AdamW"
+    for group in optimizer.param_groups:
+        for option in ("amsgrad", "maximize", "capturable", "differentiable", "fused"):
+            if group.get(option):
+                return f"its {option}=True"
+    return None
+
+
+def _warn_once(optimizer, why: str) -> None:
+    if id(optimizer) not in _WARNED:
+        _WARNED.add(id(optimizer))
+        warnings.warn(f"the plan steps offloaded parameters on the device, which autopar runs for torch's Adam and "
+                      f"AdamW without amsgrad, maximize, capturable, differentiable or fused; {why}, so it steps "
+                      f"them on the host (the same result, at the host's speed)", stacklevel=3)
+
+
+register_optimizer_step_pre_hook(_before_step)
+register_optimizer_step_post_hook(_after_step)

@@ -1,0 +1,95 @@
+"""The memory-budget search's third lever (autopar.passes.budget_search): offloading parameters
+and optimizer state to host memory (autopar.passes.offload), tried on the layouts the search
+solved, and weighed against fitting on the device alone by step time."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from autopar.ir.program import STEP
+from autopar.passes.base import PassContext
+from autopar.passes.collectives import find_redistributions
+from autopar.passes.offload import best_offload, host_bytes_of_everything
+from autopar.passes.recompute import Fit, fit
+from autopar.units import human_bytes
+
+
+class OffloadLever:
+    def __init__(self, search):  # search: autopar.passes.budget_search.BudgetSearch
+        self.search = search
+
+    def best(self, chosen):
+        """(result, fit) of the fastest offload among the layouts tried (the fastest, the
+        search's pick ``chosen`` with its recomputation, the leanest), or None: with offload
+        off, for a forward alone, or (offload "auto") where the fastest layout fits as it is."""
+        search = self.search
+        request = search.ctx.request
+        if request.offload is False or search.graph.kind != STEP:
+            return None
+        if request.offload == "auto" and search.fastest is not None and \
+                search.fastest[1].plain.peak_bytes <= search.budget:
+            return None
+        layouts = [(search.fastest[0], None) if search.fastest is not None else None,
+                   (chosen[0], chosen[1]) if chosen is not None else None, (search.lean.result, None)]
+        best, seen = None, set()
+        for result, fitted in filter(None, layouts):
+            key = (tuple(result.choice), fitted is not None)
+            if key in seen:
+                continue
+            seen.add(key)
+            found = self.offload(result, fitted)
+            if found is not None and (best is None or step_seconds(*found) < step_seconds(*best)):
+                best = found
+        return best
+
+    def offload(self, result, fitted):
+        """(result, fit) of the fastest offload of ``result``'s layout, with the recomputation of
+        ``fitted`` (its fit on the device) where given, or None. Where its activations leave too
+        little room beside even one chunk, recomputation for the least memory comes with it (with
+        recompute="auto"): offload frees the parameters' and optimizer state's room, recomputation
+        the activations'."""
+        search = self.search
+        ctx = search.ctx
+        strategies = search.problem.choice_of(result.choice)
+        moves = find_redistributions(search.program, strategies, ctx.cost, ctx.request.precision)
+        recompute = fitted.recompute if fitted is not None else None
+        found = best_offload(search.graph, strategies, moves, ctx, search.budget,
+                             recompute.variables if recompute is not None else (),
+                             recompute.seconds if recompute is not None else 0.0)
+        if found is None and ctx.request.recompute == "auto" and fitted is None:
+            least = fit(search.graph, strategies, moves, ctx, math.inf, "full").recompute
+            if least is not None and least.variables:
+                found = best_offload(search.graph, strategies, moves, ctx, search.budget, least.variables,
+                                     least.seconds)
+        if found is None:
+            return None
+        return result, Fit(fitted.plain if fitted is not None else search.fit(result, "none").plain, found)
+
+
+def because(chosen, why: str, ctx: PassContext):
+    """``chosen`` (result, fit with offload), its offload's reason starting with ``why``."""
+    result, fitted = chosen
+    offload = fitted.recompute.offload
+    ctx.report(f"offloading to host memory: {why}")
+    offload = dataclasses.replace(offload, reason=f"offloaded because {why}; {offload.reason}")
+    return result, dataclasses.replace(fitted, recompute=dataclasses.replace(fitted.recompute, offload=offload))
+
+
+def step_seconds(result, fitted) -> float:
+    """A layout's step time with the recomputation (and offload) its fit takes."""
+    extra = fitted.recompute.offload.added_s if fitted.recompute.offload is not None else 0.0
+    return result.objective + fitted.recompute.seconds + extra
+
+
+def offload_limits(search) -> str:
+    """Why offloading found no plan: the host's memory, or what stays on the device."""
+    hw, ctx = search.ctx.cost.hardware, search.ctx
+    leanest = search.problem.choice_of(search.lean.result.choice)
+    needed = host_bytes_of_everything(search.graph, leanest, ctx.mesh, ctx.request.optimizer)
+    if needed > hw.host_memory_per_device:
+        share, node = human_bytes(hw.host_memory_per_device), human_bytes(hw.host_memory_bytes)
+        return (f"offloading every parameter of the leanest layout takes {human_bytes(needed)} of host memory per "
+                f"device, over its share of {share} ({node} per node of {hw.devices_per_node} devices): use more "
+                f"devices or a host with more memory (Hardware.host_memory_bytes)")
+    return ("what stays on the device (activations, gradients until they are final, a chunk at a time) is over the "
+            "budget even with recomputation")
