@@ -74,12 +74,12 @@ def test_offload_only_when_the_budget_forces_it(tiny):
     roomy = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g")
     assert roomy.offload is None and roomy.hash == loose.hash
     tight = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g",
-                         memory_budget=0.4 * loose.predicted.peak_memory_bytes)
+                         memory_budget=0.35 * loose.predicted.peak_memory_bytes)
     assert tight.offload is not None
-    assert tight.predicted.peak_memory_bytes <= 0.4 * loose.predicted.peak_memory_bytes
+    assert tight.predicted.peak_memory_bytes <= 0.35 * loose.predicted.peak_memory_bytes
     with pytest.raises(autopar.AutoparError, match="no plan"):
         autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g", offload=False,
-                     memory_budget=0.4 * loose.predicted.peak_memory_bytes)
+                     memory_budget=0.35 * loose.predicted.peak_memory_bytes)
 
 
 # eps well above float32 noise: attention's key bias has a gradient of exactly zero (softmax

@@ -93,16 +93,33 @@ class _Found:
 
 def _with_chunk_size(program: _Program, chunk_bytes: int, budget: float, ctx: PassContext) -> Optional[_Found]:
     """The fewest chunks on the host (of this size) that fit the budget: each further chunk offloaded
-    adds its moves and its optimizer step, so the first count that fits is the fastest."""
+    adds its moves and its optimizer step, so the fewest that fit is the fastest. Offloading more
+    holds less on the device and more on the host, so the counts that fit both are a range: the
+    host's bound is read off directly, the device's bisected."""
     chunks = _chunks(program, chunk_bytes)
     order = sorted(chunks, key=lambda c: -max(program.first_read(p.placeholder) for p in c))
-    every = ctx.request.offload is True
-    for count in ([len(order)] if every else _counts(len(order))):
-        offloaded = order[:count]
-        found = _offloading(program, offloaded, chunk_bytes, budget, ctx)
-        if found is not None:
-            return found
-    return None
+    if ctx.request.offload is True:
+        return _offloading(program, order, chunk_bytes, budget, ctx)
+    most = _most_on_host(program, order, chunk_bytes, ctx)
+    found, low, high = None, 1, most
+    while low <= high:  # the fewest chunks, up to ``most``, whose offload fits the device
+        count = (low + high) // 2
+        attempt = _offloading(program, order[:count], chunk_bytes, budget, ctx)
+        if attempt is None:
+            low = count + 1
+        else:
+            found, high = attempt, count - 1
+    return found
+
+
+def _most_on_host(program: _Program, order: list, chunk_bytes: int, ctx: PassContext) -> int:
+    """How many of ``order``'s chunks (from the first) the device's share of host memory holds."""
+    share, optimizer = ctx.cost.hardware.host_memory_per_device, ctx.request.optimizer
+    count = 0
+    while count < len(order) and _host_bytes([_chunk(0, group, chunk_bytes) for group in order[:count + 1]],
+                                             program.params, optimizer) <= share:
+        count += 1
+    return count
 
 
 def _offloading(program: _Program, offloaded: list, chunk_bytes: int, budget: float, ctx) -> Optional[_Found]:
@@ -159,8 +176,8 @@ def _optimizer_choice(chunks: list[Chunk], params: list[_Param], hw, optimizer: 
     """Where the offloaded state's step runs: on the host (the gradients copied down in backward,
     then the host's Adam), or on the device (per chunk: parameters, gradients and state up, the step
     at the device's memory bandwidth, parameters and state back down), whichever is faster and fits:
-    the device step holds one chunk's parameters, gradients and state beside what the step holds
-    after backward (``after_backward``)."""
+    the device step holds one chunk's parameters, gradients, state and a temporary beside what the
+    step holds after backward (``after_backward``)."""
     by_name = {p.name: p for p in params}
     stepped = [by_name[name] for c in chunks for name in c.params if by_name[name].has_grad]
     elements = sum(p.numel for p in stepped)
@@ -175,8 +192,10 @@ def _optimizer_choice(chunks: list[Chunk], params: list[_Param], hw, optimizer: 
     up, down = 2 * param_bytes + state_bytes, param_bytes + state_bytes
     device_s = gradients_down + max(up, down) / link.bandwidth + 2 * latency + \
         (3 * param_bytes + 2 * state_bytes) / (hw.memory_bandwidth * hw.memory_efficiency)
+    # a chunk's parameters, their gradients and state, and the step's one temporary (Adam's
+    # denominator) at a time
     state_ratio = optimizer_bytes_per_element(optimizer, chunks[0].itemsize) / chunks[0].itemsize
-    device_bytes = after_backward + (2 + state_ratio) * chunks[0].nbytes
+    device_bytes = after_backward + (3 + state_ratio) * chunks[0].nbytes
     on_device = optimizer in _DEVICE_STEPPED and device_s < host_s and device_bytes <= budget
     return OptimizerChoice("device" if on_device else "host", host_s, device_s, device_bytes)
 
@@ -221,15 +240,6 @@ def _chunk_sizes(params: list[_Param]) -> list[int]:
     align = _MiB if largest >= 16 * _MiB else 4096
     sizes = {math.ceil(max(largest, total / count) / align) * align for count in _CHUNK_COUNTS}
     return sorted(sizes)
-
-
-def _counts(n: int) -> list[int]:
-    """How many chunks to try on the host: 1, 2, 4, ... and all of them."""
-    counts, k = [], 1
-    while k < n:
-        counts.append(k)
-        k *= 2
-    return counts + [n]
 
 
 def _params(graph, strategies, mesh) -> list[_Param]:
