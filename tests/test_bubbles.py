@@ -338,22 +338,17 @@ def test_the_refresh_period_is_the_shortest_cycle_within_a_percent_of_the_best()
     assert steps[fill.refresh] <= 1.01 * min(steps.values()) < steps[fill.refresh - 1]
 
 
-def test_kfac_refuses_gradients_accumulated_over_calls():
+@pytest.mark.parametrize("worker, refusal", [
+    (workers.kfac_accumulating_two_calls, "one step per training call"),  # gradients accumulated over calls
+    (workers.kfac_with_two_parameter_groups, "one learning rate"),  # a second parameter group
+])
+def test_kfac_refuses_what_it_cannot_precondition(worker, refusal):
     model, inputs = _deep()
     plan = _kfac_plan(model, inputs, "pp=2", "1F1B", inv_every=1)
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    errors = get_cluster(2).run(workers.kfac_accumulating_two_calls, buffer.getvalue(), inputs, plan.to_json())
-    assert all(e is not None and "one step per training call" in e for e in errors)
-
-
-def test_kfac_refuses_a_second_learning_rate():
-    model, inputs = _deep()
-    plan = _kfac_plan(model, inputs, "pp=2", "1F1B", inv_every=1)
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    errors = get_cluster(2).run(workers.kfac_with_two_parameter_groups, buffer.getvalue(), inputs, plan.to_json())
-    assert all(e is not None and "one learning rate" in e for e in errors)
+    errors = get_cluster(2).run(worker, buffer.getvalue(), inputs, plan.to_json())
+    assert all(e is not None and refusal in e for e in errors)
 
 
 def test_a_zero_factor_is_damped_without_a_balance():

@@ -96,12 +96,6 @@ class Offload:
     def fetches(self) -> int:
         return sum(1 for m in self.moves if m.kind == FETCH)
 
-    def chunk_of(self, param: str) -> int:
-        for c in self.chunks:
-            if param in c.params:
-                return c.index
-        raise KeyError(param)
-
     def residence(self, chunk: int, statements: int) -> list[tuple[int, int]]:
         """[start, end) statement ranges during which ``chunk`` is on the device."""
         spans, since = [], None

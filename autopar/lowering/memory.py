@@ -48,21 +48,8 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
     their chunks on the device then (counted as parameters); ``to_host``: gradient variables
     moved to host memory right after the statement that defines them
     (autopar.lowering.offload)."""
-    persistent = {c: 0.0 for c in CATEGORIES}
+    persistent = _held_all_step(graph, strategies, mesh, optimizer, offloaded)
     chunks = chunk_bytes or [0.0] * len(statements)
-    for ph, fqn in graph.params.items():
-        if ph in offloaded:
-            continue
-        meta = graph.node(ph).outputs[0]
-        n = math.prod(strategies[ph].out_specs[0].local_shape(meta.shape, mesh))
-        persistent["parameters"] += n * meta.itemsize
-        persistent["optimizer_state"] += n * optimizer_bytes_per_element(optimizer, meta.itemsize)
-    for name in list(graph.inputs) + list(graph.buffers):
-        meta = graph.node(name).outputs[0]
-        if meta is not None:
-            persistent["inputs" if name in graph.inputs else "parameters"] += \
-                math.prod(strategies[name].out_specs[0].local_shape(meta.shape, mesh)) * meta.itemsize
-
     # what the programs return stays held by the caller: gradients, and forward's loss and values
     gradients = {v for s in statements if s.kind == "output" for v in s.uses}
     returned = gradients | {v for s in statements if s.kind == "forward_output" for v in s.uses}
@@ -113,6 +100,25 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
         timeline.append((s.defines, held_all_step + sum(live.values()) + on_device))
     breakdown = {c: persistent[c] + peak_breakdown.get(c, 0.0) for c in CATEGORIES}
     return MemoryEstimate(sum(breakdown.values()), breakdown, tuple(timeline), peak_at, tuple(during))
+
+
+def _held_all_step(graph, strategies, mesh, optimizer: str, offloaded) -> dict:
+    """By category, what the device holds all step: parameters (but the ``offloaded``) with their
+    optimizer state, buffers and inputs."""
+    persistent = {c: 0.0 for c in CATEGORIES}
+    for ph in graph.params:
+        if ph in offloaded:
+            continue
+        meta = graph.node(ph).outputs[0]
+        n = math.prod(strategies[ph].out_specs[0].local_shape(meta.shape, mesh))
+        persistent["parameters"] += n * meta.itemsize
+        persistent["optimizer_state"] += n * optimizer_bytes_per_element(optimizer, meta.itemsize)
+    for name in list(graph.inputs) + list(graph.buffers):
+        meta = graph.node(name).outputs[0]
+        if meta is not None:
+            persistent["inputs" if name in graph.inputs else "parameters"] += \
+                math.prod(strategies[name].out_specs[0].local_shape(meta.shape, mesh)) * meta.itemsize
+    return persistent
 
 
 def _category(s: Statement, gradients: set) -> str:

@@ -63,7 +63,9 @@ class OffloadLever:
                                      least.seconds)
         if found is None:
             return None
-        return result, Fit(fitted.plain if fitted is not None else search.fit(result, "none").plain, found)
+        plain = fitted.plain if fitted is not None else \
+            fit(search.graph, strategies, moves, ctx, search.budget, "none").plain
+        return result, Fit(plain, found)
 
 
 def because(chosen, why: str, ctx: PassContext):

@@ -63,9 +63,13 @@ class _Program:
         self.params = _params(graph, strategies, ctx.mesh)
         self.reads = _parameter_reads(self.statements, graph)
         self.durations = [_duration(s, strategies) for s in self.statements]
+        self._first_read: dict[str, int] = {}
+        for i, read in enumerate(self.reads):
+            for placeholder in read:
+                self._first_read.setdefault(placeholder, i)
 
     def first_read(self, placeholder: str) -> int:
-        return min((i for i, read in enumerate(self.reads) if placeholder in read), default=len(self.reads))
+        return self._first_read.get(placeholder, len(self.reads))
 
 
 def best_offload(graph, strategies, redistributions, ctx: PassContext, budget: float, recomputed=(),
@@ -115,9 +119,11 @@ def _with_chunk_size(program: _Program, chunk_bytes: int, budget: float, ctx: Pa
 def _most_on_host(program: _Program, order: list, chunk_bytes: int, ctx: PassContext) -> int:
     """How many of ``order``'s chunks (from the first) the device's share of host memory holds."""
     share, optimizer = ctx.cost.hardware.host_memory_per_device, ctx.request.optimizer
-    count = 0
-    while count < len(order) and _host_bytes([_chunk(0, group, chunk_bytes) for group in order[:count + 1]],
-                                             program.params, optimizer) <= share:
+    count, held = 0, 0.0
+    for group in order:
+        held += _host_bytes(group, chunk_bytes, optimizer)
+        if held > share:
+            break
         count += 1
     return count
 
@@ -126,7 +132,7 @@ def _offloading(program: _Program, offloaded: list, chunk_bytes: int, budget: fl
     hw, request = ctx.cost.hardware, ctx.request
     chunks = [_chunk(k, params, chunk_bytes) for k, params in enumerate(sorted(
         offloaded, key=lambda c: program.first_read(c[0].placeholder)))]
-    host = _host_bytes(chunks, program.params, request.optimizer)
+    host = sum(_host_bytes(group, chunk_bytes, request.optimizer) for group in offloaded)
     if host > hw.host_memory_per_device:
         return None
     of = {p: c.index for c in chunks for p in c.params}
@@ -205,12 +211,15 @@ def _reason(peak: float, budget: float, chunks: list[Chunk], slots: int) -> str:
             f"device at once: the device peaks at {human_bytes(peak)} of its {human_bytes(budget)} budget")
 
 
-def _host_bytes(chunks: list[Chunk], params: list[_Param], optimizer: str) -> float:
-    """Per device: the chunks (parameters), and the offloaded parameters' gradients and optimizer state."""
-    by_name = {p.name: p for p in params}
-    moved = [by_name[name] for c in chunks for name in c.params]
-    return sum(c.nbytes for c in chunks) + sum(
-        p.numel * (p.itemsize + optimizer_bytes_per_element(optimizer, p.itemsize)) for p in moved if p.has_grad)
+def _host_bytes(group: list[_Param], chunk_bytes: int, optimizer: str) -> float:
+    """Per device: one chunk of ``group``'s parameters, and their gradients and optimizer state."""
+    capacity = chunk_bytes // group[0].itemsize * group[0].itemsize
+    return capacity + sum(_stepped_bytes(p, optimizer) for p in group)
+
+
+def _stepped_bytes(p: _Param, optimizer: str) -> float:
+    """A parameter's gradient and optimizer state (none for a frozen one)."""
+    return p.numel * (p.itemsize + optimizer_bytes_per_element(optimizer, p.itemsize)) if p.has_grad else 0.0
 
 
 def _chunks(program: _Program, chunk_bytes: int) -> list[list[_Param]]:
@@ -300,5 +309,4 @@ def _duration(s: Statement, strategies) -> float:
 def host_bytes_of_everything(graph, strategies, mesh, optimizer: str) -> float:
     """Per device: the host memory that offloading every parameter of this layout takes (their
     values, gradients and optimizer state, chunks packed without gaps)."""
-    return sum(p.numel * (p.itemsize + (p.itemsize + optimizer_bytes_per_element(optimizer, p.itemsize)
-                                        if p.has_grad else 0)) for p in _params(graph, strategies, mesh))
+    return sum(p.numel * p.itemsize + _stepped_bytes(p, optimizer) for p in _params(graph, strategies, mesh))

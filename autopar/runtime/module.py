@@ -110,7 +110,9 @@ class ParallelModule(nn.Module):
         self.planner, self.replan = planner, replan
         self.given = batch_blocks(plan.mesh) if local_inputs else None  # the layout of the call's tensors
         self.compile = compile
-        first = RankProgram(plan, source, rank_mesh, compile)
+        # an offloading plan's parameters live in host chunks, their blocks views of them
+        self.chunks = ChunkStore(plan.offload, rank_mesh.device) if plan.offload is not None else None
+        first = RankProgram(plan, source, rank_mesh, compile, self.chunks)
         self.programs: dict[tuple, RankProgram] = {first.key: first}
         self.first = first
         graph = plan.graph
@@ -122,9 +124,6 @@ class ParallelModule(nn.Module):
         self._lossless: set = set()  # step keys whose calls hold no loss: their forward programs serve them
         self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
         self._unsynced_program: Optional[tuple] = None  # the program whose layouts those gradients are in
-        # an offloading plan's parameters live in host chunks, their blocks views of them
-        self.chunks = ChunkStore(plan.offload, rank_mesh.device) if plan.offload is not None else None
-        first.chunks = self.chunks
         distribute(model, params, buffers, plan.mesh, rank_mesh, init,
                    host=self.chunks.host_block if self.chunks is not None else None)
         if self.chunks is not None and plan.offload.optimizer.place == "device":

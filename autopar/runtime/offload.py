@@ -25,6 +25,7 @@ from torch.optim.adam import adam
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from autopar.ir.offload import Offload
+from autopar.runtime.state import local
 
 
 class ChunkStore:
@@ -62,15 +63,15 @@ class ChunkStore:
         source = self.host[chunk]
         if chunk in self.on_device:
             self.evict(chunk)
-        copy = torch.empty(source.shape, dtype=source.dtype, device=self.device)
         if self.stream is not None:
+            copy = torch.empty(source.shape, dtype=source.dtype, device=self.device)
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the buffer's allocation
             with torch.cuda.stream(self.stream):
                 copy.copy_(source, non_blocking=True)
                 self.ready[chunk] = torch.cuda.Event()
                 self.ready[chunk].record(self.stream)
         else:
-            copy.copy_(source)
+            copy = _up(source, self.device)
         self.on_device[chunk] = copy
         nbytes = copy.numel() * copy.element_size()
         self.device_bytes += nbytes
@@ -156,11 +157,11 @@ def _step_chunk(store: ChunkStore, optimizer, chunk: int, members: list) -> None
         views, grads, avgs, squares, steps = [], [], [], [], []
         for p in mine:
             _, offset, numel = store.slices[store.stepped[id(p)]]
-            views.append(params[offset:offset + numel].view(_local(p).shape))
+            views.append(params[offset:offset + numel].view(local(p).shape))
             state = _adam_state(optimizer, p)
-            grads.append(_up(_local(p.grad), store.device))
-            avgs.append(_up(_local(state["exp_avg"]), store.device))
-            squares.append(_up(_local(state["exp_avg_sq"]), store.device))
+            grads.append(_up(local(p.grad), store.device))
+            avgs.append(_up(local(state["exp_avg"]), store.device))
+            squares.append(_up(local(state["exp_avg_sq"]), store.device))
             steps.append(state["step"])
         beta1, beta2 = group["betas"]
         adam(views, grads, avgs, squares, [], steps, foreach=False, amsgrad=False, beta1=beta1,
@@ -168,8 +169,8 @@ def _step_chunk(store: ChunkStore, optimizer, chunk: int, members: list) -> None
                               maximize=False, decoupled_weight_decay=isinstance(optimizer, torch.optim.AdamW))
         for p, avg, square in zip(mine, avgs, squares):
             state = optimizer.state[p]
-            _local(state["exp_avg"]).copy_(avg)
-            _local(state["exp_avg_sq"]).copy_(square)
+            local(state["exp_avg"]).copy_(avg)
+            local(state["exp_avg_sq"]).copy_(square)
     store.host[chunk].copy_(params)
     store.device_steps += 1
 
@@ -185,13 +186,10 @@ def _adam_state(optimizer, p) -> dict:
 
 
 def _up(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy of ``tensor`` in a fresh buffer on ``device`` (a real copy even where it is the CPU)."""
     copy = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
     copy.copy_(tensor)
     return copy
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return getattr(tensor, "_local_tensor", tensor)
 
 
 def _unsupported(optimizer) -> "str | None":

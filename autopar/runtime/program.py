@@ -63,8 +63,10 @@ class RankProgram:
     (Inductor) and calls functional collectives (autopar.runtime.traced_collectives), so its
     graph holds the communication; compiled once per program, at its first call."""
 
-    def __init__(self, plan: Plan, source: str, rank_mesh: RankMesh, compiled: bool = False):
-        self.plan, self.rt = plan, rank_mesh
+    def __init__(self, plan: Plan, source: str, rank_mesh: RankMesh, compiled: bool = False,
+                 chunks: Optional[ChunkStore] = None):
+        """``chunks``: an offloading plan's host chunks, which its programs read parameters from."""
+        self.plan, self.rt, self.chunks = plan, rank_mesh, chunks
         self.module = load_program(source, f"autopar_plan_{plan.hash}")
         self._forward, self._backward = self.module.forward, getattr(self.module, "backward", None)
         self._rt = rank_mesh
@@ -82,7 +84,6 @@ class RankProgram:
         offloaded = {ph for ph, fqn in graph.params.items() if plan.offload is not None and fqn in plan.offload.params}
         # an offloaded parameter is no argument: the programs read it from ``chunks``
         self._placeholders = [n.name for n in graph.nodes if n.op == "placeholder" and n.name not in offloaded]
-        self.chunks: Optional[ChunkStore] = None  # an offloading plan's (ParallelModule sets it)
         self._keep_old = _buffers_backward_reads_before_update(plan)
         self._warned_dropped = False
 

@@ -14,7 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-FETCH, EVICT = "fetch", "evict"
+from autopar.ir.offload import EVICT, FETCH
 
 
 def pack(sizes: list[int], capacity: int) -> list[list[int]]:

@@ -23,6 +23,7 @@ class ChunkMoves:
         placeholder = {fqn: ph for ph, fqn in plan.graph.params.items()}
         self.name_of = {placeholder[fqn]: fqn for fqn in offload.params}  # placeholder -> parameter
         self.members = {c.index: [placeholder[fqn] for fqn in c.params] for c in offload.chunks}
+        self.chunk_of = {var: k for k, members in self.members.items() for var in members}
         self.chunks = {c.index: c for c in offload.chunks}
         self.bound: set[str] = set()
         self.to_host = gradients_to_host(statements, plan.graph, set(offload.params))
@@ -40,7 +41,9 @@ class ChunkMoves:
     def before(self, index: int, statement, last: bool = False) -> list[str]:
         """The moves planned before statement ``index`` (and, for the program's ``last``
         statement, every one planned after it), then the bindings the statement reads."""
-        moves = [m for at, ms in self.by_at.items() if at == index or (last and at > index) for m in ms]
+        moves = list(self.by_at.get(index, ()))
+        if last:
+            moves += [m for at, ms in self.by_at.items() if at > index for m in ms]
         lines = []
         for m in sorted(moves, key=lambda m: m.kind != EVICT):  # a slot frees before it fills
             lines += self._evict(m.chunk) if m.kind == EVICT else [self._fetch(m.chunk)]
@@ -50,7 +53,7 @@ class ChunkMoves:
                 meta = self.plan.graph.node(var).outputs[0]
                 local = self.plan.strategies[var].out_specs[0].local_shape(meta.shape, self.plan.mesh)
                 lines.append(f"{var} = chunks.param({self.name_of[var]!r}, {list(local)})  "
-                             f"# local {shape_text(local)}, on the device while chunk {self._chunk_of(var)} is")
+                             f"# local {shape_text(local)}, on the device while chunk {self.chunk_of[var]} is")
         return lines
 
     def after(self, statement) -> list[str]:
@@ -68,6 +71,3 @@ class ChunkMoves:
         held = [v for v in self.members[chunk] if v in self.bound]
         self.bound -= set(held)
         return ([f"del {', '.join(held)}"] if held else []) + [f"chunks.evict({chunk})"]
-
-    def _chunk_of(self, var: str) -> int:
-        return next(k for k, members in self.members.items() if var in members)
