@@ -72,6 +72,20 @@ def test_cli_plan_writes_plan_and_program(tmp_path, capsys):
     assert gen.read_text() == plan.emit("torch")
 
 
+def test_cli_plan_takes_a_memory_budget_and_the_offload_choice(tmp_path, capsys):
+    """--offload always offloads every parameter; --offload never under a budget only offload
+    meets is refused naming the budget."""
+    out = tmp_path / "plan.json"
+    assert cli(["plan", "examples.mlp:factory", "--mesh", "dp=2", "--hardware", "a100-sxm-80g", "--offload", "always",
+                "--out", str(out), "--quiet"]) == 0
+    plan = autopar.Plan.from_json(out.read_text())
+    assert plan.offload is not None and len(plan.offload.params) == len(plan.graph.params)
+    assert "offload:" in capsys.readouterr().out
+    assert cli(["plan", "examples.mlp:factory", "--mesh", "dp=2", "--hardware", "a100-sxm-80g", "--offload", "never",
+                "--memory-budget", "1KiB", "--quiet"]) == 2
+    assert "fits the memory budget of 1.0 KB" in capsys.readouterr().err
+
+
 def test_python_dash_m_autopar_is_the_autopar_command(tmp_path):
     import subprocess
     import sys

@@ -177,3 +177,17 @@ def test_offload_options_and_targets_are_checked(tiny):
     assert "chunk 0:" in forced.explain("offload") and "offload:" in forced.summary()
     with pytest.raises(autopar.AutoparError, match="'chunk N'"):
         forced.explain("chunk 99")
+
+
+def test_parameters_replaced_after_offloading_are_refused(tiny):
+    """load_state_dict(assign=True) swaps the parameters for tensors outside their host chunks,
+    which the programs would no longer read: the next call says so instead of computing with
+    the old values."""
+    model, inputs, loose = tiny
+    plan = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g",
+                        memory_budget=0.35 * loose.predicted.peak_memory_bytes)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    errors = get_cluster(2).run(workers.offloaded_after_assigning_a_state_dict, buffer.getvalue(), inputs,
+                                plan.to_json())
+    assert all(e is not None and "no longer the block autopar keeps in host memory" in e for e in errors)

@@ -491,3 +491,20 @@ def train_offloaded(rank, world_size, model_bytes, inputs, plan_json, steps, set
                   "chunk_peak": store.peak, "fetched": store.fetched_bytes, "device_steps": store.device_steps}
     params = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
     return {"losses": losses, "params": params, "memory": memory}
+
+
+def offloaded_after_assigning_a_state_dict(rank, world_size, model_bytes, inputs, plan_json):
+    """An offloading model given new parameter tensors by load_state_dict(assign=True): the
+    AutoparError's text of the next call (None if it ran)."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    wrapped = autopar.autoparallelize(model, mesh=plan.device_mesh, plan=plan, example_inputs=inputs)
+    wrapped(*inputs)
+    model.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()}, assign=True)
+    try:
+        wrapped(*inputs)
+    except autopar.AutoparError as exc:
+        return str(exc)
+    return None

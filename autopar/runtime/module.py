@@ -152,6 +152,8 @@ class ParallelModule(nn.Module):
         if self.given is not None:
             check_local_batches(call, self.rt)
         program = self.program_for(call if self.given is None else global_call(call, self.plan.mesh))
+        if self.chunks is not None:
+            self.chunks.check_parameters(self.model)
         params = dict(self.model.named_parameters())  # one walk of the modules, not one per parameter
         arguments = program.arguments(self.model, params, call, self.given)
         if program.is_step and torch.is_grad_enabled():

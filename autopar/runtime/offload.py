@@ -24,6 +24,7 @@ import torch
 from torch.optim.adam import adam
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from autopar.errors import AutoparError
 from autopar.ir.offload import Offload
 from autopar.runtime.state import local
 
@@ -53,6 +54,18 @@ class ChunkStore:
         if math.prod(shape) != numel:
             raise ValueError(f"parameter {name!r}: a block of shape {list(shape)}, the plan packed {numel} elements")
         return self.host[chunk][offset:offset + numel].view(shape)
+
+    def check_parameters(self, model) -> None:
+        """Refuse a model whose offloaded parameters no longer live in their chunks (replaced, as
+        ``load_state_dict(assign=True)`` or ``param.data = ...`` do): the programs read the chunks,
+        and would compute with the old values."""
+        for name, (chunk, _, _) in self.slices.items():
+            block = local(model.get_parameter(name))
+            if block.untyped_storage().data_ptr() != self.host[chunk].untyped_storage().data_ptr():
+                raise AutoparError(f"parameter {name!r} is no longer the block autopar keeps in host memory (it was "
+                                   f"replaced, e.g. by load_state_dict(assign=True) or by assigning .data), and the "
+                                   f"plan's programs read it from there: load values in place (model.load_state_dict"
+                                   f"(state_dict), torch.distributed.checkpoint) or copy_ into the parameter")
 
     def begin_step(self) -> None:
         """Forward starts with no chunk on the device: the optimizer has stepped the host copies."""
