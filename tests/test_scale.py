@@ -34,8 +34,8 @@ def test_clustering_gives_the_unclustered_optimum_on_four_layers():
 def test_a_hit_time_limit_returns_a_valid_plan_with_its_gap(fast_network):
     model, inputs = gpt2.make("tiny")
     with pytest.warns(UserWarning, match=r"within \d+\.\d% of optimal|has no proven bound"):
-        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network, solver_time_limit_s=1.0,
-                            cluster_layers=False)
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network, solver="mip",
+                            solver_time_limit_s=1.0, cluster_layers=False)
     assert plan.solver.status == "feasible"
     assert 0.0 < plan.solver.gap <= 1.0
     assert plan.solver.bound_s <= plan.solver.objective_s
@@ -63,13 +63,19 @@ def test_mesh_search_tries_every_factorisation_and_keeps_the_cheapest():
 
 
 def test_mesh_search_runs_the_full_program_only_on_2d_meshes_near_the_best():
-    """The sweep plans every mesh by the axis-by-axis descent; only 2-D meshes within 5% of the
-    fastest get the full integer program (on 64 GPUs it takes 40-95 s per Llama-shaped mesh)."""
+    """With solver="mip" the sweep plans every mesh by the axis-by-axis descent; only 2-D meshes
+    within 5% of the fastest get the full integer program (on 64 GPUs it takes 40-95 s per
+    Llama-shaped mesh). LP first solves every mesh exactly in the sweep, and re-plans none."""
     from autopar.planning.pipeline import FINALIST_MARGIN as _FINALIST_MARGIN
 
     model, inputs = mlp.make(batch=8, width=1024, hidden=4096)
     messages = []
-    searched = autopar.plan(model, inputs, mesh=16, hardware="h100-sxm", progress=messages.append, cache=False)
+    exact = autopar.plan(model, inputs, mesh=16, hardware="h100-sxm", progress=messages.append, cache=False)
+    assert not any("full integer program on" in m for m in messages)
+    assert exact.solver.status == "optimal"
+    messages = []
+    searched = autopar.plan(model, inputs, mesh=16, hardware="h100-sxm", solver="mip", progress=messages.append,
+                            cache=False)
     unit = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
     swept = {}
     for m in messages:
@@ -83,6 +89,7 @@ def test_mesh_search_runs_the_full_program_only_on_2d_meshes_near_the_best():
     assert len(swept) == 4 and finalists == expected
     assert 0 < len(finalists) < 3  # some 2-D meshes are left out: the margin decides
     assert searched.solver.status == "optimal"  # the winner's full program proved it
+    assert exact.predicted.step_time_s == pytest.approx(searched.predicted.step_time_s, rel=1e-6)
 
 
 def test_mesh_search_warns_once_and_for_the_winning_mesh_only():
@@ -186,7 +193,8 @@ def test_cli_searches_the_meshes_of_a_device_count(capsys):
 def test_the_axis_by_axis_warm_start_runs_on_2d_meshes_and_the_full_solve_only_improves_it():
     model, inputs = mlp.make(batch=16, width=256, hidden=1024)
     messages = []
-    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", progress=messages.append)
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", solver="mip",
+                        progress=messages.append)
     warm = [float(m.split("objective ")[1].split(" ms")[0]) for m in messages if m.startswith("warm start:")]
     assert warm and warm == sorted(warm, reverse=True)  # each accepted axis solve lowers the objective
     assert plan.solver.objective_s * 1e3 <= warm[-1] + 1e-4
@@ -237,8 +245,8 @@ def test_a_full_program_too_large_for_its_limit_is_skipped_and_the_plan_says_it_
     model, inputs = mlp.make(batch=16, width=256, hidden=1024)
     messages = []
     with pytest.warns(UserWarning, match="the plan has no proven bound"):
-        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", progress=messages.append,
-                            cache=False)
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", solver="mip",
+                            progress=messages.append, cache=False)
     assert any("too large to solve" in m for m in messages)
     assert plan.solver.status == "feasible" and plan.solver.gap == 1.0
 

@@ -21,7 +21,7 @@ def random_problem(rng: random.Random):
     return node_costs, edges
 
 
-@pytest.mark.parametrize("backend", ["mip", "cp-sat"])
+@pytest.mark.parametrize("backend", ["lp-first", "mip", "cp-sat"])
 def test_solver_matches_brute_force(backend):
     rng = random.Random(1234)
     for _ in range(25):
@@ -34,7 +34,7 @@ def test_solver_matches_brute_force(backend):
         assert result.gap == pytest.approx(0.0, abs=1e-9)
 
 
-@pytest.mark.parametrize("backend", ["mip", "cp-sat"])
+@pytest.mark.parametrize("backend", ["lp-first", "mip", "cp-sat"])
 def test_overlapped_costs_count_only_beyond_their_cover(backend):
     """Hidden edge costs add max(0, Σ hidden − Σ cover): the solver agrees with brute force."""
     rng = random.Random(99)
@@ -109,3 +109,75 @@ def test_a_memory_limit_under_every_nodes_leanest_allowed_strategy_fails_before_
         solve(costs, edges, memory=MemoryLimit(memory, 9.0))
     result = solve(costs, edges, memory=MemoryLimit(memory, 10.0))  # the floor itself fits
     assert result.choice == (1, 1, 0) and result.status == "optimal"
+
+
+def random_memory(rng: random.Random, node_costs) -> MemoryLimit:
+    """Bytes per strategy and a limit between the leanest and the heaviest choice: it binds."""
+    held = [[rng.choice([0.0, rng.uniform(1, 100)]) for _ in costs] for costs in node_costs]
+    leanest = sum(min(row) for row in held)
+    heaviest = sum(max(row) for row in held)
+    return MemoryLimit(held, leanest + rng.uniform(0.2, 0.6) * (heaviest - leanest))
+
+
+def brute_force_within(node_costs, edges, memory: MemoryLimit, overlap=None) -> float:
+    import itertools
+
+    values = [evaluate(node_costs, edges, c, overlap) for c in itertools.product(*(range(len(r)) for r in node_costs))
+              if memory.used(c) <= memory.limit]
+    return min(values, default=math.inf)
+
+
+@pytest.mark.parametrize("path", ["scip", "branch-and-bound"])
+def test_lp_first_meets_brute_force_under_a_memory_limit_and_its_bound_is_a_true_lower_bound(path, monkeypatch):
+    """Memory limits make the relaxation fractional (it splits the knapsack): the LP-first path
+    still returns the optimum, whether what reduced-cost fixing leaves goes to SCIP or to its own
+    branch and bound, and every bound it reports is at most the optimum."""
+    from autopar.solvers import lp_first
+
+    if path == "branch-and-bound":
+        monkeypatch.setattr(lp_first, "_SCIP_VARIABLES", 0)
+    rng = random.Random(2024)
+    fractional = branched = 0
+    for _ in range(40):
+        node_costs, edges = random_problem(rng)
+        memory = random_memory(rng, node_costs)
+        best = brute_force_within(node_costs, edges, memory)
+        if math.isinf(best) or memory.limit < sum(min(r) for r in memory.bytes):
+            continue
+        messages = []
+        result = solve(node_costs, edges, backend="lp-first", memory=memory, progress=messages.append)
+        fractional += any("fractional" in m and not m.split(", ")[1].startswith("0 of") for m in messages)
+        branched += any(m.startswith("branch and bound") for m in messages)
+        assert memory.used(result.choice) <= memory.limit
+        assert result.objective == pytest.approx(best, rel=1e-4, abs=1e-12)
+        assert result.bound <= best * (1 + 1e-9) + 1e-12
+        assert result.status == "optimal"
+    assert fractional >= 5  # the paths after the LP ran
+    assert branched >= (3 if path == "branch-and-bound" else 0)
+
+
+def test_any_row_prices_give_a_bound_no_integer_solution_beats():
+    """LocalPolytope.dual_bound is weak duality recomputed in float64: random prices, however
+    bad, never give a bound above the brute-force optimum; the LP's own prices give the LP value."""
+    import numpy as np
+
+    from autopar.solvers.local_polytope import SCALE, LocalPolytope
+
+    rng = random.Random(5)
+    np_rng = np.random.default_rng(5)
+    for _ in range(25):
+        node_costs, edges = random_problem(rng)
+        memory = random_memory(rng, node_costs)
+        overlap = Overlap([(0, 1, [[rng.uniform(0, 3e-3) for _ in node_costs[1]] for _ in node_costs[0]])],
+                          [[rng.uniform(0, 1e-3) for _ in c] for c in node_costs])
+        best = brute_force_within(node_costs, edges, memory, overlap)
+        if math.isinf(best):
+            continue
+        polytope = LocalPolytope.build(node_costs, edges, overlap, memory)
+        for _ in range(5):
+            prices = np_rng.normal(scale=1e3, size=len(polytope.rows))
+            assert polytope.dual_bound(prices)[0] / SCALE <= best * (1 + 1e-9) + 1e-12
+        solution = polytope.relaxation(10.0)
+        bound = polytope.dual_bound(solution.duals)[0]
+        assert bound == pytest.approx(solution.bound, rel=1e-6, abs=1e-6)
+        assert bound / SCALE <= best * (1 + 1e-9) + 1e-12

@@ -15,14 +15,14 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.precision import MixedPrecision
 
 DEFAULT_HARDWARE = "h100-sxm"
-DEFAULT_SOLVER = "mip"  # SCIP; "cp-sat" on request
+DEFAULT_SOLVER = "lp-first"  # the LP relaxation, then SCIP on what it leaves open; "mip" or "cp-sat" on request
 DEFAULT_TIME_LIMIT_S = 60.0  # per integer program
 DEFAULT_OPTIMIZER = "adam"
 DEFAULT_RECOMPUTE = "auto"
 DEFAULT_OFFLOAD = "auto"
 OFFLOAD_MODES = ("auto", True, False)
 DEFAULT_BUDGET_SHARE = 0.9  # of the device's memory, when no memory budget is given
-SOLVERS = ("mip", "cp-sat")
+SOLVERS = ("lp-first", "mip", "cp-sat")
 PARTITIONS = ("balanced", "even")
 
 

@@ -85,9 +85,9 @@ class BudgetSearch:
 
     def _on_device(self):
         best = self._within_budget()
-        if best is not None:  # on a 1-D mesh every solve was the full program already
+        if best is not None:  # on a 1-D mesh, or LP first, every solve was the full program already
             # mesh search sets full_program False while it compares meshes, and runs it on the finalists
-            polish = self.ctx.mesh.ndim > 1 and self.ctx.request.full_program and self._solvable()
+            polish = self._descends() and self.ctx.request.full_program and self._solvable()
             return self._polished(*best) if polish else best[:2]
         return self._leanest_that_fits()
 
@@ -116,8 +116,13 @@ class BudgetSearch:
             result = self._solve_from(list(self.lean.choice), costs, limit, descend, polish)
         return dataclasses.replace(result, seconds=time.perf_counter() - begin)
 
+    def _descends(self) -> bool:
+        """Whether solves go axis by axis first: on an N-D mesh, for the backends that solve the
+        whole integer program at once ("lp-first" solves it exactly in seconds)."""
+        return self.ctx.mesh.ndim > 1 and self.ctx.request.solver != "lp-first"
+
     def _solve_from(self, first, costs, limit, descend: bool, polish: bool):
-        if self.ctx.mesh.ndim == 1 or None in first or not descend:
+        if not self._descends() or None in first or not descend:
             return self._solve_full(costs, first, limit)
 
         def solve_step(restricted_costs, warm, step):

@@ -147,8 +147,9 @@ def warn_if_unproven(mesh: Mesh, solver, time_limit_s: float) -> None:
 
 
 def _search_meshes(planner: _MeshPlanner, request: PlanRequest) -> Plan:
-    """Plan every candidate mesh (2-D ones by the axis-by-axis descent only), then the 2-D
-    finalists again with the full integer program; the least predicted step time wins. The
+    """Plan every candidate mesh (with the "mip" or "cp-sat" backends, 2-D ones by the axis-by-axis
+    descent only, then the 2-D finalists again with the full integer program; "lp-first" solves
+    each exactly at once); the least predicted step time wins. The
     winner's history starts with a ``mesh_search`` record listing each mesh's step time (or why
     it failed)."""
     report = planner.progress or (lambda msg: None)
@@ -158,7 +159,7 @@ def _search_meshes(planner: _MeshPlanner, request: PlanRequest) -> Plan:
     for mesh, candidate in planned.items():
         # a pipeline's stage layout stays the descent's: its full program would run once per micro-batch count
         finalist = candidate.predicted.step_time_s <= fastest * (1 + FINALIST_MARGIN)
-        if mesh.ndim > 1 and not has_pipeline(mesh) and finalist:
+        if request.solver != "lp-first" and mesh.ndim > 1 and not has_pipeline(mesh) and finalist:
             report(f"mesh search: the full integer program on {mesh} ...")
             planned[mesh] = planner.plan(request.on(mesh, full_program=True))
             tried[mesh] = human_seconds(planned[mesh].predicted.step_time_s)
@@ -171,7 +172,8 @@ def _search_meshes(planner: _MeshPlanner, request: PlanRequest) -> Plan:
 
 
 def _sweep(planner: _MeshPlanner, request: PlanRequest, report) -> tuple[dict, dict]:
-    """Every candidate mesh planned by the descent alone: (mesh -> plan, mesh -> outcome text)."""
+    """Every candidate mesh planned without the finalists' full program: (mesh -> plan, mesh ->
+    outcome text)."""
     planned, tried = {}, {}
     for mesh in request.meshes:
         report(f"mesh search: planning {mesh} ...")

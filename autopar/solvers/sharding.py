@@ -22,15 +22,17 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from autopar.errors import SolverError
+from autopar.solvers.local_polytope import SCALE, LocalPolytope, allowed_pairs, priced_edges, solve_proto
+from autopar.solvers.lp_first import solve_lp_first
 from autopar.solvers.reduction import reduce_problem
 from autopar.units import human_bytes
 
 Matrix = Sequence[Sequence[float]]
-# objective units per second. SCIP's in microseconds: in nanoseconds, with coefficients up to
-# 1e10, its LP runs into numerical trouble on large layers (README, "Solving at scale").
-# CP-SAT's in whole nanoseconds, as it needs integers.
-MIP_SCALE = 1e6
+# CP-SAT's objective units per second: whole nanoseconds, as it needs integers (SCIP's and the
+# LP's: autopar.solvers.local_polytope.SCALE)
 CPSAT_SCALE = 1e9
+# SCIP stops at a solution proven within this share of its objective (pywraplp's default)
+RELATIVE_GAP = 1e-4
 
 
 @dataclass(frozen=True)
@@ -94,22 +96,37 @@ def brute_force(node_costs, edges, overlap: Optional[Overlap] = None) -> tuple[t
     return best_choice, best
 
 
-def solve(node_costs, edges, *, backend: str = "mip", time_limit_s: float = 60.0,
+BACKENDS = ("lp-first", "mip", "cp-sat")
+
+
+def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float = 60.0,
           hint: Optional[Sequence[int]] = None, progress: Optional[Callable[[str], None]] = None,
-          overlap: Optional[Overlap] = None, memory: Optional[MemoryLimit] = None) -> SolverResult:
-    """``backend``: "mip" (SCIP through pywraplp; the default, since it proves optimality on our
-    graphs where CP-SAT stalls: GPT-2-style 2-layer model on a 2-D mesh, SCIP 5 s optimal vs
-    CP-SAT 60 s with a 33% gap) or "cp-sat"."""
+          overlap: Optional[Overlap] = None, memory: Optional[MemoryLimit] = None,
+          relative_gap: float = RELATIVE_GAP) -> SolverResult:
+    """``relative_gap``: SCIP stops at a solution proven within this share of its objective.
+    ``backend``: "lp-first" (the LP relaxation, then SCIP on what it leaves open:
+    autopar.solvers.lp_first; the default, an exact optimum in seconds where SCIP alone takes
+    minutes), "mip" (SCIP on the whole integer program, which proves optimality on our graphs
+    where CP-SAT stalls: GPT-2-style 2-layer model on a 2-D mesh, SCIP 5 s optimal vs CP-SAT 60 s
+    with a 33% gap) or "cp-sat"."""
     start = time.perf_counter()
-    if backend not in ("mip", "cp-sat"):
-        raise ValueError(f"unknown solver backend {backend!r}; use 'mip' or 'cp-sat'")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown solver backend {backend!r}; use one of {', '.join(map(repr, BACKENDS))}")
     if memory is not None:
         _check_memory_floor(node_costs, memory)
     reduced = reduce_problem(node_costs, edges, overlap, memory)
     small_hint = reduced.reduce_choice(hint) if hint is not None else None
-    if backend == "mip":
+    if backend == "lp-first":
+        def exact(costs, restricted_edges, warm, limit_s, gap):
+            return solve(costs, restricted_edges, backend="mip", time_limit_s=limit_s, hint=warm,
+                         overlap=reduced.overlap, memory=reduced.memory, relative_gap=gap)
+
+        choice, status, bound, n_vars = solve_lp_first(
+            reduced.node_costs, reduced.edges, time_limit_s, small_hint, reduced.overlap, reduced.memory, exact,
+            evaluate, relative_gap, progress or (lambda message: None))
+    elif backend == "mip":
         choice, status, bound, n_vars = _solve_mip(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
-                                                   reduced.overlap, reduced.memory)
+                                                   reduced.overlap, reduced.memory, relative_gap)
     else:
         choice, status, bound, n_vars = _solve_cpsat(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
                                                      progress, reduced.overlap, reduced.memory)
@@ -140,97 +157,26 @@ def _check_memory_floor(node_costs, memory: MemoryLimit) -> None:
                           f"{human_bytes(floor)}, over the limit of {human_bytes(memory.limit)}")
 
 
-def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory):
-    # rows are built with Constraint.SetCoefficient: the natural API (sum(...) == x) spends longer
-    # building a 200k-variable model than SCIP spends solving it
-    from ortools.linear_solver import pywraplp
-
-    solver = pywraplp.Solver.CreateSolver("SCIP")
-    objective = solver.Objective()
-    x = []
-    for costs in node_costs:
-        row = [solver.BoolVar("") for _ in costs]
-        linear_constraint(solver, [(v, 1.0) for v in row], 1.0, 1.0)
-        for var, c in zip(row, costs):
-            if math.isinf(c):
-                var.SetUb(0.0)
-            elif c:
-                objective.SetCoefficient(var, c * MIP_SCALE)
-        x.append(row)
-    n_vars = sum(len(r) for r in x)
-    pairs = {}  # (i, j) -> that edge's y
-    for i, j, m in _priced_edges(edges):
-        # y may be continuous: once x is integral, the marginal equalities force y integral too
-        y = {}
-        for a, b, c in _allowed_pairs(m):
-            y[a, b] = solver.NumVar(0.0, 1.0, "")
-            if c:
-                objective.SetCoefficient(y[a, b], c * MIP_SCALE)
-        _mip_marginals(solver, x[i], x[j], y)
-        pairs.setdefault((i, j), y)
-        n_vars += len(y)
-    if overlap is not None:
-        excess = solver.NumVar(0.0, solver.infinity(), "excess")  # in objective units already
-        objective.SetCoefficient(excess, 1.0)
-        terms = [(excess, -1.0)]  # Σ hidden − Σ cover − excess ≤ 0
-        for i, j, m in _priced_edges(overlap.edges):
-            # the hidden part of an edge the objective also prices reads that edge's y: fresh
-            # marginals would let the relaxation pick another joint choice for it, and cost
-            # variables
-            y = _shared_pairs(pairs, i, j)
-            if y is None:
-                y = {(a, b): solver.NumVar(0.0, 1.0, "") for a, b, _ in _allowed_pairs(m)}
-                _mip_marginals(solver, x[i], x[j], y)
-                n_vars += len(y)
-            terms += [(y[a, b], c * MIP_SCALE) for a, b, c in _allowed_pairs(m) if c and (a, b) in y]
-        terms += [(x[i][k], -c * MIP_SCALE) for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
-        linear_constraint(solver, terms, -solver.infinity(), 0.0)
-    if memory is not None:
-        linear_constraint(solver, [(x[i][k], b) for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b],
-                          -solver.infinity(), memory.limit)
-    objective.SetMinimization()
-    if hint is not None:
-        flat = [(var, float(k == hint[i])) for i, row in enumerate(x) for k, var in enumerate(row)]
-        solver.SetHint([v for v, _ in flat], [h for _, h in flat])
-    status, values, bound = run_scip(solver, time_limit_s)
-    if values is None:
-        return None, None, 0.0, n_vars
-    choice = tuple(max(range(len(row)), key=lambda k: values[row[k].index()]) for row in x)
-    return choice, status, bound / MIP_SCALE, n_vars
+def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory, relative_gap):
+    polytope = LocalPolytope.build(node_costs, edges, overlap, memory)
+    solution = solve_proto(polytope.proto(hint=hint), "scip", time_limit_s, relative_gap)
+    if solution.values is None:
+        return None, None, 0.0, polytope.n_variables
+    return polytope.choice(solution.values), solution.status, solution.bound / SCALE, polytope.n_variables
 
 
-def run_scip(solver, time_limit_s: float, relative_gap: float = 1e-4):
+def run_scip(solver, time_limit_s: float, relative_gap: float = RELATIVE_GAP):
     """Solve a pywraplp model with SCIP from its exported proto: (status "optimal" | "feasible" |
     "infeasible" | None when nothing was found in time, each variable's value by its index, the
     best bound). ``solver.Solve()`` hands SCIP each row's terms in the order of a hash table keyed
     by variable address, which changes from run to run, and so did the tied optimum SCIP
-    returns (one problem, two layouts in alternate runs). The proto lists the terms in index
-    order: the same model, the same plan. ``relative_gap``: stop at a solution proven within it
-    (the default is ``solver.Solve()``'s; the proto's own, 0, solves large problems slower)."""
-    from ortools.linear_solver import linear_solver_pb2, pywraplp
+    returns; the proto lists them in index order."""
+    from ortools.linear_solver import linear_solver_pb2
 
     request = linear_solver_pb2.MPModelRequest()
     solver.ExportModelToProto(request.model)
-    request.solver_type = linear_solver_pb2.MPModelRequest.SCIP_MIXED_INTEGER_PROGRAMMING
-    request.solver_time_limit_seconds = time_limit_s
-    request.solver_specific_parameters = f"limits/gap = {relative_gap!r}"
-    response = linear_solver_pb2.MPSolutionResponse()
-    pywraplp.Solver.SolveWithProto(request, response)
-    status = {linear_solver_pb2.MPSOLVER_OPTIMAL: "optimal", linear_solver_pb2.MPSOLVER_FEASIBLE: "feasible",
-              linear_solver_pb2.MPSOLVER_INFEASIBLE: "infeasible"}.get(response.status)
-    if status in (None, "infeasible"):
-        return status, None, None
-    return status, response.variable_value, response.best_objective_bound
-
-
-def _shared_pairs(pairs: dict, i: int, j: int):
-    """The y of an edge between nodes i and j, indexed [choice of i, choice of j], or None. A pair
-    it lacks is one the edge forbids."""
-    if (i, j) in pairs:
-        return pairs[i, j]
-    if (j, i) in pairs:
-        return {(a, b): var for (b, a), var in pairs[j, i].items()}
-    return None
+    solution = solve_proto(request.model, "scip", time_limit_s, relative_gap)
+    return solution.status, solution.values, (None if solution.values is None else solution.bound)
 
 
 def linear_constraint(solver, terms, lower: float, upper: float) -> None:
@@ -242,19 +188,6 @@ def linear_constraint(solver, terms, lower: float, upper: float) -> None:
         summed.setdefault(id(var), [var, 0.0])[1] += coefficient
     for var, coefficient in summed.values():
         constraint.SetCoefficient(var, coefficient)
-
-
-def _mip_marginals(solver, xi, xj, y) -> None:
-    """Σ_b y[a, b] = x_i[a] and Σ_a y[a, b] = x_j[b]."""
-    rows = [solver.Constraint(0.0, 0.0) for _ in xi]
-    cols = [solver.Constraint(0.0, 0.0) for _ in xj]
-    for a, var in enumerate(xi):
-        rows[a].SetCoefficient(var, -1.0)
-    for b, var in enumerate(xj):
-        cols[b].SetCoefficient(var, -1.0)
-    for (a, b), var in y.items():
-        rows[a].SetCoefficient(var, 1.0)
-        cols[b].SetCoefficient(var, 1.0)
 
 
 def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memory):
@@ -272,9 +205,9 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memor
                 terms.append(_ns(c) * var)
         x.append(row)
     n_vars = sum(len(r) for r in x)
-    for i, j, m in _priced_edges(edges):
+    for i, j, m in priced_edges(edges):
         y = {}
-        for a, b, c in _allowed_pairs(m):
+        for a, b, c in allowed_pairs(m):
             y[a, b] = model.NewBoolVar("")
             if c:
                 terms.append(_ns(c) * y[a, b])
@@ -282,10 +215,10 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memor
         n_vars += len(y)
     if overlap is not None:
         hidden = []
-        for i, j, m in _priced_edges(overlap.edges):
-            y = {(a, b): model.NewBoolVar("") for a, b, _ in _allowed_pairs(m)}
+        for i, j, m in priced_edges(overlap.edges):
+            y = {(a, b): model.NewBoolVar("") for a, b, _ in allowed_pairs(m)}
             _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
-            hidden += [_ns(c) * y[a, b] for a, b, c in _allowed_pairs(m) if c]
+            hidden += [_ns(c) * y[a, b] for a, b, c in allowed_pairs(m) if c]
             n_vars += len(y)
         cover = [_ns(c) * x[i][k] for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
         excess = model.NewIntVar(0, sum(_ns(c) for _, _, m in overlap.edges for r in m for c in r
@@ -309,15 +242,6 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memor
     choice = tuple(next(k for k, v in enumerate(row) if solver.Value(v)) for row in x)
     status = "optimal" if status == cp_model.OPTIMAL else "feasible"
     return choice, status, solver.BestObjectiveBound() / CPSAT_SCALE, n_vars
-
-
-def _priced_edges(edges):
-    """Edges that can change the objective or forbid a pair (an all-zero matrix constrains nothing)."""
-    return [(i, j, m) for i, j, m in edges if any(v != 0.0 for r in m for v in r)]
-
-
-def _allowed_pairs(m):
-    return [(a, b, c) for a, r in enumerate(m) for b, c in enumerate(r) if not math.isinf(c)]
 
 
 def _marginals(add, xi, xj, y, n_a, n_b) -> None:

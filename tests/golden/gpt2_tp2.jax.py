@@ -5,7 +5,7 @@
 #   shapes: 309 nodes
 #   strategies: 309 nodes, 116 free, 391 strategies, 0 fallbacks
 #   cluster_layers: no repeated layers
-#   solve_sharding: 116 variables groups, 220 edges, 3026 booleans, optimal, objective 0.1920 ms, gap 0.00%
+#   solve_sharding: 116 variables groups, 220 edges, 3027 booleans, optimal, objective 0.1920 ms, gap 0.00%
 #   collectives: 0 redistributions, 0 collectives
 #   recompute: peak 10.9 MB per device at _log_softmax_backward_data
 #   predict: step 0.1920 ms (compute 0.1920, communication 0.0000 + 0.0000 hidden), 0% of FLOPs sharded

@@ -1,11 +1,11 @@
 # autopar: training step as a sharded JAX program (generated; do not edit)
-# plan 9ba8dba629a3 | graph 91e517f7f5293b96 | mesh (dp=2, tp=2) | hardware h100-sxm
+# plan 035930c0d258 | graph 91e517f7f5293b96 | mesh (dp=2, tp=2) | hardware h100-sxm
 # predicted step 0.0439 ms = compute 0.0398 ms + communication 0.0041 ms
 # passes:
 #   shapes: 29 nodes
 #   strategies: 29 nodes, 16 free, 168 strategies, 0 fallbacks
 #   cluster_layers: no repeated layers
-#   solve_sharding: 16 variables groups, 25 edges, 368 booleans, optimal, objective 0.0480 ms, gap 0.00%
+#   solve_sharding: 16 variables groups, 25 edges, 3136 booleans, optimal, objective 0.0480 ms, gap 0.00%
 #   collectives: 2 redistributions, 1 collectives
 #   recompute: peak 67.3 MB per device at sum_2
 #   predict: step 0.0439 ms (compute 0.0398, communication 0.0041 + 0.0000 hidden), 100% of FLOPs sharded
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-PLAN_HASH = '9ba8dba629a3'
+PLAN_HASH = '035930c0d258'
 AXES = ('dp', 'tp')
 SHAPE = (2, 2)
 PLACEHOLDERS = ['fc1_weight', 'fc1_bias', 'fc2_weight', 'fc2_bias', 'x', 'y']
@@ -33,12 +33,12 @@ BUFFERS = {}
 # placeholders of the batch, in forward's argument order
 INPUTS = ['x', 'y']
 SPECS = {
-    'fc1_weight': P('dp', None), 'fc1_bias': P('dp'), 'fc2_weight': P(None, 'dp'), 'fc2_bias': P(None),
+    'fc1_weight': P('tp', None), 'fc1_bias': P('tp'), 'fc2_weight': P(None, 'tp'), 'fc2_bias': P(None),
     'x': P(None, None), 'y': P(None, None),
 }
 # (kind, parameter name) of each value local_step returns
 OUTPUTS = [('loss', None), ('grad', 'fc1.weight'), ('grad', 'fc1.bias'), ('grad', 'fc2.weight'), ('grad', 'fc2.bias')]
-OUTPUT_SPECS = (P(), P('dp', None), P('dp'), P(None, 'dp'), P(None),)
+OUTPUT_SPECS = (P(), P('tp', None), P('tp'), P(None, 'tp'), P(None),)
 
 
 # ---- ATen ops in JAX (autopar.backends.jax.aten) ----
@@ -90,9 +90,9 @@ def forward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     gelu = aten_gelu(addmm)
     # fc2
     t_1 = aten_t(fc2_weight)
-    fc2_bias__r0 = jnp.where(lax.axis_index('dp') == 0, fc2_bias, jnp.zeros_like(fc2_bias))  # r0: (R, R) -> (P, R)
+    fc2_bias__r0 = jnp.where(lax.axis_index('tp') == 0, fc2_bias, jnp.zeros_like(fc2_bias))  # r0: (R, R) -> (R, P)
     addmm_1 = aten_addmm(fc2_bias__r0, gelu, t_1)
-    addmm_1__r1 = lax.psum(addmm_1, 'dp')  # r1: (P, R) -> (R, R)
+    addmm_1__r1 = lax.psum(addmm_1, 'tp')  # r1: (R, P) -> (R, R)
     # <model>
     sub = aten_sub(addmm_1__r1, y)
     pow_1 = aten_pow_(sub, 2)

@@ -1,11 +1,11 @@
 # autopar: per-rank training step for torch.distributed (generated; do not edit)
-# plan 9ba8dba629a3 | graph 91e517f7f5293b96 | mesh (dp=2, tp=2) | hardware h100-sxm
+# plan 035930c0d258 | graph 91e517f7f5293b96 | mesh (dp=2, tp=2) | hardware h100-sxm
 # predicted step 0.0439 ms = compute 0.0398 ms + communication 0.0041 ms
 # passes:
 #   shapes: 29 nodes
 #   strategies: 29 nodes, 16 free, 168 strategies, 0 fallbacks
 #   cluster_layers: no repeated layers
-#   solve_sharding: 16 variables groups, 25 edges, 368 booleans, optimal, objective 0.0480 ms, gap 0.00%
+#   solve_sharding: 16 variables groups, 25 edges, 3136 booleans, optimal, objective 0.0480 ms, gap 0.00%
 #   collectives: 2 redistributions, 1 collectives
 #   recompute: peak 67.3 MB per device at sum_2
 #   predict: step 0.0439 ms (compute 0.0398, communication 0.0041 + 0.0000 hidden), 100% of FLOPs sharded
@@ -18,32 +18,32 @@ import torch
 
 aten = torch.ops.aten
 
-PLAN_HASH = '9ba8dba629a3'
+PLAN_HASH = '035930c0d258'
 GRAPH_FINGERPRINT = '91e517f7f5293b96'
 PLACEHOLDERS = ['fc1_weight', 'fc1_bias', 'fc2_weight', 'fc2_bias', 'x', 'y']
 
 
 def forward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
-    # fc1_weight (parameter fc1.weight): [4096, 1024] -> local [2048, 1024] (S(0), R)
-    # fc1_bias (parameter fc1.bias): [4096] -> local [2048] (S(0), R)
-    # fc2_weight (parameter fc2.weight): [1024, 4096] -> local [1024, 2048] (S(1), R)
+    # fc1_weight (parameter fc1.weight): [4096, 1024] -> local [2048, 1024] (R, S(0))
+    # fc1_bias (parameter fc1.bias): [4096] -> local [2048] (R, S(0))
+    # fc2_weight (parameter fc2.weight): [1024, 4096] -> local [1024, 2048] (R, S(1))
     # fc2_bias (parameter fc2.bias): [1024] -> local [1024] (R, R)
     # x (input): [8, 1024] -> local [8, 1024] (R, R)
     # y (input): [8, 1024] -> local [8, 1024] (R, R)
 
     # ---- forward ----
     # fc1
-    t = aten.t.default(fc1_weight)  # [1024, 4096] -> local [1024, 2048] (S(1), R)
-    addmm = aten.addmm.default(fc1_bias, x, t)  # [8, 4096] -> local [8, 2048] (S(1), R)
+    t = aten.t.default(fc1_weight)  # [1024, 4096] -> local [1024, 2048] (R, S(1))
+    addmm = aten.addmm.default(fc1_bias, x, t)  # [8, 4096] -> local [8, 2048] (R, S(1))
     del t
     # <model>
-    gelu = aten.gelu.default(addmm)  # [8, 4096] -> local [8, 2048] (S(1), R)
+    gelu = aten.gelu.default(addmm)  # [8, 4096] -> local [8, 2048] (R, S(1))
     # fc2
-    t_1 = aten.t.default(fc2_weight)  # [4096, 1024] -> local [2048, 1024] (S(0), R)
-    fc2_bias__r0 = rt.zero_partial(fc2_bias, 'dp')  # r0 forward: (R, R) -> (P, R), 0 B, 0.0 us
-    addmm_1 = aten.addmm.default(fc2_bias__r0, gelu, t_1)  # [8, 1024] -> local [8, 1024] (P, R)
+    t_1 = aten.t.default(fc2_weight)  # [4096, 1024] -> local [2048, 1024] (R, S(0))
+    fc2_bias__r0 = rt.zero_partial(fc2_bias, 'tp')  # r0 forward: (R, R) -> (R, P), 0 B, 0.0 us
+    addmm_1 = aten.addmm.default(fc2_bias__r0, gelu, t_1)  # [8, 1024] -> local [8, 1024] (R, P)
     del t_1, fc2_bias__r0
-    addmm_1__r1 = rt.all_reduce(addmm_1, 'dp', last_read=True)  # r1 forward: (P, R) -> (R, R), 32.8 KB, 4.1 us
+    addmm_1__r1 = rt.all_reduce(addmm_1, 'tp', last_read=True)  # r1 forward: (R, P) -> (R, R), 32.8 KB, 4.1 us
     del addmm_1
     # <model>
     sub = aten.sub.Tensor(addmm_1__r1, y)  # [8, 1024] -> local [8, 1024] (R, R)
@@ -76,10 +76,10 @@ def backward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved, grad_l
     del sub_1
     mul_1 = aten.mul.Tensor(mul, ones_like_default)  # [8, 1024] -> local [8, 1024] (R, R)
     del ones_like_default, mul
-    mm = aten.mm.default(mul_1, fc2_weight)  # [8, 4096] -> local [8, 2048] (S(1), R)
+    mm = aten.mm.default(mul_1, fc2_weight)  # [8, 4096] -> local [8, 2048] (R, S(1))
     t_3 = aten.t.default(mul_1)  # [1024, 8] -> local [1024, 8] (R, R)
     # <model>
-    grad_fc2_weight = aten.mm.default(t_3, gelu)  # [1024, 4096] -> local [1024, 2048] (S(1), R)
+    grad_fc2_weight = aten.mm.default(t_3, gelu)  # [1024, 4096] -> local [1024, 2048] (R, S(1))
     del gelu, t_3
     # fc2
     sum_1 = aten.sum.dim_IntList(mul_1, [0], True)  # [1, 1024] -> local [1, 1024] (R, R)
@@ -87,14 +87,14 @@ def backward(rt, fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved, grad_l
     grad_fc2_bias = aten.reshape.default(sum_1, [1024])  # [1024] -> local [1024] (R, R)
     del sum_1
     # fc1
-    gelu_backward = aten.gelu_backward.default(mm, addmm)  # [8, 4096] -> local [8, 2048] (S(1), R)
+    gelu_backward = aten.gelu_backward.default(mm, addmm)  # [8, 4096] -> local [8, 2048] (R, S(1))
     del addmm, mm
-    t_6 = aten.t.default(gelu_backward)  # [4096, 8] -> local [2048, 8] (S(0), R)
-    grad_fc1_weight = aten.mm.default(t_6, x)  # [4096, 1024] -> local [2048, 1024] (S(0), R)
+    t_6 = aten.t.default(gelu_backward)  # [4096, 8] -> local [2048, 8] (R, S(0))
+    grad_fc1_weight = aten.mm.default(t_6, x)  # [4096, 1024] -> local [2048, 1024] (R, S(0))
     del t_6
-    sum_2 = aten.sum.dim_IntList(gelu_backward, [0], True)  # [1, 4096] -> local [1, 2048] (S(1), R)
+    sum_2 = aten.sum.dim_IntList(gelu_backward, [0], True)  # [1, 4096] -> local [1, 2048] (R, S(1))
     del gelu_backward
-    grad_fc1_bias = aten.reshape.default(sum_2, [2048])  # [4096] -> local [2048] (S(0), R)
+    grad_fc1_bias = aten.reshape.default(sum_2, [2048])  # [4096] -> local [2048] (R, S(0))
     del sum_2
     if not sync:  # model.no_sync(): the local gradients, left for the next synced backward
         return {

@@ -5,7 +5,7 @@
 #   shapes: 29 nodes
 #   strategies: 29 nodes, 16 free, 55 strategies, 0 fallbacks
 #   cluster_layers: no repeated layers
-#   solve_sharding: 16 variables groups, 25 edges, 368 booleans, optimal, objective 0.0480 ms, gap 0.00%
+#   solve_sharding: 16 variables groups, 25 edges, 369 booleans, optimal, objective 0.0480 ms, gap 0.00%
 #   collectives: 2 redistributions, 1 collectives
 #   recompute: peak 67.3 MB per device at sum_2
 #   predict: step 0.0439 ms (compute 0.0398, communication 0.0041 + 0.0000 hidden), 100% of FLOPs sharded

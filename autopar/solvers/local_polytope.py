@@ -1,0 +1,259 @@
+"""The sharding problem's integer program as arrays: the local-polytope form (DESIGN.md,
+"Solver formulation"), built once with numpy and handed to any OR-Tools solver as a proto.
+
+Variables, in this order: one per (node, strategy), ``x``; per priced edge, one per allowed
+pair of strategies, ``y`` (continuous: once ``x`` is integral the marginal rows force ``y``
+integral too); the hidden gradient syncs' own pairs where no priced edge has them; and the
+excess of hidden over cover, ``E``. Rows: exactly one strategy per node; an edge's row and
+column marginals; Σ hidden − Σ cover − E ≤ 0; and the memory row (bytes over the limit ≤ 1).
+
+Built as a proto in variable order, the model is the same from run to run, and so is the
+optimum SCIP returns among tied ones (rows built through pywraplp reach SCIP in the order of
+a hash table keyed by address, and tied optima differed between runs).
+
+``dual_bound`` turns any row prices into a proven lower bound (weak duality: Lagrangian
+relaxation over the variables' boxes), recomputed here in float64 rather than trusted from the
+solver, and gives each variable's reduced cost for reduced-cost fixing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+# objective units per second. In microseconds: in nanoseconds, with coefficients up to 1e10,
+# SCIP's LP runs into numerical trouble on large layers (README, "Solving at scale")
+SCALE = 1e6
+
+
+@dataclass
+class Row:
+    index: np.ndarray  # variable indices
+    coefficient: np.ndarray
+    lower: float
+    upper: float
+
+
+@dataclass
+class LocalPolytope:
+    objective: np.ndarray  # per variable, in SCALE units
+    upper: np.ndarray  # every variable's lower bound is 0
+    integer: np.ndarray  # bool per variable
+    rows: list  # of Row
+    x: list  # per node: the variable index of each strategy
+    pairs: list  # per edge of the problem: {(a, b): variable index}, or None where it prices nothing
+    memory_row: Optional[int]  # the memory limit's row, None without one
+
+    @property
+    def n_variables(self) -> int:
+        return len(self.objective)
+
+    @classmethod
+    def build(cls, node_costs, edges, overlap=None, memory=None) -> "LocalPolytope":
+        builder = _Builder(node_costs)
+        shared = {}
+        for i, j, m in edges:
+            y = builder.pairs(i, j, m, price=True) if _prices(m) else None
+            builder.edge_pairs.append(y)
+            if y is not None:
+                shared.setdefault((i, j), y)
+        if overlap is not None:
+            builder.overlap(overlap, shared)
+        if memory is not None:  # in units of the limit: bytes (up to 1e11) next to costs near 1
+            unit = memory.limit if memory.limit > 0 else 1.0
+            terms = [(builder.x[i][k], b / unit) for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b]
+            builder.row(terms, -math.inf, memory.limit / unit)
+            builder.memory_row = len(builder.rows) - 1
+        return builder.finish(cls)
+
+    def proto(self, hint=None):
+        """The integer program as an MPModelProto (minimised; ``hint``: one strategy per node)."""
+        from ortools.linear_solver import linear_solver_pb2
+
+        model = linear_solver_pb2.MPModelProto()
+        for c, u, z in zip(self.objective.tolist(), self.upper.tolist(), self.integer.tolist()):
+            model.variable.add(lower_bound=0.0, upper_bound=u, objective_coefficient=c, is_integer=z)
+        for row in self.rows:
+            constraint = model.constraint.add(lower_bound=row.lower, upper_bound=row.upper)
+            constraint.var_index.extend(row.index.tolist())
+            constraint.coefficient.extend(row.coefficient.tolist())
+        if hint is not None:
+            model.solution_hint.var_index.extend(int(self.x[i][k]) for i, k in enumerate(hint))
+            model.solution_hint.var_value.extend([1.0] * len(hint))
+        return model
+
+    def relaxation(self, time_limit_s: float) -> "Solution":
+        """The LP relaxation's optimum and row prices, by HiGHS's dual simplex (through scipy:
+        OR-Tools 9.15's HiGHS interface returns row activities in place of row prices, and GLOP's
+        prices are right but it takes 41 s on the 70B shape's LP where HiGHS takes 8)."""
+        from scipy.optimize import linprog
+        from scipy.sparse import csr_matrix
+
+        lower = np.array([row.lower for row in self.rows])
+        upper = np.array([row.upper for row in self.rows])
+        matrix = csr_matrix((np.concatenate([row.coefficient for row in self.rows]),
+                             (np.concatenate([np.full(len(row.index), r) for r, row in enumerate(self.rows)]),
+                              np.concatenate([row.index for row in self.rows]))),
+                            shape=(len(self.rows), self.n_variables))
+        equal = lower == upper
+        below, above = ~equal & np.isfinite(upper), ~equal & np.isfinite(lower)  # a·v ≤ upper, −a·v ≤ −lower
+        result = linprog(self.objective, A_ub=_stack(matrix[below], -matrix[above]),
+                         b_ub=np.concatenate([upper[below], -lower[above]]), A_eq=matrix[equal], b_eq=lower[equal],
+                         bounds=np.stack([np.zeros(self.n_variables), self.upper], axis=1), method="highs",
+                         options={"time_limit": time_limit_s})
+        if result.status != 0:  # 2: infeasible; otherwise a limit was hit
+            return Solution("infeasible" if result.status == 2 else None, None, None, -math.inf)
+        duals = np.zeros(len(self.rows))
+        duals[equal] = result.eqlin.marginals
+        n_below = int(below.sum())
+        duals[below] += result.ineqlin.marginals[:n_below]
+        duals[above] -= result.ineqlin.marginals[n_below:]
+        return Solution("optimal", np.asarray(result.x), duals, float(result.fun))
+
+    def choice(self, values) -> tuple[int, ...]:
+        """Each node's strategy of largest value."""
+        values = np.asarray(values)
+        return tuple(int(np.argmax(values[ix])) for ix in self.x)
+
+    def fractional_nodes(self, values, tolerance: float = 1e-6) -> list[int]:
+        values = np.asarray(values)
+        return [i for i, ix in enumerate(self.x) if np.max(values[ix]) < 1.0 - tolerance]
+
+    def dual_bound(self, duals) -> tuple[float, np.ndarray]:
+        """(a lower bound on every integer solution's objective, in SCALE units; each variable's
+        reduced cost) for row prices ``duals``. For prices π and reduced costs d = c − Aᵀπ, any
+        feasible v has c·v = π·Av + d·v ≥ Σ_rows min(π·lower, π·upper) + Σ_vars min(0, d)·upper.
+        A price whose row has no bound on the side it needs counts as 0."""
+        prices = np.asarray(duals, dtype=float).copy()
+        for r, row in enumerate(self.rows):
+            if (prices[r] > 0 and math.isinf(row.lower)) or (prices[r] < 0 and math.isinf(row.upper)):
+                prices[r] = 0.0
+        reduced = self.objective.copy()
+        bound = 0.0
+        for price, row in zip(prices.tolist(), self.rows):
+            if price:
+                np.subtract.at(reduced, row.index, price * row.coefficient)
+                bound += price * (row.lower if price > 0 else row.upper)
+        bound += float(np.minimum(reduced, 0.0) @ self.upper)
+        return bound, reduced
+
+
+@dataclass(frozen=True)
+class Solution:
+    status: Optional[str]  # "optimal" | "feasible" | "infeasible" | None: nothing found in time
+    values: Optional[np.ndarray]  # per variable
+    duals: Optional[np.ndarray]  # per row, from an LP
+    bound: float  # the solver's own best bound, SCALE units
+
+
+SOLVER_TYPES = {"scip": "SCIP_MIXED_INTEGER_PROGRAMMING"}
+
+
+def solve_proto(model, kind: str, time_limit_s: float, relative_gap: Optional[float] = None) -> Solution:
+    """Solve an MPModelProto with ``kind`` (a key of SOLVER_TYPES). ``relative_gap``: SCIP stops
+    at a solution proven within it (pywraplp's default is 1e-4; the proto's own, 0, solves large
+    problems slower)."""
+    from ortools.linear_solver import linear_solver_pb2, pywraplp
+
+    request = linear_solver_pb2.MPModelRequest(model=model, solver_time_limit_seconds=time_limit_s)
+    request.solver_type = linear_solver_pb2.MPModelRequest.SolverType.Value(SOLVER_TYPES[kind])
+    if relative_gap is not None:
+        request.solver_specific_parameters = f"limits/gap = {relative_gap!r}"
+    response = linear_solver_pb2.MPSolutionResponse()
+    pywraplp.Solver.SolveWithProto(request, response)
+    status = {linear_solver_pb2.MPSOLVER_OPTIMAL: "optimal", linear_solver_pb2.MPSOLVER_FEASIBLE: "feasible",
+              linear_solver_pb2.MPSOLVER_INFEASIBLE: "infeasible"}.get(response.status)
+    if status in (None, "infeasible"):
+        return Solution(status, None, None, -math.inf)
+    duals = np.array(response.dual_value, dtype=float) if len(response.dual_value) else None
+    return Solution(status, np.array(response.variable_value, dtype=float), duals, response.best_objective_bound)
+
+
+def _stack(top, bottom):
+    from scipy.sparse import vstack
+
+    return vstack([top, bottom], format="csr")
+
+
+def priced_edges(edges):
+    """Edges that can change the objective or forbid a pair (an all-zero matrix constrains nothing)."""
+    return [(i, j, m) for i, j, m in edges if _prices(m)]
+
+
+def _prices(m) -> bool:
+    return any(v != 0.0 for r in m for v in r)
+
+
+def allowed_pairs(m):
+    return [(a, b, c) for a, r in enumerate(m) for b, c in enumerate(r) if not math.isinf(c)]
+
+
+class _Builder:
+    def __init__(self, node_costs):
+        self.objective, self.upper, self.integer, self.rows = [], [], [], []
+        self.x = []
+        self.edge_pairs = []
+        self.memory_row = None
+        for costs in node_costs:
+            ix = self.variables([0.0 if math.isinf(c) else c * SCALE for c in costs],
+                                [0.0 if math.isinf(c) else 1.0 for c in costs], integer=True)
+            self.x.append(ix)
+            self.row([(v, 1.0) for v in ix.tolist()], 1.0, 1.0)
+
+    def variables(self, objective, upper, integer: bool) -> np.ndarray:
+        start = len(self.objective)
+        self.objective += objective
+        self.upper += upper
+        self.integer += [integer] * len(objective)
+        return np.arange(start, len(self.objective))
+
+    def row(self, terms, lower, upper) -> None:
+        summed: dict[int, float] = {}  # a variable listed twice counts twice
+        for v, c in terms:
+            summed[int(v)] = summed.get(int(v), 0.0) + c
+        self.rows.append(Row(np.fromiter(summed, dtype=np.int64, count=len(summed)),
+                             np.fromiter(summed.values(), dtype=float, count=len(summed)), lower, upper))
+
+    def pairs(self, i, j, m, price: bool) -> dict:
+        allowed = allowed_pairs(m)
+        ix = self.variables([c * SCALE if price else 0.0 for _, _, c in allowed], [1.0] * len(allowed), integer=False)
+        y = {(a, b): int(v) for (a, b, _), v in zip(allowed, ix.tolist())}
+        by_row = [[(self.x[i][a], -1.0)] for a in range(len(m))]
+        by_column = [[(self.x[j][b], -1.0)] for b in range(len(m[0]))]
+        for (a, b), v in y.items():
+            by_row[a].append((v, 1.0))
+            by_column[b].append((v, 1.0))
+        for terms in by_row + by_column:  # Σ_b y[a, b] = x_i[a] and Σ_a y[a, b] = x_j[b]
+            self.row(terms, 0.0, 0.0)
+        return y
+
+    def overlap(self, overlap, shared: dict) -> None:
+        """Σ hidden − Σ cover − E ≤ 0, E priced at 1 per unit. The hidden part of an edge the
+        objective also prices reads that edge's y: fresh marginals would let the relaxation pick
+        another joint choice for it."""
+        terms, most_hidden = [], 0.0
+        for i, j, m in priced_edges(overlap.edges):
+            y = _shared_pairs(shared, i, j)
+            if y is None:
+                y = self.pairs(i, j, m, price=False)
+            terms += [(y[a, b], c * SCALE) for a, b, c in allowed_pairs(m) if c and (a, b) in y]
+            most_hidden += max((c for _, _, c in allowed_pairs(m)), default=0.0) * SCALE
+        terms += [(self.x[i][k], -c * SCALE) for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
+        excess = self.variables([1.0], [max(most_hidden, 1.0)], integer=False)  # finite: the bound needs it
+        self.row(terms + [(int(excess[0]), -1.0)], -math.inf, 0.0)
+
+    def finish(self, cls) -> LocalPolytope:
+        return cls(np.array(self.objective, dtype=float), np.array(self.upper, dtype=float),
+                   np.array(self.integer, dtype=bool), self.rows, self.x, self.edge_pairs, self.memory_row)
+
+
+def _shared_pairs(pairs: dict, i: int, j: int):
+    """The y of an edge between nodes i and j, indexed [choice of i, choice of j], or None. A pair
+    it lacks is one the edge forbids."""
+    if (i, j) in pairs:
+        return pairs[i, j]
+    if (j, i) in pairs:
+        return {(a, b): var for (b, a), var in pairs[j, i].items()}
+    return None
