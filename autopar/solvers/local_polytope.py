@@ -45,6 +45,7 @@ class LocalPolytope:
     x: list  # per node: the variable index of each strategy
     pairs: list  # per edge of the problem: {(a, b): variable index}, or None where it prices nothing
     memory_row: Optional[int]  # the memory limit's row, None without one
+    memory_unit: float  # bytes per unit of the memory row
 
     @property
     def n_variables(self) -> int:
@@ -62,9 +63,10 @@ class LocalPolytope:
         if overlap is not None:
             builder.overlap(overlap, shared)
         if memory is not None:  # in units of the limit: bytes (up to 1e11) next to costs near 1
-            unit = memory.limit if memory.limit > 0 else 1.0
-            terms = [(builder.x[i][k], b / unit) for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b]
-            builder.row(terms, -math.inf, memory.limit / unit)
+            builder.memory_unit = memory.limit if memory.limit > 0 else 1.0
+            terms = [(builder.x[i][k], b / builder.memory_unit) for i, row in enumerate(memory.bytes)
+                     for k, b in enumerate(row) if b]
+            builder.row(terms, -math.inf, memory.limit / builder.memory_unit)
             builder.memory_row = len(builder.rows) - 1
         return builder.finish(cls)
 
@@ -84,33 +86,8 @@ class LocalPolytope:
             model.solution_hint.var_value.extend([1.0] * len(hint))
         return model
 
-    def relaxation(self, time_limit_s: float) -> "Solution":
-        """The LP relaxation's optimum and row prices, by HiGHS's dual simplex (through scipy:
-        OR-Tools 9.15's HiGHS interface returns row activities in place of row prices, and GLOP's
-        prices are right but it takes 41 s on the 70B shape's LP where HiGHS takes 8)."""
-        from scipy.optimize import linprog
-        from scipy.sparse import csr_matrix
-
-        lower = np.array([row.lower for row in self.rows])
-        upper = np.array([row.upper for row in self.rows])
-        matrix = csr_matrix((np.concatenate([row.coefficient for row in self.rows]),
-                             (np.concatenate([np.full(len(row.index), r) for r, row in enumerate(self.rows)]),
-                              np.concatenate([row.index for row in self.rows]))),
-                            shape=(len(self.rows), self.n_variables))
-        equal = lower == upper
-        below, above = ~equal & np.isfinite(upper), ~equal & np.isfinite(lower)  # a·v ≤ upper, −a·v ≤ −lower
-        result = linprog(self.objective, A_ub=_stack(matrix[below], -matrix[above]),
-                         b_ub=np.concatenate([upper[below], -lower[above]]), A_eq=matrix[equal], b_eq=lower[equal],
-                         bounds=np.stack([np.zeros(self.n_variables), self.upper], axis=1), method="highs",
-                         options={"time_limit": time_limit_s})
-        if result.status != 0:  # 2: infeasible; otherwise a limit was hit
-            return Solution("infeasible" if result.status == 2 else None, None, None, -math.inf)
-        duals = np.zeros(len(self.rows))
-        duals[equal] = result.eqlin.marginals
-        n_below = int(below.sum())
-        duals[below] += result.ineqlin.marginals[:n_below]
-        duals[above] -= result.ineqlin.marginals[n_below:]
-        return Solution("optimal", np.asarray(result.x), duals, float(result.fun))
+    def relaxation(self) -> "Relaxation":
+        return Relaxation(self)
 
     def choice(self, values) -> tuple[int, ...]:
         """Each node's strategy of largest value."""
@@ -121,11 +98,12 @@ class LocalPolytope:
         values = np.asarray(values)
         return [i for i, ix in enumerate(self.x) if np.max(values[ix]) < 1.0 - tolerance]
 
-    def dual_bound(self, duals) -> tuple[float, np.ndarray]:
+    def dual_bound(self, duals, upper: Optional[np.ndarray] = None) -> tuple[float, np.ndarray]:
         """(a lower bound on every integer solution's objective, in SCALE units; each variable's
         reduced cost) for row prices ``duals``. For prices π and reduced costs d = c − Aᵀπ, any
         feasible v has c·v = π·Av + d·v ≥ Σ_rows min(π·lower, π·upper) + Σ_vars min(0, d)·upper.
-        A price whose row has no bound on the side it needs counts as 0."""
+        A price whose row has no bound on the side it needs counts as 0. ``upper``: the variables'
+        upper bounds where a restriction lowered some (to 0)."""
         prices = np.asarray(duals, dtype=float).copy()
         for r, row in enumerate(self.rows):
             if (prices[r] > 0 and math.isinf(row.lower)) or (prices[r] < 0 and math.isinf(row.upper)):
@@ -136,7 +114,7 @@ class LocalPolytope:
             if price:
                 np.subtract.at(reduced, row.index, price * row.coefficient)
                 bound += price * (row.lower if price > 0 else row.upper)
-        bound += float(np.minimum(reduced, 0.0) @ self.upper)
+        bound += float(np.minimum(reduced, 0.0) @ (self.upper if upper is None else upper))
         return bound, reduced
 
 
@@ -171,10 +149,69 @@ def solve_proto(model, kind: str, time_limit_s: float, relative_gap: Optional[fl
     return Solution(status, np.array(response.variable_value, dtype=float), duals, response.best_objective_bound)
 
 
-def _stack(top, bottom):
-    from scipy.sparse import vstack
+class Relaxation:
+    """The polytope's LP relaxation in HiGHS, kept to re-optimize from its last basis after a
+    change of variable bounds (a branch, reduced-cost fixing) or of the memory limit: HiGHS's
+    dual simplex takes 8 s on the 70B shape's LP and 0.5 s to re-optimize a branch of it. (Not
+    through OR-Tools: its HiGHS interface, 9.15, returns row activities in place of row prices;
+    GLOP's prices are right, but it takes 41 s on that LP.)"""
 
-    return vstack([top, bottom], format="csr")
+    def __init__(self, polytope: LocalPolytope):
+        import highspy
+
+        self.polytope = polytope
+        self.upper = polytope.upper.copy()  # the current upper bounds
+        self.highs = highspy.Highs()
+        self.highs.setOptionValue("output_flag", False)
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = polytope.n_variables, len(polytope.rows)
+        lp.col_cost_, lp.col_lower_, lp.col_upper_ = polytope.objective, np.zeros(polytope.n_variables), self.upper
+        infinite = highspy.kHighsInf
+        lp.row_lower_ = np.array([max(row.lower, -infinite) for row in polytope.rows])
+        lp.row_upper_ = np.array([min(row.upper, infinite) for row in polytope.rows])
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = _by_column(polytope.rows, polytope.n_variables)
+        self.highs.passModel(lp)
+
+    def set_upper(self, upper: np.ndarray) -> None:
+        """New upper bounds (0 or the polytope's own) for every variable; only changes are passed."""
+        changed = np.nonzero(upper != self.upper)[0]
+        if len(changed):
+            self.highs.changeColsBounds(len(changed), changed.astype(np.int32), np.zeros(len(changed)),
+                                        upper[changed].astype(float))
+            self.upper = upper.copy()
+
+    def set_memory_limit(self, limit: float) -> None:
+        polytope = self.polytope
+        self.highs.changeRowBounds(polytope.memory_row, -self.highs.getInfinity(), limit / polytope.memory_unit)
+
+    def solve(self, time_limit_s: float) -> Solution:
+        """The optimum under the current bounds, its row prices and the bound they prove (SCALE
+        units), or status "infeasible", or None when the time limit stopped it."""
+        import highspy
+
+        # HiGHS's clock runs on over every solve of this model
+        self.highs.setOptionValue("time_limit", self.highs.getRunTime() + float(time_limit_s))
+        self.highs.run()
+        status = self.highs.getModelStatus()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return Solution("infeasible", None, None, -math.inf)
+        if status != highspy.HighsModelStatus.kOptimal:
+            return Solution(None, None, None, -math.inf)
+        solution = self.highs.getSolution()
+        duals = np.array(solution.row_dual, dtype=float)
+        return Solution("optimal", np.array(solution.col_value, dtype=float), duals,
+                        self.polytope.dual_bound(duals, self.upper)[0])
+
+
+def _by_column(rows, n_variables: int):
+    """The rows' coefficients as a column-wise sparse matrix: (column starts, row indices, values)."""
+    row_of = np.concatenate([np.full(len(row.index), r) for r, row in enumerate(rows)])
+    column = np.concatenate([row.index for row in rows])
+    value = np.concatenate([row.coefficient for row in rows])
+    order = np.argsort(column, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(column, minlength=n_variables))])
+    return starts.astype(np.int32), row_of[order].astype(np.int32), value[order]
 
 
 def priced_edges(edges):
@@ -195,7 +232,7 @@ class _Builder:
         self.objective, self.upper, self.integer, self.rows = [], [], [], []
         self.x = []
         self.edge_pairs = []
-        self.memory_row = None
+        self.memory_row, self.memory_unit = None, 1.0
         for costs in node_costs:
             ix = self.variables([0.0 if math.isinf(c) else c * SCALE for c in costs],
                                 [0.0 if math.isinf(c) else 1.0 for c in costs], integer=True)
@@ -246,7 +283,8 @@ class _Builder:
 
     def finish(self, cls) -> LocalPolytope:
         return cls(np.array(self.objective, dtype=float), np.array(self.upper, dtype=float),
-                   np.array(self.integer, dtype=bool), self.rows, self.x, self.edge_pairs, self.memory_row)
+                   np.array(self.integer, dtype=bool), self.rows, self.x, self.edge_pairs, self.memory_row,
+                   self.memory_unit)
 
 
 def _shared_pairs(pairs: dict, i: int, j: int):

@@ -4,8 +4,9 @@ alone takes minutes.
 The local polytope's LP relaxation is integral or nearly so on these graphs (chains of layers
 with short skip edges; Meta's AutoParallel reports the same of its formulation), so:
 
-1. solve the LP relaxation (HiGHS: 0.4 s on the demo decoder, 6-8 s on the 70B shape, where
-   GLOP takes 0.7 s and 41 s);
+1. solve the LP relaxation (HiGHS's dual simplex: 0.4 s on the demo decoder, 8 s on the 70B
+   shape, where GLOP takes 0.7 s and 41 s), kept in HiGHS to re-optimize (0.5 s on the 70B
+   shape) after a branch or a new memory limit;
 2. turn its row prices into a proven lower bound (``LocalPolytope.dual_bound``, recomputed in
    float64, so a solver's tolerance cannot make it wrong);
 3. find a good solution: the LP's own where it is integral; otherwise the integer program on the
@@ -15,7 +16,7 @@ with short skip edges; Meta's AutoParallel reports the same of its formulation),
 4. reduced-cost fixing: a strategy or pair of strategies whose reduced cost lifts the bound above
    that solution's objective is in no better solution, so it is ruled out (Nemhauser and
    Wolsey, "Integer and Combinatorial Optimization", 1988, II.2.4);
-5. what is left: SCIP where it is small; otherwise branch and bound over LP relaxations (best
+5. what is left: SCIP where it is small; otherwise branch and bound over the warm LP (best
    bound first, branching on the fractional node whose strategies differ most in memory: on the
    70B shape one branch on the clustered layers' parameter layout lifts the bound from 3.6% to
    0.9% under the optimum), SCIP's own LP being the slow part of large programs.
@@ -24,6 +25,7 @@ Where the gap after 3 is already within SCIP's own tolerance, 4 and 5 are skippe
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -33,8 +35,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from autopar.errors import SolverError
-from autopar.solvers.local_polytope import SCALE, LocalPolytope
-from autopar.solvers.reduction import reduce_problem
+from autopar.solvers.local_polytope import SCALE, LocalPolytope, Relaxation
 
 # a strategy whose LP value is below this is outside the LP's support
 _SUPPORT = 1e-6
@@ -42,6 +43,10 @@ _SUPPORT = 1e-6
 # (the demo decoder's 5.7k in 0.2 s); past it, its LP is what takes the time (the 70B shape's
 # 218k: no proof in 60 s)
 _SCIP_VARIABLES = 40_000
+# a solution over the memory limit by at most this share of it counts as within: HiGHS's default
+# primal feasibility tolerance on the memory row (in units of the limit), so that an integral LP
+# solution is one (the limit is a linear stand-in, checked exactly after the solve)
+_MEMORY_TOLERANCE = 1e-7
 # the incumbent search of step 3 stops at a solution proven within this share: step 5 closes the rest
 _INCUMBENT_GAP = 1e-3
 
@@ -60,7 +65,8 @@ class _Problem:
 
     def value(self, choice) -> float:
         """The objective of ``choice``, infinite where it breaks the memory limit."""
-        if choice is None or (self.memory is not None and self.memory.used(choice) > self.memory.limit * (1 + 1e-9)):
+        if choice is None or (self.memory is not None and
+                              self.memory.used(choice) > self.memory.limit * (1 + _MEMORY_TOLERANCE)):
             return math.inf
         return self.evaluate(self.node_costs, self.edges, choice, self.overlap)
 
@@ -86,24 +92,26 @@ class _Relaxed:
         return tuple(int(np.argmax(v)) for v in self.values)
 
 
-def solve_lp_first(node_costs, edges, time_limit_s: float, hint: Optional[Sequence[int]], overlap, memory,
+def solve_lp_first(reduced, relaxation: Relaxation, time_limit_s: float, hint: Optional[Sequence[int]],
                    exact: Callable, evaluate: Callable, relative_gap: float, report: Callable[[str], None]):
-    """(choice, status, bound in seconds, variables) of the problem, like the integer program's
-    backends. ``exact(node_costs, edges, hint, seconds, relative_gap)`` solves a restricted
-    problem with the integer program and returns its SolverResult (it raises SolverError when
-    nothing fits)."""
-    problem = _Problem(node_costs, edges, overlap, memory, evaluate, exact, relative_gap, report,
+    """(choice, status, bound in seconds, variables) of ``reduced`` (a ReducedProblem), like the
+    integer program's backends. ``relaxation``: its LP, as the last solve left it (it is reset
+    here); ``exact(node_costs, edges, hint, seconds, relative_gap)`` solves a restriction of it
+    with the integer program and returns its SolverResult (it raises SolverError when nothing
+    fits)."""
+    node_costs, edges = reduced.node_costs, reduced.edges
+    problem = _Problem(node_costs, edges, reduced.overlap, reduced.memory, evaluate, exact, relative_gap, report,
                        time.perf_counter() + time_limit_s)
-    polytope = LocalPolytope.build(node_costs, edges, overlap, memory)
-    solution = polytope.relaxation(time_limit_s)
+    polytope = relaxation.polytope
+    relaxation.set_upper(polytope.upper)
+    solution = relaxation.solve(time_limit_s)
     if solution.status != "optimal":
-        report("the LP relaxation did not finish" if solution.status is None else "the LP relaxation is infeasible"
+        report(("the LP relaxation did not finish" if solution.status is None else "the LP relaxation is infeasible")
                + "; solving the integer program alone")
         result = exact(node_costs, edges, hint, problem.left(), relative_gap)
         return result.choice, result.status, result.bound, polytope.n_variables
     bound_units, reduced = polytope.dual_bound(solution.duals)
-    root = _Relaxed(bound_units / SCALE, [solution.values[ix] for ix in polytope.x],
-                    polytope.memory_row is not None and solution.duals[polytope.memory_row] < 0)
+    root = _relaxed(polytope, solution)
     incumbent = root.choice() if not root.fractional() else \
         min([_rins(problem, root), hint], key=problem.value)
     upper = problem.value(incumbent)
@@ -114,14 +122,52 @@ def solve_lp_first(node_costs, edges, time_limit_s: float, hint: Optional[Sequen
         return result.choice, result.status, max(root.bound, result.bound), polytope.n_variables
     if problem.closed(upper, root.bound):
         return tuple(incumbent), "optimal", min(root.bound, upper), polytope.n_variables
-    costs, kept_edges, removed = _fix_by_reduced_cost(polytope, reduced, bound_units, upper * SCALE, node_costs,
-                                                     edges)
-    report(f"reduced-cost fixing ruled out {removed} of {polytope.n_variables} variables")
-    if polytope.n_variables - removed <= _SCIP_VARIABLES:
+    out = _ruled_out(reduced, bound_units, upper * SCALE)
+    report(f"reduced-cost fixing ruled out {int(out.sum())} of {polytope.n_variables} variables")
+    if polytope.n_variables - out.sum() <= _SCIP_VARIABLES:
+        costs, kept_edges = _without(polytope, out, node_costs, edges)
         choice, status, bound = _scip(problem, costs, kept_edges, incumbent, upper)
     else:
-        choice, status, bound = _branch_and_bound(problem, costs, kept_edges, root, incumbent, upper)
+        choice, status, bound = _branch_and_bound(problem, relaxation, np.where(out, 0.0, polytope.upper), root,
+                                                  incumbent, upper)
     return choice, status, max(root.bound, bound), polytope.n_variables
+
+
+class Relaxations:
+    """The last problems' reduced arrays and LPs, so that the same problem at a new memory limit
+    (the budget search's attempts) is re-optimized from its last basis, not rebuilt. Matched by
+    content (a frozen copy), so arrays changed in place are never taken for the ones solved."""
+
+    def __init__(self, size: int = 2):
+        self.size, self.entries = size, []  # [(frozen problem, reduced problem, Relaxation)], newest last
+
+    def get(self, node_costs, edges, overlap, memory, reduce: Callable):
+        """(the reduced problem at ``memory``'s limit, its LP, whether both were reused)."""
+        key = _frozen((node_costs, edges, None if overlap is None else (overlap.edges, overlap.cover),
+                       None if memory is None else memory.bytes))
+        for frozen, reduced, relaxation in self.entries:
+            if frozen == key:
+                if memory is not None:
+                    reduced = dataclasses.replace(reduced, memory=dataclasses.replace(reduced.memory,
+                                                                                      limit=memory.limit))
+                    relaxation.set_memory_limit(memory.limit)
+                return reduced, relaxation, True
+        reduced = reduce(node_costs, edges, overlap, memory)
+        relaxation = LocalPolytope.build(reduced.node_costs, reduced.edges, reduced.overlap,
+                                         reduced.memory).relaxation()
+        self.entries = (self.entries + [(key, reduced, relaxation)])[-self.size:]
+        return reduced, relaxation, False
+
+
+def _frozen(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _relaxed(polytope: LocalPolytope, solution) -> _Relaxed:
+    binds = polytope.memory_row is not None and solution.duals[polytope.memory_row] < 0
+    return _Relaxed(solution.bound / SCALE, [solution.values[ix] for ix in polytope.x], binds)
 
 
 def _scip(problem: _Problem, costs, edges, incumbent, upper):
@@ -134,39 +180,58 @@ def _scip(problem: _Problem, costs, edges, incumbent, upper):
     return result.choice, "optimal" if result.status == "optimal" else "feasible", min(result.bound, upper)
 
 
-def _branch_and_bound(problem: _Problem, costs, edges, root: _Relaxed, incumbent, upper):
-    """(choice, status, bound): best bound first over LP relaxations of ``costs`` (the fixed
-    problem), from ``root``'s solution (still optimal for it: fixing removes no variable the
-    LP uses). A child allows the node's LP choice alone, or every other strategy."""
+def _branch_and_bound(problem: _Problem, relaxation: Relaxation, fixed_upper: np.ndarray, root: _Relaxed,
+                      incumbent, upper):
+    """(choice, status, bound): best bound first over the warm LP with ``fixed_upper`` (reduced-cost
+    fixing's), from ``root``'s solution (still optimal: fixing removes no variable the LP uses).
+    A child allows the node's LP choice alone, or every other strategy; its LP re-optimizes from
+    the last basis."""
+    polytope = relaxation.polytope
     best, counter = (tuple(incumbent), upper), 0
-    frontier = [(root.bound, counter, costs, root)]
+    frontier = [(root.bound, counter, (), root)]  # (bound, tie, ((node, strategy, kept alone?), ...), LP)
+    closed_at = math.inf  # the least bound of the subtrees closed without an integral LP of their own
     while frontier:
-        bound, _, node_costs, relaxed = frontier[0]
+        bound, _, branches, relaxed = frontier[0]
         if problem.closed(best[1], bound):
-            return best[0], "optimal", min(bound, best[1])
+            break
         if time.perf_counter() >= problem.deadline:
             problem.report(f"branch and bound: time limit, {len(frontier)} open")
-            return best[0], "feasible", min(bound, best[1])
+            break
         heapq.heappop(frontier)
         i = _branching_node(relaxed, problem.memory)
         k = int(np.argmax(relaxed.values[i]))
-        for keep in (lambda kk: kk == k, lambda kk: kk != k):
-            child = [list(row) for row in node_costs]
-            child[i] = [c if keep(kk) else math.inf for kk, c in enumerate(child[i])]
-            solved = _relax(problem, child, edges)
-            if solved is None or problem.closed(best[1], solved.bound):
-                continue  # infeasible or no better than the incumbent
-            if not solved.fractional():
-                choice = solved.choice()
-                if problem.value(choice) < best[1]:
-                    best = (choice, problem.value(choice))
-                    problem.report(f"branch and bound: a solution at {best[1] * 1e3:.4f} ms")
+        for alone in (True, False):
+            child = branches + ((i, k, alone),)
+            relaxation.set_upper(_upper_of(polytope, fixed_upper, child))
+            solution = relaxation.solve(problem.left())
+            if solution.status is None:  # out of time: the parent's bound stands for this subtree
+                closed_at = min(closed_at, bound)
                 continue
-            counter += 1
-            heapq.heappush(frontier, (solved.bound, counter, child, solved))
-        problem.report(f"branch and bound: bound {frontier[0][0] * 1e3 if frontier else best[1] * 1e3:.4f} ms, "
-                       f"{len(frontier)} open")
-    return best[0], "optimal", best[1]
+            if solution.status == "infeasible":
+                continue
+            solved = _relaxed(polytope, solution)
+            rounded = solved.choice()  # the LP's own where it is integral, else its largest values: often a solution
+            if problem.value(rounded) < best[1]:
+                best = (rounded, problem.value(rounded))
+                problem.report(f"branch and bound: a solution at {best[1] * 1e3:.4f} ms")
+            if solved.fractional() and not problem.closed(best[1], solved.bound):
+                counter += 1
+                heapq.heappush(frontier, (solved.bound, counter, child, solved))
+            else:  # its optimum is its LP's, or within the gap of the incumbent
+                closed_at = min(closed_at, solved.bound)
+        problem.report(f"branch and bound: bound {min([f[0] for f in frontier[:1]] + [closed_at, best[1]]) * 1e3:.4f}"
+                       f" ms, {len(frontier)} open")
+    proven = min([f[0] for f in frontier[:1]] + [closed_at, best[1]])
+    return best[0], "optimal" if problem.closed(best[1], proven) else "feasible", proven
+
+
+def _upper_of(polytope: LocalPolytope, fixed_upper: np.ndarray, branches) -> np.ndarray:
+    upper = fixed_upper.copy()
+    for i, k, alone in branches:
+        for kk, v in enumerate(polytope.x[i].tolist()):
+            if (kk == k) != alone:
+                upper[v] = 0.0
+    return upper
 
 
 def _branching_node(relaxed: _Relaxed, memory) -> int:
@@ -181,24 +246,6 @@ def _branching_node(relaxed: _Relaxed, memory) -> int:
     if relaxed.memory_binds and any(spread(i) > 0 for i in fractional):
         return max(fractional, key=spread)
     return min(fractional, key=lambda i: relaxed.values[i].max())
-
-
-def _relax(problem: _Problem, node_costs, edges) -> Optional[_Relaxed]:
-    """The LP relaxation of a restriction (shrunk first: a restricted node's edges fold into
-    costs), or None where it is infeasible or out of time."""
-    shrunk = reduce_problem(node_costs, edges, problem.overlap, problem.memory)
-    polytope = LocalPolytope.build(shrunk.node_costs, shrunk.edges, shrunk.overlap, shrunk.memory)
-    solution = polytope.relaxation(problem.left())
-    if solution.status != "optimal":
-        return None
-    bound_units, _ = polytope.dual_bound(solution.duals)
-    values = []
-    for i, ix in enumerate(polytope.x):
-        full = np.zeros(len(node_costs[i]))
-        full[shrunk.keep[i]] = solution.values[ix]
-        values.append(full)
-    binds = polytope.memory_row is not None and solution.duals[polytope.memory_row] < 0
-    return _Relaxed(bound_units / SCALE + shrunk.constant, values, binds)
 
 
 def _rins(problem: _Problem, root: _Relaxed):
@@ -221,13 +268,15 @@ def _rins(problem: _Problem, root: _Relaxed):
         return None
 
 
-def _fix_by_reduced_cost(polytope: LocalPolytope, reduced, bound_units: float, upper_units: float, node_costs,
-                         edges):
-    """(node costs, edges, how many variables were ruled out): infinite where a strategy or a pair
-    of strategies would lift the bound above ``upper_units``. A variable at 1 adds at least
-    max(reduced cost, 0) to the bound (see LocalPolytope.dual_bound)."""
+def _ruled_out(reduced: np.ndarray, bound_units: float, upper_units: float) -> np.ndarray:
+    """Per variable, whether it is at 0 in every solution better than ``upper_units``: at 1 it
+    would add at least max(reduced cost, 0) to the bound (see LocalPolytope.dual_bound)."""
     slack = upper_units - bound_units + 1e-9 * max(1.0, abs(upper_units))
-    out = np.maximum(reduced, 0.0) > slack
+    return np.maximum(reduced, 0.0) > slack
+
+
+def _without(polytope: LocalPolytope, out: np.ndarray, node_costs, edges):
+    """(node costs, edges) with the ruled-out strategies and pairs of strategies infinite."""
     costs = [[math.inf if out[v] else c for v, c in zip(ix.tolist(), row)] for ix, row in zip(polytope.x, node_costs)]
     kept_edges = []
     for (i, j, m), y in zip(edges, polytope.pairs):
@@ -237,4 +286,4 @@ def _fix_by_reduced_cost(polytope: LocalPolytope, reduced, bound_units: float, u
                 if out[v]:
                     m[a][b] = math.inf
         kept_edges.append((i, j, m))
-    return costs, kept_edges, int(out.sum())
+    return costs, kept_edges

@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 
 from autopar.errors import SolverError
 from autopar.solvers.local_polytope import SCALE, LocalPolytope, allowed_pairs, priced_edges, solve_proto
-from autopar.solvers.lp_first import solve_lp_first
+from autopar.solvers.lp_first import Relaxations, solve_lp_first
 from autopar.solvers.reduction import reduce_problem
 from autopar.units import human_bytes
 
@@ -97,6 +97,7 @@ def brute_force(node_costs, edges, overlap: Optional[Overlap] = None) -> tuple[t
 
 
 BACKENDS = ("lp-first", "mip", "cp-sat")
+_RELAXATIONS = Relaxations()
 
 
 def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float = 60.0,
@@ -114,16 +115,20 @@ def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float =
         raise ValueError(f"unknown solver backend {backend!r}; use one of {', '.join(map(repr, BACKENDS))}")
     if memory is not None:
         _check_memory_floor(node_costs, memory)
-    reduced = reduce_problem(node_costs, edges, overlap, memory)
+    if backend == "lp-first":
+        reduced, relaxation, reused = _RELAXATIONS.get(node_costs, edges, overlap, memory, reduce_problem)
+        if reused and progress is not None:
+            progress("LP relaxation: the same problem as the last solve, re-optimized at the new memory limit")
+    else:
+        reduced = reduce_problem(node_costs, edges, overlap, memory)
     small_hint = reduced.reduce_choice(hint) if hint is not None else None
     if backend == "lp-first":
         def exact(costs, restricted_edges, warm, limit_s, gap):
             return solve(costs, restricted_edges, backend="mip", time_limit_s=limit_s, hint=warm,
                          overlap=reduced.overlap, memory=reduced.memory, relative_gap=gap)
 
-        choice, status, bound, n_vars = solve_lp_first(
-            reduced.node_costs, reduced.edges, time_limit_s, small_hint, reduced.overlap, reduced.memory, exact,
-            evaluate, relative_gap, progress or (lambda message: None))
+        choice, status, bound, n_vars = solve_lp_first(reduced, relaxation, time_limit_s, small_hint, exact, evaluate,
+                                                       relative_gap, progress or (lambda message: None))
     elif backend == "mip":
         choice, status, bound, n_vars = _solve_mip(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
                                                    reduced.overlap, reduced.memory, relative_gap)
@@ -139,7 +144,8 @@ def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float =
     else:
         choice, bound = reduced.expand(choice), bound + reduced.constant
     value = evaluate(node_costs, edges, choice, overlap)
-    result = SolverResult(tuple(choice), value, value if status == "optimal" else min(bound, value), status,
+    # "optimal" is within the relative gap: the bound stays the proven one
+    result = SolverResult(tuple(choice), value, min(bound, value), status,
                           time.perf_counter() - start, backend, n_vars, reduced.n_removed)
     if progress is not None:
         progress(f"solver {backend}: {status}, objective {value * 1e3:.4f} ms, bound {result.bound * 1e3:.4f} ms "
