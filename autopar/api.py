@@ -50,8 +50,9 @@ def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = 
     models built on the meta device plan too. ``mesh`` is a mesh ({"dp": 8, "tp": 8} or
     "dp=8,tp=8"), or a device count (64) or "auto" (the process group's size): then every
     1-D and 2-D mesh that respects node boundaries is planned and the fastest plan wins.
-    ``solver`` is "mip" (SCIP) or "cp-sat"; ``solver_time_limit_s`` bounds each integer
-    program, which then returns the best plan found with its proven gap (``plan.solver``).
+    ``solver`` is "lp-first" (the LP relaxation, then SCIP or branch and bound on what it leaves
+    open), "mip" (SCIP alone) or "cp-sat"; ``solver_time_limit_s`` bounds each solve, which
+    then returns the best plan found with its proven gap (``plan.solver``).
     ``pin`` fixes parameter layouts, e.g. ``{"fc1.weight": "S(0),R"}`` (one placement per
     mesh axis); the solver lays out everything else around them. ``restrict(node, strategy)``
     returning False rules a strategy out (autopar.baselines uses it). ``passes`` are extra

@@ -144,9 +144,11 @@ def _add_plan_command(sub, common) -> None:
     p.add_argument("--out", help="write the plan as JSON here")
     p.add_argument("--emit", action="append", metavar="BACKEND:PATH", help="write the program: torch:gen.py "
                                                                           "(per rank, torchrun) or jax:gen.py")
-    p.add_argument("--solver", default=DEFAULT_SOLVER, choices=SOLVERS)
+    p.add_argument("--solver", default=DEFAULT_SOLVER, choices=SOLVERS,
+                   help="lp-first: the LP relaxation, then SCIP or branch and bound on what it leaves open (the "
+                        "default); mip: SCIP alone; cp-sat")
     p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
-                   help="solver time limit per integer program in seconds")
+                   help="solver time limit per solve in seconds")
     p.add_argument("--schedule", help="on a mesh with pp: the pipeline schedule (torch's class name without "
                                       "'Schedule': GPipe, 1F1B, Interleaved1F1B, ...; default: searched)")
     p.add_argument("--microbatches", type=int, help="on a mesh with pp: the micro-batch count (default: searched)")

@@ -70,7 +70,7 @@ def test_progress_reports_passes_and_the_solvers_objective_and_bound(planned):
     _, _, _, messages = planned
     assert "pass 4/7 solve_sharding ..." in messages
     assert any(m.startswith("pass 7/7 predict done in") for m in messages)
-    solver = [m for m in messages if m.startswith("solver mip: optimal")]
+    solver = [m for m in messages if m.startswith("solver lp-first: optimal")]
     assert solver and "objective" in solver[0] and "bound" in solver[0]
 
 

@@ -138,9 +138,10 @@ def test_sharded_flops_fraction():
     assert replicated.sharded_flops_fraction == 0.0
 
 
-def test_solver_time_limit_returns_a_valid_plan_with_a_warning():
+@pytest.mark.parametrize("solver", ["lp-first", "mip"])
+def test_solver_time_limit_returns_a_valid_plan_with_a_warning(solver):
     model, inputs = gpt2.make("tiny")
     with pytest.warns(UserWarning, match=r"in its 0\.01 s limit .*(within .* of optimal|has no proven bound)"):
-        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", solver_time_limit_s=0.01)
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", solver=solver, solver_time_limit_s=0.01, cache=False)
     assert plan.solver.status == "feasible" and plan.solver.gap > 0
     assert plan.emit("torch")  # still a complete program

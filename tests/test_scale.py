@@ -96,7 +96,8 @@ def test_mesh_search_warns_once_and_for_the_winning_mesh_only():
     model, inputs = gpt2.make(SMALL)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = autopar.plan(model, inputs, mesh=4, hardware="h100-sxm", solver_time_limit_s=0.01, cache=False)
+        plan = autopar.plan(model, inputs, mesh=4, hardware="h100-sxm", solver="mip", solver_time_limit_s=0.01,
+                            cache=False)
     stopped = [str(w.message) for w in caught if "did not prove" in str(w.message)]
     assert plan.solver.status == "feasible"
     assert len(stopped) == 1 and f"on mesh {plan.mesh} " in stopped[0]
@@ -106,7 +107,8 @@ def test_the_time_limit_warning_points_at_the_line_that_asked_for_the_plan():
     model, inputs = gpt2.make(SMALL)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", solver_time_limit_s=0.01, cache=False)
+        autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", solver="mip", solver_time_limit_s=0.01,
+                     cache=False)
     stopped = [w for w in caught if "did not prove" in str(w.message)]
     assert len(stopped) == 1 and stopped[0].filename == __file__
 

@@ -62,3 +62,24 @@ def test_zoo_plans_shard_where_it_pays(name, mesh):
     # a solve cut by its time limit (Mixtral on dp=2,tp=2 on a slow machine) need only beat one device
     margin = 0.8 if plan.solver.status == "optimal" else 1.0
     assert plan.predicted.step_time_s < margin * single.predicted.step_time_s
+
+
+@pytest.mark.filterwarnings("ignore:the sharding solver did not prove")
+@pytest.mark.parametrize("name", ZOO)
+def test_lp_first_never_exceeds_the_integer_program_alone(name):
+    """On the zoo at GPU widths on dp=2,tp=2, the LP-first path's layout is never slower than the
+    old path's (SCIP, axis by axis first) and its bound never above it where that is proven. All
+    but Mixtral are proven optimal; Mixtral's routing graph leaves 210 of 245 nodes fractional
+    in the LP and ends within 1% (SCIP alone took 130-200 s to prove it)."""
+    import torch
+
+    with torch.device("meta"):
+        model, inputs = hf_zoo.make(name, **hf_zoo.sizes(name))
+    new = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", solver_time_limit_s=30,
+                       cache=False).solver
+    old = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware="h100-sxm", solver="mip", solver_time_limit_s=20,
+                       cache=False).solver
+    assert new.gap <= (0.01 if name == "mixtral" else 1e-4)
+    assert new.objective_s <= old.objective_s * (1 + 1e-4)
+    if old.status == "optimal":
+        assert new.bound_s <= old.objective_s * (1 + 1e-9)

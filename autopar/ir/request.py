@@ -16,7 +16,7 @@ from autopar.ir.precision import MixedPrecision
 
 DEFAULT_HARDWARE = "h100-sxm"
 DEFAULT_SOLVER = "lp-first"  # the LP relaxation, then SCIP on what it leaves open; "mip" or "cp-sat" on request
-DEFAULT_TIME_LIMIT_S = 60.0  # per integer program
+DEFAULT_TIME_LIMIT_S = 60.0  # per solve
 DEFAULT_OPTIMIZER = "adam"
 DEFAULT_RECOMPUTE = "auto"
 DEFAULT_OFFLOAD = "auto"

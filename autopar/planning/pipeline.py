@@ -142,7 +142,7 @@ def warn_if_unproven(mesh: Mesh, solver, time_limit_s: float) -> None:
     # limit, or found no bound in it): "within 100% of optimal" would misread it
     distance = "has no proven bound" if solver.gap >= 1.0 else f"is within {solver.gap:.1%} of optimal"
     warnings.warn(f"the sharding solver did not prove its plan optimal on mesh {mesh} in its {time_limit_s:g} s "
-                  f"limit per integer program; the plan {distance} (raise solver_time_limit_s to close the gap)",
+                  f"limit per solve; the plan {distance} (raise solver_time_limit_s to close the gap)",
                   stacklevel=user_stacklevel())
 
 

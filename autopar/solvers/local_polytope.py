@@ -1,5 +1,6 @@
 """The sharding problem's integer program as arrays: the local-polytope form (DESIGN.md,
-"Solver formulation"), built once with numpy and handed to any OR-Tools solver as a proto.
+"Solver formulation"), built once with numpy, handed to SCIP as a proto and to HiGHS as its LP
+relaxation (``Relaxation``, kept warm).
 
 Variables, in this order: one per (node, strategy), ``x``; per priced edge, one per allowed
 pair of strategies, ``y`` (continuous: once ``x`` is integral the marginal rows force ``y``
@@ -17,7 +18,11 @@ solver, and gives each variable's reduced cost for reduced-cost fixing.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -94,9 +99,12 @@ class LocalPolytope:
         values = np.asarray(values)
         return tuple(int(np.argmax(values[ix])) for ix in self.x)
 
-    def fractional_nodes(self, values, tolerance: float = 1e-6) -> list[int]:
-        values = np.asarray(values)
-        return [i for i, ix in enumerate(self.x) if np.max(values[ix]) < 1.0 - tolerance]
+    @functools.cached_property
+    def coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every row's coefficients as (row, variable, value) arrays."""
+        return (np.concatenate([np.full(len(row.index), r) for r, row in enumerate(self.rows)]),
+                np.concatenate([row.index for row in self.rows]),
+                np.concatenate([row.coefficient for row in self.rows]))
 
     def dual_bound(self, duals, upper: Optional[np.ndarray] = None) -> tuple[float, np.ndarray]:
         """(a lower bound on every integer solution's objective, in SCALE units; each variable's
@@ -104,16 +112,14 @@ class LocalPolytope:
         feasible v has c·v = π·Av + d·v ≥ Σ_rows min(π·lower, π·upper) + Σ_vars min(0, d)·upper.
         A price whose row has no bound on the side it needs counts as 0. ``upper``: the variables'
         upper bounds where a restriction lowered some (to 0)."""
+        lower = np.array([row.lower for row in self.rows])
+        upper_rows = np.array([row.upper for row in self.rows])
         prices = np.asarray(duals, dtype=float).copy()
-        for r, row in enumerate(self.rows):
-            if (prices[r] > 0 and math.isinf(row.lower)) or (prices[r] < 0 and math.isinf(row.upper)):
-                prices[r] = 0.0
-        reduced = self.objective.copy()
-        bound = 0.0
-        for price, row in zip(prices.tolist(), self.rows):
-            if price:
-                np.subtract.at(reduced, row.index, price * row.coefficient)
-                bound += price * (row.lower if price > 0 else row.upper)
+        prices[((prices > 0) & np.isinf(lower)) | ((prices < 0) & np.isinf(upper_rows))] = 0.0
+        row_of, column, value = self.coefficients
+        reduced = self.objective - np.bincount(column, weights=value * prices[row_of], minlength=self.n_variables)
+        priced = prices != 0  # (a free side is infinite: 0 × inf would be nan)
+        bound = float(prices[priced] @ np.where(prices > 0, lower, upper_rows)[priced])
         bound += float(np.minimum(reduced, 0.0) @ (self.upper if upper is None else upper))
         return bound, reduced
 
@@ -161,7 +167,8 @@ class Relaxation:
 
         self.polytope = polytope
         self.upper = polytope.upper.copy()  # the current upper bounds
-        self.highs = highspy.Highs()
+        with _stdout_silenced():  # HiGHS prints its banner from C when a process makes its first model
+            self.highs = highspy.Highs()
         self.highs.setOptionValue("output_flag", False)
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = polytope.n_variables, len(polytope.rows)
@@ -170,7 +177,7 @@ class Relaxation:
         lp.row_lower_ = np.array([max(row.lower, -infinite) for row in polytope.rows])
         lp.row_upper_ = np.array([min(row.upper, infinite) for row in polytope.rows])
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = _by_column(polytope.rows, polytope.n_variables)
+        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = _by_column(polytope)
         self.highs.passModel(lp)
 
     def set_upper(self, upper: np.ndarray) -> None:
@@ -204,11 +211,24 @@ class Relaxation:
                         self.polytope.dual_bound(duals, self.upper)[0])
 
 
-def _by_column(rows, n_variables: int):
+@contextlib.contextmanager
+def _stdout_silenced():
+    """File descriptor 1 to /dev/null for the duration (C code's printf, which sys.stdout misses)."""
+    sys.stdout.flush()
+    saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
+def _by_column(polytope: LocalPolytope):
     """The rows' coefficients as a column-wise sparse matrix: (column starts, row indices, values)."""
-    row_of = np.concatenate([np.full(len(row.index), r) for r, row in enumerate(rows)])
-    column = np.concatenate([row.index for row in rows])
-    value = np.concatenate([row.coefficient for row in rows])
+    row_of, column, value = polytope.coefficients
+    n_variables = polytope.n_variables
     order = np.argsort(column, kind="stable")
     starts = np.concatenate([[0], np.cumsum(np.bincount(column, minlength=n_variables))])
     return starts.astype(np.int32), row_of[order].astype(np.int32), value[order]

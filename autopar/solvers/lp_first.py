@@ -71,7 +71,7 @@ class _Problem:
         return self.evaluate(self.node_costs, self.edges, choice, self.overlap)
 
     def left(self) -> float:
-        return max(1.0, self.deadline - time.perf_counter())
+        return max(1e-3, self.deadline - time.perf_counter())
 
     def closed(self, upper: float, bound: float) -> bool:
         return upper - bound <= self.relative_gap * upper
@@ -110,7 +110,7 @@ def solve_lp_first(reduced, relaxation: Relaxation, time_limit_s: float, hint: O
                + "; solving the integer program alone")
         result = exact(node_costs, edges, hint, problem.left(), relative_gap)
         return result.choice, result.status, result.bound, polytope.n_variables
-    bound_units, reduced = polytope.dual_bound(solution.duals)
+    bound_units, reduced_costs = polytope.dual_bound(solution.duals)
     root = _relaxed(polytope, solution)
     incumbent = root.choice() if not root.fractional() else \
         min([_rins(problem, root), hint], key=problem.value)
@@ -122,7 +122,7 @@ def solve_lp_first(reduced, relaxation: Relaxation, time_limit_s: float, hint: O
         return result.choice, result.status, max(root.bound, result.bound), polytope.n_variables
     if problem.closed(upper, root.bound):
         return tuple(incumbent), "optimal", min(root.bound, upper), polytope.n_variables
-    out = _ruled_out(reduced, bound_units, upper * SCALE)
+    out = _ruled_out(reduced_costs, bound_units, upper * SCALE)
     report(f"reduced-cost fixing ruled out {int(out.sum())} of {polytope.n_variables} variables")
     if polytope.n_variables - out.sum() <= _SCIP_VARIABLES:
         costs, kept_edges = _without(polytope, out, node_costs, edges)
