@@ -31,10 +31,13 @@ class OffloadLever:
             return None
         layouts = [(search.fastest[0], None) if search.fastest is not None else None,
                    (chosen[0], chosen[1]) if chosen is not None else None, (search.lean.result, None)]
+        # offload only adds to a layout's step: one no faster than the device-only pick cannot win
+        # (with offload=True something must be offloaded, so every layout is tried)
+        to_beat = step_seconds(*chosen) if chosen is not None and request.offload is not True else math.inf
         best, seen = None, set()
         for result, fitted in filter(None, layouts):
             key = (tuple(result.choice), fitted is not None)
-            if key in seen:
+            if key in seen or result.objective >= min(to_beat, step_seconds(*best) if best else math.inf):
                 continue
             seen.add(key)
             found = self.offload(result, fitted)
