@@ -116,25 +116,14 @@ def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float =
     if memory is not None:
         _check_memory_floor(node_costs, memory)
     if backend == "lp-first":
-        reduced, relaxation, reused = _RELAXATIONS.get(node_costs, edges, overlap, memory, reduce_problem)
-        if reused and progress is not None:
-            progress("LP relaxation: the same problem as the last solve, re-optimized at the new memory limit")
+        reduced, choice, status, bound, n_vars = _solve_lp_first(node_costs, edges, hint, overlap, memory, time_limit_s,
+                                                                 relative_gap, progress)
     else:
         reduced = reduce_problem(node_costs, edges, overlap, memory)
-    small_hint = reduced.reduce_choice(hint) if hint is not None else None
-    if backend == "lp-first":
-        def exact(costs, restricted_edges, warm, limit_s, gap):
-            return solve(costs, restricted_edges, backend="mip", time_limit_s=limit_s, hint=warm,
-                         overlap=reduced.overlap, memory=reduced.memory, relative_gap=gap)
-
-        choice, status, bound, n_vars = solve_lp_first(reduced, relaxation, time_limit_s, small_hint, exact, evaluate,
-                                                       relative_gap, progress or (lambda message: None))
-    elif backend == "mip":
-        choice, status, bound, n_vars = _solve_mip(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
-                                                   reduced.overlap, reduced.memory, relative_gap)
-    else:
-        choice, status, bound, n_vars = _solve_cpsat(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
-                                                     progress, reduced.overlap, reduced.memory)
+        small_hint = reduced.reduce_choice(hint) if hint is not None else None
+        solve_reduced = _solve_mip if backend == "mip" else _solve_cpsat
+        choice, status, bound, n_vars = solve_reduced(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
+                                                      reduced.overlap, reduced.memory, relative_gap, progress)
     if choice is None:
         if hint is None or math.isinf(evaluate(node_costs, edges, hint, overlap)) or \
                 (memory is not None and memory.used(hint) > memory.limit):
@@ -163,7 +152,24 @@ def _check_memory_floor(node_costs, memory: MemoryLimit) -> None:
                           f"{human_bytes(floor)}, over the limit of {human_bytes(memory.limit)}")
 
 
-def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory, relative_gap):
+def _solve_lp_first(node_costs, edges, hint, overlap, memory, time_limit_s, relative_gap, progress):
+    """(the reduced problem, then as the backends below) by autopar.solvers.lp_first, its
+    restrictions solved by SCIP; the LP kept for the next solve of the same problem."""
+    reduced, relaxation, reused = _RELAXATIONS.get(node_costs, edges, overlap, memory, reduce_problem)
+    if reused and progress is not None:
+        progress("LP relaxation: the same problem as the last solve, re-optimized at the new memory limit")
+
+    def exact(costs, restricted_edges, warm, limit_s, gap):
+        return solve(costs, restricted_edges, backend="mip", time_limit_s=limit_s, hint=warm,
+                     overlap=reduced.overlap, memory=reduced.memory, relative_gap=gap)
+
+    small_hint = reduced.reduce_choice(hint) if hint is not None else None
+    return (reduced,) + solve_lp_first(reduced, relaxation, time_limit_s, small_hint, exact, evaluate, relative_gap,
+                                       progress or (lambda message: None))
+
+
+def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory, relative_gap, progress):
+    # progress: SCIP reports once, at its end (solve does)
     polytope = LocalPolytope.build(node_costs, edges, overlap, memory)
     solution = solve_proto(polytope.proto(hint=hint), "scip", time_limit_s, relative_gap)
     if solution.values is None:
@@ -196,7 +202,8 @@ def linear_constraint(solver, terms, lower: float, upper: float) -> None:
         constraint.SetCoefficient(var, coefficient)
 
 
-def _solve_cpsat(node_costs, edges, time_limit_s, hint, progress, overlap, memory):
+def _solve_cpsat(node_costs, edges, time_limit_s, hint, overlap, memory, relative_gap, progress):
+    # the backends share one signature; CP-SAT proves to its own gap limit (0), not relative_gap
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
