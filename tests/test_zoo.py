@@ -65,12 +65,13 @@ def test_zoo_plans_shard_where_it_pays(name, mesh):
 
 
 @pytest.mark.filterwarnings("ignore:the sharding solver did not prove")
-@pytest.mark.parametrize("name", ZOO)
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "mixtral"])
 def test_lp_first_never_exceeds_the_integer_program_alone(name):
     """On the zoo at GPU widths on dp=2,tp=2, the LP-first path's layout is never slower than the
     old path's (SCIP, axis by axis first) and its bound never above it where that is proven. All
     but Mixtral are proven optimal; Mixtral's routing graph leaves 210 of 245 nodes fractional
-    in the LP and ends within 1% (SCIP alone took 130-200 s to prove it)."""
+    in the LP and ends within 1% (SCIP alone took 130-200 s to prove it). Mistral is Llama's
+    graph here, left out for the suite's time."""
     import torch
 
     with torch.device("meta"):
