@@ -100,6 +100,11 @@ class LocalPolytope:
         return tuple(int(np.argmax(values[ix])) for ix in self.x)
 
     @functools.cached_property
+    def row_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's (lower, upper) bound as arrays (±inf where a side is free)."""
+        return np.array([row.lower for row in self.rows]), np.array([row.upper for row in self.rows])
+
+    @functools.cached_property
     def coefficients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every row's coefficients as (row, variable, value) arrays."""
         return (np.concatenate([np.full(len(row.index), r) for r, row in enumerate(self.rows)]),
@@ -112,8 +117,7 @@ class LocalPolytope:
         feasible v has c·v = π·Av + d·v ≥ Σ_rows min(π·lower, π·upper) + Σ_vars min(0, d)·upper.
         A price whose row has no bound on the side it needs counts as 0. ``upper``: the variables'
         upper bounds where a restriction lowered some (to 0)."""
-        lower = np.array([row.lower for row in self.rows])
-        upper_rows = np.array([row.upper for row in self.rows])
+        lower, upper_rows = self.row_bounds
         prices = np.asarray(duals, dtype=float).copy()
         prices[((prices > 0) & np.isinf(lower)) | ((prices < 0) & np.isinf(upper_rows))] = 0.0
         row_of, column, value = self.coefficients
@@ -174,8 +178,8 @@ class Relaxation:
         lp.num_col_, lp.num_row_ = polytope.n_variables, len(polytope.rows)
         lp.col_cost_, lp.col_lower_, lp.col_upper_ = polytope.objective, np.zeros(polytope.n_variables), self.upper
         infinite = highspy.kHighsInf
-        lp.row_lower_ = np.array([max(row.lower, -infinite) for row in polytope.rows])
-        lp.row_upper_ = np.array([min(row.upper, infinite) for row in polytope.rows])
+        lower, upper = polytope.row_bounds
+        lp.row_lower_, lp.row_upper_ = np.maximum(lower, -infinite), np.minimum(upper, infinite)
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
         lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = _by_column(polytope)
         self.highs.passModel(lp)

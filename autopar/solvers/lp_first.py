@@ -211,8 +211,9 @@ def _branch_and_bound(problem: _Problem, relaxation: Relaxation, fixed_upper: np
                 continue
             solved = _relaxed(polytope, solution)
             rounded = solved.choice()  # the LP's own where it is integral, else its largest values: often a solution
-            if problem.value(rounded) < best[1]:
-                best = (rounded, problem.value(rounded))
+            rounded_value = problem.value(rounded)
+            if rounded_value < best[1]:
+                best = (rounded, rounded_value)
                 problem.report(f"branch and bound: a solution at {best[1] * 1e3:.4f} ms")
             if solved.fractional() and not problem.closed(best[1], solved.bound):
                 counter += 1
