@@ -2,6 +2,7 @@
 import autopar.backends  # noqa: F401  registers Plan.emit's backends
 import autopar.inspect  # noqa: F401  registers Plan.summary and Plan.explain
 from autopar.api import plan
+from autopar.backends.jax.user_ops import register_jax_translation
 from autopar.baseline_plans import Baselines, baselines
 from autopar.check import CheckReport, check
 from autopar.cost_models.hardware import PRESETS, Hardware, Link
@@ -21,7 +22,8 @@ from autopar.passes.registry import register_pass, registered_passes, unregister
 __all__ = [
     "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "prepare",
     "data_parallel_info", "plan_of", "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext",
-    "Constraints", "register_rule", "Plan", "MixedPrecision", "Mesh", "Shard", "Replicate", "Partial", "Spec",
+    "Constraints", "register_rule", "register_jax_translation", "Plan", "MixedPrecision", "Mesh", "Shard",
+    "Replicate", "Partial", "Spec",
     "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError",
     "SolverError", "KFAC",
 ]

@@ -256,7 +256,7 @@ def _check_jax(plan: Plan, model: nn.Module, inputs: tuple, reference_losses, re
                tolerance: tuple) -> CheckReport:
     from autopar.backends.jax.run import run_jax_step
 
-    loss, grads, _ = run_jax_step(plan, model, inputs)
+    loss, grads, _ = run_jax_step(plan, model, inputs, seed=SEED)  # the first step's random state, as train's
     tensors = [compare("loss[step 0]", torch.tensor(loss), torch.tensor(reference_losses[0]), tolerance)]
     for fqn, want in reference_grads.items():
         tensors.append(compare(f"grad {fqn}", grads[fqn], want, tolerance) if fqn in grads else _missing(f"grad {fqn}"))

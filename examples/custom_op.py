@@ -5,7 +5,9 @@
 ``scaled_silu(x, scale) = scale * x * sigmoid(x)`` is a kernel autopar has never seen, so
 without help it falls back to replication (and the plan says so). Its forward and its
 backward (another custom op) are elementwise, so ``pointwise()`` rules describe them: any
-dim may be split, and the solver then keeps the MLP sharded through them.
+dim may be split, and the solver then keeps the MLP sharded through them. For the JAX
+backend, each op also gets a JAX translation (register_jax_translation), which the emitted
+module carries.
 """
 from __future__ import annotations
 
@@ -60,6 +62,26 @@ def register_rules() -> None:
     through it)."""
     autopar.register_rule(torch.ops.autopar_examples.scaled_silu.default, pointwise())
     autopar.register_rule(torch.ops.autopar_examples.scaled_silu_backward.default, pointwise(linear="first"))
+
+
+def jax_scaled_silu(x, scale):
+    from jax.nn import sigmoid  # here, not at the top: the example runs without JAX installed
+
+    return scale * x * sigmoid(x)
+
+
+def jax_scaled_silu_backward(grad, x, scale):
+    from jax.nn import sigmoid
+
+    s = sigmoid(x)
+    return grad * scale * s * (1 + x * (1 - s))
+
+
+def register_jax_translations() -> None:
+    """What the JAX program computes for each op (plain functions of JAX arrays)."""
+    autopar.register_jax_translation(torch.ops.autopar_examples.scaled_silu.default, jax_scaled_silu)
+    autopar.register_jax_translation(torch.ops.autopar_examples.scaled_silu_backward.default,
+                                     jax_scaled_silu_backward)
 
 
 class SiluMLP(nn.Module):

@@ -26,11 +26,13 @@ def _text_inputs(batch, seq, vocab, masked=False):
     return ids, labels
 
 
-def gpt2(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256):
+def gpt2(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256, dropout=0.0):
+    """GPT-2; ``dropout`` on the embeddings, the attention probabilities and the residuals
+    (Hugging Face's default is 0.1)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=seq,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
     return LossOf(GPT2LMHeadModel(cfg)), _text_inputs(batch, seq, vocab)
 
 

@@ -109,6 +109,12 @@ def test_scatter_and_routing_ops():
     check_every_option(aten.floor_divide.default, torch.randint(0, 9, (4, 6)), 2)
 
 
+def test_safe_softmax_keeps_its_dim_whole_and_fully_masked_rows_zero():
+    scores = torch.randn(4, 2, 6, 6)
+    scores[0, 1, 2] = float("-inf")  # a fully masked query row: zeros, not NaN
+    check_every_option(aten._safe_softmax.default, scores, -1)
+
+
 def test_sort_of_a_vector_is_replicated_only():
     v = torch.randn(8)
     call = OpCall(aten.sort.default, (v,), {}, ((8,),), ((8,), (8,)), (True,))

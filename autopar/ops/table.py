@@ -63,6 +63,7 @@ RULES: dict = {
     aten.mean.default: reduction(None, None, "mean"),
     aten.amax.default: reduction(1, 2, "max"),
     aten._softmax.default: normalize(1),
+    aten._safe_softmax.default: normalize(1),  # softmax whose fully masked rows are 0 (attention with dropout)
     aten._log_softmax.default: normalize(1),
     aten._softmax_backward_data.default: normalize(2),
     aten._log_softmax_backward_data.default: normalize(2),

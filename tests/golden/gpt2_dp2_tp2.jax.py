@@ -9,9 +9,10 @@
 #   collectives: 0 redistributions, 0 collectives
 #   recompute: peak 10.9 MB per device at _log_softmax_backward_data
 #   predict: step 0.1920 ms (compute 0.1920, communication 0.0000 + 0.0000 hidden), 0% of FLOPs sharded
-"""Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz]
-(one step; prints the loss). On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES, JAX_PROCESS_ID) on each and run the same file: it calls jax.distributed.initialize()."""
+"""Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz] [--seed N]
+(one step; prints the loss; dropout masks are drawn from jax.random.key(N), or read from --masks masks.npz).
+On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID) on each and run the same file: it calls jax.distributed.initialize()."""
 import argparse
 import math
 import os
@@ -76,6 +77,9 @@ SPECS = {
     'blocks_1_out_weight': P(None, None), 'blocks_1_out_bias': P(None), 'ln_f_weight': P(None), 'ln_f_bias': P(None),
     'head_weight': P(None, None), 'idx': P(None, None), 'targets': P(None, None),
 }
+# dropout mask -> (global shape, probability of a zero), in the order forward draws them
+MASKS = {}
+MASK_SPECS = {}
 # (kind, parameter name) of each value local_step returns
 OUTPUTS = [
     ('loss', None), ('grad', 'wte.weight'), ('grad', 'wpe.weight'), ('grad', 'blocks.0.ln1.weight'),
@@ -100,22 +104,59 @@ OUTPUT_SPECS = (
 
 
 # ---- ATen ops in JAX (autopar.backends.jax.aten) ----
-def aten_arange(end, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.arange(end, dtype=dtype)
+def aten_arange(start, end=None, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.arange(start, end, step, dtype=dtype) if end is not None else jnp.arange(start, dtype=dtype)
 
 def aten_embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return weight[indices]
 
-def aten_add(a, b, alpha=1):
-    return a + alpha * b
+def _category(dtype) -> int:
+    if dtype == jnp.bool_:
+        return 0
+    return 1 if jnp.issubdtype(dtype, jnp.integer) else 2
 
-def aten_native_layer_norm(x, normalized_shape, weight, bias, eps):
+def _promoted(*operands):
+    """The operands cast to torch's result dtype (Python numbers stay numbers: JAX keeps them weak)."""
+    arrays = [x for x in operands if hasattr(x, "dtype")]
+    shaped = [x.dtype for x in arrays if x.ndim > 0]
+    dtype = jnp.result_type(*shaped) if shaped else None
+    scalar_dims = [x.dtype for x in arrays if x.ndim == 0]
+    if scalar_dims:
+        zero_dim = jnp.result_type(*scalar_dims)
+        if dtype is None or _category(zero_dim) > _category(dtype):
+            dtype = zero_dim
+    numbers = [x for x in operands if not hasattr(x, "dtype")]
+    if dtype is not None and any(isinstance(n, float) for n in numbers) and _category(dtype) < 2:
+        dtype = jnp.float32
+    elif dtype is not None and _category(dtype) == 0 and any(type(n) is int for n in numbers):
+        dtype = jnp.int32
+    if dtype is None:
+        return operands
+    return tuple(x.astype(dtype) if hasattr(x, "dtype") else x for x in operands)
+
+def aten_add(a, b, alpha=1):
+    a, b = _promoted(a, b)
+    return a + b if alpha == 1 else a + alpha * b
+
+def _each_in_float32(function, *xs):
+    """function of several outputs computed in float32 for low-precision inputs, each output
+    rounded back once (None arguments and outputs stay None)."""
+    dtype = xs[0].dtype
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        return function(*xs)
+    outs = function(*(None if x is None else x.astype(jnp.float32) for x in xs))
+    return tuple(None if out is None else out.astype(dtype) for out in outs)
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     mean = jnp.mean(x, axis=axes, keepdims=True)
     rstd = lax.rsqrt(jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True) + eps)
     out = (x - mean) * rstd
     out = out * weight if weight is not None else out
     return (out + bias if bias is not None else out), mean, rstd
+
+def aten_native_layer_norm(x, normalized_shape, weight, bias, eps):
+    return _each_in_float32(lambda a, w, b: _layer_norm(a, normalized_shape, w, b, eps), x, weight, bias)
 
 def aten_view(x, size):
     return jnp.reshape(x, size)
@@ -124,12 +165,22 @@ def aten_t(x):
     return x.T if x.ndim == 2 else x
 
 def aten_addmm(bias, a, b, beta=1, alpha=1):
+    if not jnp.issubdtype(a.dtype, jnp.inexact):  # integer tensors take the integral part of the scalars
+        beta, alpha = int(beta), int(alpha)
+    if a.dtype in (jnp.bfloat16, jnp.float16):  # the sum and the bias in float32, rounded once
+        product = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+        return (beta * bias.astype(jnp.float32) + alpha * product).astype(a.dtype)
     return beta * bias + alpha * (a @ b)
 
 def aten_transpose(x, dim0, dim1):
-    return jnp.swapaxes(x, dim0, dim1)
+    return jnp.swapaxes(x, dim0, dim1) if x.ndim else x
 
 def _attention(q, k, v, is_causal, scale, attn_mask=None):
+    if q.dtype in (jnp.bfloat16, jnp.float16):  # scores and their log-sum-exp in float32, as torch's kernel
+        out, lse = _attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), is_causal, scale,
+                              attn_mask if attn_mask is None or attn_mask.dtype == bool
+                              else attn_mask.astype(jnp.float32))
+        return out.astype(q.dtype), lse
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = jnp.einsum("...qd,...kd->...qk", q, k) * scale
     if is_causal:
@@ -148,14 +199,23 @@ def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None,
 def aten_identity(x, memory_format=None):
     return x
 
+def _in_float32(function, *xs):
+    """function computed in float32 for low-precision inputs and rounded once, as torch's CPU kernels do."""
+    low = xs[0].dtype in (jnp.bfloat16, jnp.float16)
+    out = function(*(x.astype(jnp.float32) for x in xs)) if low else function(*xs)
+    return out.astype(xs[0].dtype) if low else out
+
 def aten_gelu(x, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
+    return _in_float32(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
 
 def aten_mm(a, b):
+    if a.dtype in (jnp.bfloat16, jnp.float16):  # accumulated in float32 and rounded once, as torch does
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
     return a @ b
 
 def aten_log_softmax(x, dim, half_to_float=False):
-    return jax.nn.log_softmax(x, axis=dim)
+    x = x.astype(jnp.float32) if half_to_float else x  # a half-precision input, a float32 result
+    return _in_float32(lambda v: jax.nn.log_softmax(v, axis=dim), x) if x.ndim else jnp.zeros_like(x)
 
 def _nll_terms(x, target, weight, ignore_index):
     keep = target != ignore_index
@@ -166,14 +226,32 @@ def _nll_terms(x, target, weight, ignore_index):
 def aten_nll_loss_forward(x, target, weight, reduction, ignore_index):
     safe, w = _nll_terms(x, target, weight, ignore_index)
     picked = jnp.take_along_axis(x, safe[..., None], axis=-1)[..., 0] if x.ndim > 1 else x[safe]
+    if reduction == 0 and x.ndim == 1:  # one sample, unreduced: ATen's total weight is its weight then
+        return -picked * w, w.astype(x.dtype)
     total = jnp.sum(w)
     losses = -picked * w
     if reduction == 0:
-        return losses, total
+        return losses, jnp.zeros((), x.dtype)  # ATen leaves the total weight 0 when it does not reduce
     return (jnp.sum(losses) / total if reduction == 1 else jnp.sum(losses)), total
 
+def _floating(x):
+    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
+
+def _is_integral(x) -> bool:
+    return not jnp.issubdtype(x.dtype, jnp.inexact)
+
 def aten_div(a, b, rounding_mode=None):
-    return a / b
+    if rounding_mode is None:
+        a, b = _promoted(_floating(a) if hasattr(a, "dtype") else float(a), b)
+        return a / b
+    a, b = _promoted(a, b)
+    integral = _is_integral(a) if hasattr(a, "dtype") else _is_integral(b)
+    if rounding_mode == "floor":
+        return jnp.floor_divide(a, b)
+    if integral:  # C division truncates: floor, plus one where the remainder's sign differs from the divisor's
+        floor = jnp.floor_divide(a, b)
+        return floor + ((jnp.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(floor.dtype)
+    return jnp.trunc(a / b)
 
 def aten_ones_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.ones_like(x, dtype=dtype)
@@ -187,9 +265,10 @@ def aten_nll_loss_backward(grad, x, target, weight, reduction, ignore_index, tot
     return jnp.zeros_like(x).at[rows, safe].add(g)
 
 def aten_log_softmax_backward_data(grad, output, dim, input_dtype):
-    return grad - jnp.exp(output) * jnp.sum(grad, axis=dim, keepdims=True)
+    return _in_float32(lambda g, out: g - jnp.exp(out) * jnp.sum(g, axis=dim if g.ndim else None, keepdims=True),
+                       grad, output)
 
-def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+def _layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     lead = tuple(range(x.ndim - len(normalized_shape)))
     xhat = (x - mean) * rstd
@@ -201,11 +280,35 @@ def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, w
     db = jnp.sum(grad_out, axis=lead) if bias is not None else None
     return dx, dw, db
 
-def aten_sum_dims(x, dim=None, keepdim=False, dtype=None):
-    return jnp.sum(x, axis=tuple(dim) if dim else None, keepdims=keepdim, dtype=dtype)
+def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    return _each_in_float32(lambda g, a, m, r, w: _layer_norm_backward(g, a, normalized_shape, m, r, w, bias),
+                            grad_out, x, mean, rstd, weight)
+
+def _accumulating(x, dtype):
+    """x in the dtype to accumulate in, and the dtype to return."""
+    if dtype in (jnp.bfloat16, jnp.float16):
+        return x.astype(jnp.float32), dtype
+    if dtype is not None:
+        return x.astype(dtype), dtype
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        return x.astype(jnp.float32), x.dtype
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x.astype(jnp.int32), jnp.int32
+    return x, x.dtype
+
+def _axes(x, dim):
+    """``dim`` as JAX axes: None (or []) is every axis; a 0-dim tensor has none to name."""
+    if x.ndim == 0 or dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    return tuple(dim) if isinstance(dim, (list, tuple)) else dim
+
+def aten_sum(x, dim=None, keepdim=False, dtype=None):
+    x, out = _accumulating(x, dtype)
+    return jnp.sum(x, axis=_axes(x, dim), keepdims=keepdim).astype(out)
 
 def aten_gelu_backward(grad, x, approximate="none"):
-    return jax.vjp(lambda v: aten_gelu(v, approximate), x)[1](grad)[0]
+    return _in_float32(lambda g, v: jax.vjp(lambda u: jax.nn.gelu(u, approximate=approximate == "tanh"), v)[1](g)[0],
+                       grad, x)
 
 def aten_sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, attn_mask=None, scale=None):
     if dropout_p:
@@ -434,7 +537,7 @@ def backward_local(
     # blocks.1.out
     grad_blocks_1_out_weight = aten_mm(t_18, view_30)
     # blocks.1
-    sum_1 = aten_sum_dims(view_38, [0], True)
+    sum_1 = aten_sum(view_38, [0], True)
     grad_blocks_1_out_bias = aten_view(sum_1, [128])
     # blocks.1.out
     view_40 = aten_view(mm_3, [8, 32, 512])
@@ -444,7 +547,7 @@ def backward_local(
     mm_5 = aten_mm(view_41, blocks_1_fc_weight)
     t_22 = aten_t(view_41)
     grad_blocks_1_fc_weight = aten_mm(t_22, view_28)
-    sum_2 = aten_sum_dims(view_41, [0], True)
+    sum_2 = aten_sum(view_41, [0], True)
     grad_blocks_1_fc_bias = aten_view(sum_2, [512])
     view_43 = aten_view(mm_5, [8, 32, 128])
     # blocks.1.ln2
@@ -461,7 +564,7 @@ def backward_local(
     # blocks.1.attn.proj
     grad_blocks_1_attn_proj_weight = aten_mm(t_26, view_26)
     # blocks.1.ln2
-    sum_3 = aten_sum_dims(view_44, [0], True)
+    sum_3 = aten_sum(view_44, [0], True)
     grad_blocks_1_attn_proj_bias = aten_view(sum_3, [128])
     # blocks.1.attn.proj
     view_46 = aten_view(mm_7, [8, 32, 128])
@@ -483,7 +586,7 @@ def backward_local(
     # blocks.1.attn.v
     grad_blocks_1_attn_v_weight = aten_mm(t_30, view_22)
     # blocks.1.attn
-    sum_4 = aten_sum_dims(view_49, [0], True)
+    sum_4 = aten_sum(view_49, [0], True)
     grad_blocks_1_attn_v_bias = aten_view(sum_4, [128])
     # blocks.1.attn.v
     view_51 = aten_view(mm_9, [8, 32, 128])
@@ -498,7 +601,7 @@ def backward_local(
     # blocks.1.attn.k
     grad_blocks_1_attn_k_weight = aten_mm(t_34, view_19)
     # blocks.1.attn
-    sum_5 = aten_sum_dims(view_53, [0], True)
+    sum_5 = aten_sum(view_53, [0], True)
     grad_blocks_1_attn_k_bias = aten_view(sum_5, [128])
     # blocks.1.attn.k
     view_55 = aten_view(mm_11, [8, 32, 128])
@@ -515,7 +618,7 @@ def backward_local(
     # blocks.1.attn.q
     grad_blocks_1_attn_q_weight = aten_mm(t_38, view_16)
     # blocks.1.attn
-    sum_6 = aten_sum_dims(view_57, [0], True)
+    sum_6 = aten_sum(view_57, [0], True)
     grad_blocks_1_attn_q_bias = aten_view(sum_6, [128])
     # blocks.1.attn.q
     view_59 = aten_view(mm_13, [8, 32, 128])
@@ -536,7 +639,7 @@ def backward_local(
     # blocks.0.out
     grad_blocks_0_out_weight = aten_mm(t_42, view_14)
     # blocks.1.ln2
-    sum_7 = aten_sum_dims(view_60, [0], True)
+    sum_7 = aten_sum(view_60, [0], True)
     grad_blocks_0_out_bias = aten_view(sum_7, [128])
     # blocks.0.out
     view_62 = aten_view(mm_15, [8, 32, 512])
@@ -546,7 +649,7 @@ def backward_local(
     mm_17 = aten_mm(view_63, blocks_0_fc_weight)
     t_46 = aten_t(view_63)
     grad_blocks_0_fc_weight = aten_mm(t_46, view_12)
-    sum_8 = aten_sum_dims(view_63, [0], True)
+    sum_8 = aten_sum(view_63, [0], True)
     grad_blocks_0_fc_bias = aten_view(sum_8, [512])
     view_65 = aten_view(mm_17, [8, 32, 128])
     # blocks.0.ln2
@@ -564,7 +667,7 @@ def backward_local(
     # blocks.0.attn.proj
     grad_blocks_0_attn_proj_weight = aten_mm(t_50, view_10)
     # blocks.1.ln2
-    sum_9 = aten_sum_dims(view_66, [0], True)
+    sum_9 = aten_sum(view_66, [0], True)
     grad_blocks_0_attn_proj_bias = aten_view(sum_9, [128])
     # blocks.0.attn.proj
     view_68 = aten_view(mm_19, [8, 32, 128])
@@ -586,7 +689,7 @@ def backward_local(
     # blocks.0.attn.v
     grad_blocks_0_attn_v_weight = aten_mm(t_54, view_6)
     # blocks.0.attn
-    sum_10 = aten_sum_dims(view_71, [0], True)
+    sum_10 = aten_sum(view_71, [0], True)
     grad_blocks_0_attn_v_bias = aten_view(sum_10, [128])
     # blocks.0.attn.v
     view_73 = aten_view(mm_21, [8, 32, 128])
@@ -601,7 +704,7 @@ def backward_local(
     # blocks.0.attn.k
     grad_blocks_0_attn_k_weight = aten_mm(t_58, view_3)
     # blocks.0.attn
-    sum_11 = aten_sum_dims(view_75, [0], True)
+    sum_11 = aten_sum(view_75, [0], True)
     grad_blocks_0_attn_k_bias = aten_view(sum_11, [128])
     # blocks.0.attn.k
     view_77 = aten_view(mm_23, [8, 32, 128])
@@ -618,7 +721,7 @@ def backward_local(
     # blocks.0.attn.q
     grad_blocks_0_attn_q_weight = aten_mm(t_62, view)
     # blocks.0.attn
-    sum_12 = aten_sum_dims(view_79, [0], True)
+    sum_12 = aten_sum(view_79, [0], True)
     grad_blocks_0_attn_q_bias = aten_view(sum_12, [128])
     # blocks.0.attn.q
     view_81 = aten_view(mm_25, [8, 32, 128])
@@ -631,7 +734,7 @@ def backward_local(
     grad_blocks_0_ln1_bias = native_layer_norm_backward_4[2]
     # blocks.1.ln2
     add_12 = aten_add(add_9, getitem_39)
-    sum_13 = aten_sum_dims(add_12, [0], True)
+    sum_13 = aten_sum(add_12, [0], True)
     view_82 = aten_view(sum_13, [32, 128])
     # <model>
     grad_wpe_weight = aten_embedding_dense_backward(view_82, arange, 32, -1, False)
@@ -670,8 +773,15 @@ def make_mesh(devices=None):
     return Mesh(devices.reshape(SHAPE), AXES)
 
 
-def place(params, batch, mesh):
-    """The step's arguments, each laid out over the mesh as the plan places it."""
+def draw_masks(key):
+    """Every dropout's mask for the whole tensor (True: kept), each from its own fold of ``key``."""
+    return {name: jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - p, tuple(shape))
+            for i, (name, (shape, p)) in enumerate(MASKS.items())}
+
+
+def place(params, batch, mesh, masks=None):
+    """The step's arguments, each laid out over the mesh as the plan places it (``masks``: name ->
+    the dropout masks for the whole tensors; see draw_masks)."""
     values = []
     for name in PLACEHOLDERS:
         if name in PARAMETERS:
@@ -681,20 +791,26 @@ def place(params, batch, mesh):
         else:
             value = batch[INPUTS.index(name)]
         values.append(jax.device_put(jnp.asarray(value), NamedSharding(mesh, SPECS[name])))
+    if MASKS and masks is None:
+        raise ValueError(f"this step draws {len(MASKS)} dropout masks: pass masks=draw_masks(jax.random.key(seed))")
+    for name in MASKS:
+        values.append(jax.device_put(jnp.asarray(masks[name], dtype=jnp.bool_), NamedSharding(mesh, MASK_SPECS[name])))
     return values
 
 
 def train_step_fn(mesh):
     """jit(shard_map(local_step)): (placed arguments) -> (loss, *gradients)."""
-    sharded = jax.shard_map(local_step, mesh=mesh, in_specs=tuple(SPECS[n] for n in PLACEHOLDERS),
-                            out_specs=OUTPUT_SPECS, check_vma=False)
+    in_specs = tuple(SPECS[n] for n in PLACEHOLDERS) + tuple(MASK_SPECS[n] for n in MASKS)
+    sharded = jax.shard_map(local_step, mesh=mesh, in_specs=in_specs, out_specs=OUTPUT_SPECS, check_vma=False)
     return jax.jit(sharded)
 
 
-def train_step(params, batch, mesh=None):
-    """(loss, {parameter name: gradient}) for ``params`` (name -> array) and ``batch`` (the model's inputs)."""
+def train_step(params, batch, mesh=None, masks=None, seed=0):
+    """(loss, {parameter name: gradient}) for ``params`` (name -> array) and ``batch`` (the model's
+    inputs); dropout masks are ``masks`` (name -> whole mask) or drawn from ``seed``."""
     mesh = make_mesh() if mesh is None else mesh
-    out = train_step_fn(mesh)(*place(params, batch, mesh))
+    masks = draw_masks(jax.random.key(seed)) if masks is None else masks
+    out = train_step_fn(mesh)(*place(params, batch, mesh, masks))
     return out[0], {fqn: g for (_, fqn), g in zip(OUTPUTS[1:], out[1:])}
 
 
@@ -723,13 +839,16 @@ def main():
     parser.add_argument("--params", required=True, help=".npz of parameters (and buffers) by name")
     parser.add_argument("--batch", required=True, help=".npz of the inputs, arrays named x0, x1, ...")
     parser.add_argument("--grads", help="write the gradients (and the loss) to this .npz")
+    parser.add_argument("--seed", type=int, default=0, help="the jax.random key the dropout masks are drawn from")
+    parser.add_argument("--masks", help=".npz of the dropout masks by name (MASKS), instead of drawing them")
     args = parser.parse_args()
     if os.environ.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize()
     params = dict(np.load(args.params))
     saved = np.load(args.batch)
     batch = [saved[f"x{i}"] for i in range(len(saved.files))]
-    loss, grads = train_step(params, batch)
+    masks = dict(np.load(args.masks)) if args.masks else None
+    loss, grads = train_step(params, batch, masks=masks, seed=args.seed)
     print(f"loss {float(loss):.8f}")
     if args.grads:
         np.savez(args.grads, __loss__=np.asarray(loss), **{k: np.asarray(v) for k, v in grads.items()})

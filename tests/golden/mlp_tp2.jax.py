@@ -9,9 +9,10 @@
 #   collectives: 2 redistributions, 1 collectives
 #   recompute: peak 67.3 MB per device at sum_2
 #   predict: step 0.0439 ms (compute 0.0398, communication 0.0041 + 0.0000 hidden), 100% of FLOPs sharded
-"""Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz]
-(one step; prints the loss). On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES, JAX_PROCESS_ID) on each and run the same file: it calls jax.distributed.initialize()."""
+"""Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz] [--seed N]
+(one step; prints the loss; dropout masks are drawn from jax.random.key(N), or read from --masks masks.npz).
+On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID) on each and run the same file: it calls jax.distributed.initialize()."""
 import argparse
 import math
 import os
@@ -36,6 +37,9 @@ SPECS = {
     'fc1_weight': P('tp', None), 'fc1_bias': P('tp'), 'fc2_weight': P(None, 'tp'), 'fc2_bias': P(None),
     'x': P(None, None), 'y': P(None, None),
 }
+# dropout mask -> (global shape, probability of a zero), in the order forward draws them
+MASKS = {}
+MASK_SPECS = {}
 # (kind, parameter name) of each value local_step returns
 OUTPUTS = [('loss', None), ('grad', 'fc1.weight'), ('grad', 'fc1.bias'), ('grad', 'fc2.weight'), ('grad', 'fc2.bias')]
 OUTPUT_SPECS = (P(), P('tp', None), P('tp'), P(None, 'tp'), P(None),)
@@ -46,37 +50,113 @@ def aten_t(x):
     return x.T if x.ndim == 2 else x
 
 def aten_addmm(bias, a, b, beta=1, alpha=1):
+    if not jnp.issubdtype(a.dtype, jnp.inexact):  # integer tensors take the integral part of the scalars
+        beta, alpha = int(beta), int(alpha)
+    if a.dtype in (jnp.bfloat16, jnp.float16):  # the sum and the bias in float32, rounded once
+        product = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+        return (beta * bias.astype(jnp.float32) + alpha * product).astype(a.dtype)
     return beta * bias + alpha * (a @ b)
 
+def _in_float32(function, *xs):
+    """function computed in float32 for low-precision inputs and rounded once, as torch's CPU kernels do."""
+    low = xs[0].dtype in (jnp.bfloat16, jnp.float16)
+    out = function(*(x.astype(jnp.float32) for x in xs)) if low else function(*xs)
+    return out.astype(xs[0].dtype) if low else out
+
 def aten_gelu(x, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
+    return _in_float32(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
+
+def _category(dtype) -> int:
+    if dtype == jnp.bool_:
+        return 0
+    return 1 if jnp.issubdtype(dtype, jnp.integer) else 2
+
+def _promoted(*operands):
+    """The operands cast to torch's result dtype (Python numbers stay numbers: JAX keeps them weak)."""
+    arrays = [x for x in operands if hasattr(x, "dtype")]
+    shaped = [x.dtype for x in arrays if x.ndim > 0]
+    dtype = jnp.result_type(*shaped) if shaped else None
+    scalar_dims = [x.dtype for x in arrays if x.ndim == 0]
+    if scalar_dims:
+        zero_dim = jnp.result_type(*scalar_dims)
+        if dtype is None or _category(zero_dim) > _category(dtype):
+            dtype = zero_dim
+    numbers = [x for x in operands if not hasattr(x, "dtype")]
+    if dtype is not None and any(isinstance(n, float) for n in numbers) and _category(dtype) < 2:
+        dtype = jnp.float32
+    elif dtype is not None and _category(dtype) == 0 and any(type(n) is int for n in numbers):
+        dtype = jnp.int32
+    if dtype is None:
+        return operands
+    return tuple(x.astype(dtype) if hasattr(x, "dtype") else x for x in operands)
 
 def aten_sub(a, b, alpha=1):
-    return a - alpha * b
+    a, b = _promoted(a, b)
+    return a - b if alpha == 1 else a - alpha * b
 
-def aten_pow_(x, exponent):
-    return x ** exponent
+def aten_pow(x, exponent):
+    x, exponent = _promoted(x, exponent)
+    return jnp.power(x, exponent)
 
-def aten_sum_dims(x, dim=None, keepdim=False, dtype=None):
-    return jnp.sum(x, axis=tuple(dim) if dim else None, keepdims=keepdim, dtype=dtype)
+def _accumulating(x, dtype):
+    """x in the dtype to accumulate in, and the dtype to return."""
+    if dtype in (jnp.bfloat16, jnp.float16):
+        return x.astype(jnp.float32), dtype
+    if dtype is not None:
+        return x.astype(dtype), dtype
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        return x.astype(jnp.float32), x.dtype
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x.astype(jnp.int32), jnp.int32
+    return x, x.dtype
+
+def _axes(x, dim):
+    """``dim`` as JAX axes: None (or []) is every axis; a 0-dim tensor has none to name."""
+    if x.ndim == 0 or dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    return tuple(dim) if isinstance(dim, (list, tuple)) else dim
+
+def aten_sum(x, dim=None, keepdim=False, dtype=None):
+    x, out = _accumulating(x, dtype)
+    return jnp.sum(x, axis=_axes(x, dim), keepdims=keepdim).astype(out)
+
+def _floating(x):
+    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
+
+def _is_integral(x) -> bool:
+    return not jnp.issubdtype(x.dtype, jnp.inexact)
 
 def aten_div(a, b, rounding_mode=None):
-    return a / b
+    if rounding_mode is None:
+        a, b = _promoted(_floating(a) if hasattr(a, "dtype") else float(a), b)
+        return a / b
+    a, b = _promoted(a, b)
+    integral = _is_integral(a) if hasattr(a, "dtype") else _is_integral(b)
+    if rounding_mode == "floor":
+        return jnp.floor_divide(a, b)
+    if integral:  # C division truncates: floor, plus one where the remainder's sign differs from the divisor's
+        floor = jnp.floor_divide(a, b)
+        return floor + ((jnp.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(floor.dtype)
+    return jnp.trunc(a / b)
 
 def aten_ones_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.ones_like(x, dtype=dtype)
 
 def aten_mul(a, b):
+    a, b = _promoted(a, b)
     return a * b
 
 def aten_mm(a, b):
+    if a.dtype in (jnp.bfloat16, jnp.float16):  # accumulated in float32 and rounded once, as torch does
+        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
     return a @ b
 
 def aten_view(x, size):
     return jnp.reshape(x, size)
 
 def aten_gelu_backward(grad, x, approximate="none"):
-    return jax.vjp(lambda v: aten_gelu(v, approximate), x)[1](grad)[0]
+    return _in_float32(lambda g, v: jax.vjp(lambda u: jax.nn.gelu(u, approximate=approximate == "tanh"), v)[1](g)[0],
+                       grad, x)
 
 
 def forward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
@@ -95,8 +175,8 @@ def forward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
     addmm_1__r1 = lax.psum(addmm_1, 'tp')  # r1: (P) -> (R)
     # <model>
     sub = aten_sub(addmm_1__r1, y)
-    pow_1 = aten_pow_(sub, 2)
-    sum_dim_int_list = aten_sum_dims(pow_1, [0, 1], False)
+    pow_1 = aten_pow(sub, 2)
+    sum_dim_int_list = aten_sum(pow_1, [0, 1], False)
     div_scalar = aten_div(sum_dim_int_list, 8192)
     return div_scalar, [addmm, gelu, addmm_1__r1, div_scalar]
 
@@ -117,13 +197,13 @@ def backward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved):
     # <model>
     grad_fc2_weight = aten_mm(t_3, gelu)
     # fc2
-    sum_1 = aten_sum_dims(mul_1, [0], True)
+    sum_1 = aten_sum(mul_1, [0], True)
     grad_fc2_bias = aten_view(sum_1, [1024])
     # fc1
     gelu_backward = aten_gelu_backward(mm, addmm)
     t_6 = aten_t(gelu_backward)
     grad_fc1_weight = aten_mm(t_6, x)
-    sum_2 = aten_sum_dims(gelu_backward, [0], True)
+    sum_2 = aten_sum(gelu_backward, [0], True)
     grad_fc1_bias = aten_view(sum_2, [2048])
     return (grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias,)
 
@@ -149,8 +229,15 @@ def make_mesh(devices=None):
     return Mesh(devices.reshape(SHAPE), AXES)
 
 
-def place(params, batch, mesh):
-    """The step's arguments, each laid out over the mesh as the plan places it."""
+def draw_masks(key):
+    """Every dropout's mask for the whole tensor (True: kept), each from its own fold of ``key``."""
+    return {name: jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - p, tuple(shape))
+            for i, (name, (shape, p)) in enumerate(MASKS.items())}
+
+
+def place(params, batch, mesh, masks=None):
+    """The step's arguments, each laid out over the mesh as the plan places it (``masks``: name ->
+    the dropout masks for the whole tensors; see draw_masks)."""
     values = []
     for name in PLACEHOLDERS:
         if name in PARAMETERS:
@@ -160,20 +247,26 @@ def place(params, batch, mesh):
         else:
             value = batch[INPUTS.index(name)]
         values.append(jax.device_put(jnp.asarray(value), NamedSharding(mesh, SPECS[name])))
+    if MASKS and masks is None:
+        raise ValueError(f"this step draws {len(MASKS)} dropout masks: pass masks=draw_masks(jax.random.key(seed))")
+    for name in MASKS:
+        values.append(jax.device_put(jnp.asarray(masks[name], dtype=jnp.bool_), NamedSharding(mesh, MASK_SPECS[name])))
     return values
 
 
 def train_step_fn(mesh):
     """jit(shard_map(local_step)): (placed arguments) -> (loss, *gradients)."""
-    sharded = jax.shard_map(local_step, mesh=mesh, in_specs=tuple(SPECS[n] for n in PLACEHOLDERS),
-                            out_specs=OUTPUT_SPECS, check_vma=False)
+    in_specs = tuple(SPECS[n] for n in PLACEHOLDERS) + tuple(MASK_SPECS[n] for n in MASKS)
+    sharded = jax.shard_map(local_step, mesh=mesh, in_specs=in_specs, out_specs=OUTPUT_SPECS, check_vma=False)
     return jax.jit(sharded)
 
 
-def train_step(params, batch, mesh=None):
-    """(loss, {parameter name: gradient}) for ``params`` (name -> array) and ``batch`` (the model's inputs)."""
+def train_step(params, batch, mesh=None, masks=None, seed=0):
+    """(loss, {parameter name: gradient}) for ``params`` (name -> array) and ``batch`` (the model's
+    inputs); dropout masks are ``masks`` (name -> whole mask) or drawn from ``seed``."""
     mesh = make_mesh() if mesh is None else mesh
-    out = train_step_fn(mesh)(*place(params, batch, mesh))
+    masks = draw_masks(jax.random.key(seed)) if masks is None else masks
+    out = train_step_fn(mesh)(*place(params, batch, mesh, masks))
     return out[0], {fqn: g for (_, fqn), g in zip(OUTPUTS[1:], out[1:])}
 
 
@@ -202,13 +295,16 @@ def main():
     parser.add_argument("--params", required=True, help=".npz of parameters (and buffers) by name")
     parser.add_argument("--batch", required=True, help=".npz of the inputs, arrays named x0, x1, ...")
     parser.add_argument("--grads", help="write the gradients (and the loss) to this .npz")
+    parser.add_argument("--seed", type=int, default=0, help="the jax.random key the dropout masks are drawn from")
+    parser.add_argument("--masks", help=".npz of the dropout masks by name (MASKS), instead of drawing them")
     args = parser.parse_args()
     if os.environ.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize()
     params = dict(np.load(args.params))
     saved = np.load(args.batch)
     batch = [saved[f"x{i}"] for i in range(len(saved.files))]
-    loss, grads = train_step(params, batch)
+    masks = dict(np.load(args.masks)) if args.masks else None
+    loss, grads = train_step(params, batch, masks=masks, seed=args.seed)
     print(f"loss {float(loss):.8f}")
     if args.grads:
         np.savez(args.grads, __loss__=np.asarray(loss), **{k: np.asarray(v) for k, v in grads.items()})

@@ -9,13 +9,20 @@ the named mesh axis. Parameters and inputs are placed with ``NamedSharding``
 from the plan's placements. The module exposes ``train_step(params, batch) ->
 (loss, grads)`` under ``jax.jit``, SGD and AdamW updates, and a ``main`` that
 runs one step on a saved parameter file and batch.
+
+Dropout masks are arguments of the step, drawn for the whole tensor and placed
+like the dropout's output, so every layout drops the same elements: the module
+draws them from a ``jax.random`` key (``--seed``), and autopar.check passes
+torch's (``--masks``) to compare exactly with the single-process model.
 """
 from __future__ import annotations
 
 import inspect
 
-from autopar.backends.jax import aten
-from autopar.backends.printer import Sections, call_arguments, header, indented, literal, wrapped
+from autopar.backends.jax.aten import TABLE, helpers_of
+from autopar.backends.jax.decompose import decomposed_function, has_decomposition, local_inputs
+from autopar.backends.jax.user_ops import USER_TRANSLATIONS
+from autopar.backends.printer import Sections, call_arguments, header, indented, literal, local_args, wrapped
 from autopar.errors import AutoparError
 from autopar.ir.placement import Shard
 from autopar.ir.program import STEP
@@ -24,7 +31,8 @@ from autopar.lowering.schedule import Statement, programs
 
 
 def emit_jax(plan) -> str:
-    """The module's source; an op without a translation is an AutoparError naming it and its node."""
+    """The module's source; an op without a translation is an AutoparError naming it, its node
+    and the module it came from."""
     _refuse_what_jax_does_not_return(plan)
     named = readable(plan)  # printed with readable names; the hash is the plan's
     program = programs(named)
@@ -48,6 +56,9 @@ def emit_jax(plan) -> str:
     lines += ["# placeholders of the batch, in forward's argument order"]
     lines += wrapped("INPUTS = [", [repr(n) for n in g.inputs], "]")
     lines += wrapped("SPECS = {", [f"{n!r}: {_partition_spec(named, n)}" for n in placeholders], "}")
+    lines += ["# dropout mask -> (global shape, probability of a zero), in the order forward draws them"]
+    lines += wrapped("MASKS = {", [f"{m!r}: ({shape!r}, {p!r})" for m, (shape, p, _) in printer.masks.items()], "}")
+    lines += wrapped("MASK_SPECS = {", [f"{m!r}: {spec}" for m, (_, _, spec) in printer.masks.items()], "}")
     lines += ["# (kind, parameter name) of each value local_step returns"]
     lines += wrapped("OUTPUTS = [", [repr(o) for o in outputs], "]")
     lines += wrapped("OUTPUT_SPECS = (", ["P()"] + [_partition_spec(named, _placeholder_of(g, fqn))
@@ -55,19 +66,38 @@ def emit_jax(plan) -> str:
     lines += ["", "", "# ---- ATen ops in JAX (autopar.backends.jax.aten) ----"]
     for function in printer.helpers():
         lines += inspect.getsource(function).splitlines() + [""]
-    lines += [""] + wrapped("def forward_local(", placeholders, "):")
+    for function_lines in printer.decomposed:
+        lines += function_lines + [""]
+    masks = list(printer.masks)
+    lines += [""] + wrapped("def forward_local(", placeholders + masks, "):")
     lines += indented(['"""One rank\'s forward program on its local blocks: (loss, the values backward reads)."""']
                       + forward + wrapped(f"return {g.loss}, [", list(program.saved), "]"))
     lines += ["", ""] + wrapped("def backward_local(", placeholders + ["saved"], "):")
     lines += indented(['"""One rank\'s backward program: the gradients, in OUTPUTS\' order after the loss."""']
                       + (wrapped("[", list(program.saved), "] = saved") if program.saved else []))
     lines += indented(backward)
-    lines += ["", ""] + wrapped("def local_step(", placeholders, "):")
+    lines += ["", ""] + wrapped("def local_step(", placeholders + masks, "):")
     lines += indented(['"""One rank\'s training step (run under shard_map): (loss, *gradients)."""',
-                       f"loss, saved = forward_local({', '.join(placeholders)})",
+                       f"loss, saved = forward_local({', '.join(placeholders + masks)})",
                        f"return (loss,) + backward_local({', '.join(placeholders + ['saved'])})"])
     lines += _EPILOGUE.splitlines()
     return "\n".join(lines) + "\n"
+
+
+def dropout_masks(plan) -> dict:
+    """The step's dropout masks in the order its forward draws them: argument name -> (global
+    shape, p, the dropped tensor's dtype)."""
+    named = readable(plan)
+    return {_mask_name(s.node): (list(s.node.outputs[0].shape), float(s.node.args[1]), s.node.outputs[0].dtype)
+            for s in programs(named).forward if s.kind == "call" and _draws_mask(s.node)}
+
+
+def _draws_mask(node) -> bool:
+    return node.target == "aten.native_dropout.default" and node.args[2] is not False
+
+
+def _mask_name(node) -> str:
+    return f"mask_{node.name}"
 
 
 def _refuse_what_jax_does_not_return(plan) -> None:
@@ -91,11 +121,14 @@ class _Printer:
     def __init__(self, plan):
         self.plan = plan
         self.used: dict = {}  # helper function -> its name, in first-use order
+        self.masks: dict = {}  # dropout mask argument -> (global shape, p, partition spec), as forward draws them
+        self.decomposed: list = []  # the source lines of each op's decomposition into ops of the table
 
     def helpers(self) -> list:
+        """The translations the program calls, each after the functions it calls."""
         out: list = []
         for function in self.used:
-            for f in aten.DEPENDS.get(function, ()) + (function,):
+            for f in helpers_of(function) + [function]:
                 if f not in out:
                     out.append(f)
         return out
@@ -119,12 +152,44 @@ class _Printer:
 
     def call(self, s: Statement) -> str:
         node = s.node
-        function = aten.TABLE.get(node.target)
-        if function is None or node.target == "aten.native_dropout.default":
-            raise AutoparError(f"the JAX backend has no translation of {node.target} (node {node.name}); "
-                               f"add one to autopar/backends/jax/aten.py (TABLE), or emit the torch program")
+        function = TABLE.get(node.target, USER_TRANSLATIONS.get(node.target))
+        if function is None and has_decomposition(node.target):
+            return f"{s.defines} = {self._decomposed(node)}({', '.join(s.uses)})"
+        if function is None:
+            raise AutoparError(f"the JAX backend has no translation of {node.target} ({self._origin(node)}) and "
+                               f"PyTorch has no Core ATen decomposition of it; {_HOW_TO_ADD}")
         self.used.setdefault(function, function.__name__)
-        return f"{s.defines} = {function.__name__}({call_arguments(self.plan, s, _special)})"
+        arguments = call_arguments(self.plan, s, _special)
+        if _draws_mask(node):
+            arguments += f", mask={self._mask_of(node)}"
+        return f"{s.defines} = {function.__name__}({arguments})"
+
+    def _decomposed(self, node) -> str:
+        """The name of a function computing ``node`` in ops of the table (autopar.backends.jax.decompose)."""
+        name = f"decomposed_{node.name}"
+        try:
+            lines, calls = decomposed_function(name, node.target, local_args(self.plan, node), node.kwargs,
+                                               local_inputs(self.plan, node), TABLE,
+                                               lambda dtype: _special({"dtype": str(dtype).removeprefix("torch.")}))
+        except Exception as e:  # an op outside the table, or a decomposition that does not trace on these shapes
+            raise AutoparError(f"the JAX backend has no translation of {node.target} ({self._origin(node)}), and "
+                               f"its Core ATen decomposition does not translate: {e}; {_HOW_TO_ADD}") from e
+        for function in calls:
+            self.used.setdefault(function, function.__name__)
+        self.decomposed.append(lines)
+        return name
+
+    def _origin(self, node) -> str:
+        module = self.plan.modules.get(node.name)
+        where = f"module {module or '<model>'}" if module is not None else "no module (autograd's backward)"
+        return f"node {node.name}, from {where}"
+
+    def _mask_of(self, node) -> str:
+        """The mask argument of a dropout, for its whole output, laid out as the output is."""
+        name = _mask_name(node)
+        spec = self.plan.strategies[node.name].out_specs[0]
+        self.masks[name] = (list(node.outputs[0].shape), float(node.args[1]), _spec_text(self.plan, spec, node))
+        return name
 
     def getitem(self, s: Statement) -> str:
         return f"{s.defines} = {s.uses[0]}[{s.node.args[1]}]"
@@ -141,6 +206,11 @@ class _Printer:
 
     def output(self, s: Statement) -> str:
         return f"return ({', '.join(s.uses)},)"
+
+
+_HOW_TO_ADD = ("register a translation with autopar.register_jax_translation (your own op), add one to "
+               "autopar/backends/jax/aten/table.py (an ATen op, with its OpInfo test in tests/test_jax_ops.py), or "
+               "emit the torch program")
 
 
 # one collective step in JAX, on the named axis (x: the variable, p: the axis size)
@@ -166,13 +236,16 @@ def _entries(mapping: dict) -> list[str]:
 
 
 def _partition_spec(plan, placeholder: str) -> str:
-    spec = plan.out_spec(placeholder)
-    ndim = len(plan.graph.node(placeholder).outputs[0].shape)
-    dims = [None] * ndim
+    return _spec_text(plan, plan.out_spec(placeholder), plan.graph.node(placeholder))
+
+
+def _spec_text(plan, spec, node) -> str:
+    """``P(...)`` of a node's first output laid out as ``spec`` (a partial sum: replicated)."""
+    dims: list = [[] for _ in node.outputs[0].shape]
     for axis, p in enumerate(spec.placements):
         if isinstance(p, Shard):
-            dims[p.dim] = plan.mesh.axis_names[axis]
-    return "P(" + ", ".join(repr(d) for d in dims) + ")"
+            dims[p.dim].append(plan.mesh.axis_names[axis])
+    return "P(" + ", ".join(repr(d[0] if len(d) == 1 else tuple(d) if d else None) for d in dims) + ")"
 
 
 def _placeholder_of(graph, fqn: str) -> str:
@@ -191,9 +264,10 @@ def _special(value: dict) -> str | None:
     return None
 
 
-_PRELUDE = '''"""Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz]
-(one step; prints the loss). On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES, JAX_PROCESS_ID) on each and run the same file: it calls jax.distributed.initialize()."""
+_PRELUDE = '''"""Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz] [--seed N]
+(one step; prints the loss; dropout masks are drawn from jax.random.key(N), or read from --masks masks.npz).
+On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID) on each and run the same file: it calls jax.distributed.initialize()."""
 import argparse
 import math
 import os
@@ -223,8 +297,15 @@ def make_mesh(devices=None):
     return Mesh(devices.reshape(SHAPE), AXES)
 
 
-def place(params, batch, mesh):
-    """The step's arguments, each laid out over the mesh as the plan places it."""
+def draw_masks(key):
+    """Every dropout's mask for the whole tensor (True: kept), each from its own fold of ``key``."""
+    return {name: jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - p, tuple(shape))
+            for i, (name, (shape, p)) in enumerate(MASKS.items())}
+
+
+def place(params, batch, mesh, masks=None):
+    """The step's arguments, each laid out over the mesh as the plan places it (``masks``: name ->
+    the dropout masks for the whole tensors; see draw_masks)."""
     values = []
     for name in PLACEHOLDERS:
         if name in PARAMETERS:
@@ -234,20 +315,26 @@ def place(params, batch, mesh):
         else:
             value = batch[INPUTS.index(name)]
         values.append(jax.device_put(jnp.asarray(value), NamedSharding(mesh, SPECS[name])))
+    if MASKS and masks is None:
+        raise ValueError(f"this step draws {len(MASKS)} dropout masks: pass masks=draw_masks(jax.random.key(seed))")
+    for name in MASKS:
+        values.append(jax.device_put(jnp.asarray(masks[name], dtype=jnp.bool_), NamedSharding(mesh, MASK_SPECS[name])))
     return values
 
 
 def train_step_fn(mesh):
     """jit(shard_map(local_step)): (placed arguments) -> (loss, *gradients)."""
-    sharded = jax.shard_map(local_step, mesh=mesh, in_specs=tuple(SPECS[n] for n in PLACEHOLDERS),
-                            out_specs=OUTPUT_SPECS, check_vma=False)
+    in_specs = tuple(SPECS[n] for n in PLACEHOLDERS) + tuple(MASK_SPECS[n] for n in MASKS)
+    sharded = jax.shard_map(local_step, mesh=mesh, in_specs=in_specs, out_specs=OUTPUT_SPECS, check_vma=False)
     return jax.jit(sharded)
 
 
-def train_step(params, batch, mesh=None):
-    """(loss, {parameter name: gradient}) for ``params`` (name -> array) and ``batch`` (the model's inputs)."""
+def train_step(params, batch, mesh=None, masks=None, seed=0):
+    """(loss, {parameter name: gradient}) for ``params`` (name -> array) and ``batch`` (the model's
+    inputs); dropout masks are ``masks`` (name -> whole mask) or drawn from ``seed``."""
     mesh = make_mesh() if mesh is None else mesh
-    out = train_step_fn(mesh)(*place(params, batch, mesh))
+    masks = draw_masks(jax.random.key(seed)) if masks is None else masks
+    out = train_step_fn(mesh)(*place(params, batch, mesh, masks))
     return out[0], {fqn: g for (_, fqn), g in zip(OUTPUTS[1:], out[1:])}
 
 
@@ -276,13 +363,16 @@ def main():
     parser.add_argument("--params", required=True, help=".npz of parameters (and buffers) by name")
     parser.add_argument("--batch", required=True, help=".npz of the inputs, arrays named x0, x1, ...")
     parser.add_argument("--grads", help="write the gradients (and the loss) to this .npz")
+    parser.add_argument("--seed", type=int, default=0, help="the jax.random key the dropout masks are drawn from")
+    parser.add_argument("--masks", help=".npz of the dropout masks by name (MASKS), instead of drawing them")
     args = parser.parse_args()
     if os.environ.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize()
     params = dict(np.load(args.params))
     saved = np.load(args.batch)
     batch = [saved[f"x{i}"] for i in range(len(saved.files))]
-    loss, grads = train_step(params, batch)
+    masks = dict(np.load(args.masks)) if args.masks else None
+    loss, grads = train_step(params, batch, masks=masks, seed=args.seed)
     print(f"loss {float(loss):.8f}")
     if args.grads:
         np.savez(args.grads, __loss__=np.asarray(loss), **{k: np.asarray(v) for k, v in grads.items()})
