@@ -382,8 +382,7 @@ def _direct_calls(target: str, cases: list[tuple[tuple, tuple]]):
     inputs: each case is (the tensor arguments' shapes, the other arguments)."""
     def calls(dtype: torch.dtype) -> list[Call]:
         torch.manual_seed(0)
-        packet, overload = target.split(".")[1:]
-        op = getattr(getattr(torch.ops.aten, packet), overload)
+        op = _overload(target)
         made = []
         for shapes, rest in cases:
             tensors = tuple(torch.rand(shape).to(dtype) * 4 - 2 if i < 3 else torch.rand(shape).to(dtype) + 0.5

@@ -3,8 +3,8 @@
 PyTorch's decompositions for backends (``torch._decomp.core_aten_decompositions``) rewrite an
 op into Core ATen; traced on this rank's blocks (fake tensors of the local shapes), they give a
 small graph of ops the table translates, which the module carries as one function per node
-(``decomposed_<node>``: its shapes are this node's). An op without a decomposition, or whose
-decomposition needs an op the table lacks, gets no function: the caller reports it.
+(``decomposed_<node>``: its shapes are this node's). A decomposition that needs an op the
+table lacks raises AutoparError naming that op; the code generator adds the node and module.
 """
 from __future__ import annotations
 
