@@ -204,7 +204,7 @@ def _scalar_overload(c: Call):
 # target -> (the op whose recorded calls give the inputs, (call) -> the target's args and kwargs)
 DERIVED = {
     **{f"aten.{op}.Scalar": (f"aten.{op}.Tensor", _scalar_overload)
-       for op in ("add", "sub", "mul", "div", "remainder", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor",
+       for op in ("add", "sub", "rsub", "mul", "div", "remainder", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor",
                   "eq", "ne", "lt", "le", "gt", "ge")},
     "aten.div.Scalar_mode": ("aten.div.Tensor_mode", lambda c: ((c.args[0], _number(c.args[0])), c.kwargs)),
     "aten.pow.Tensor_Scalar": ("aten.pow.Tensor_Tensor", lambda c: ((c.args[0], 2), {})),

@@ -121,3 +121,11 @@ def test_helper_names_are_unique_across_the_translation_modules():
         for name, value in vars(module).items():
             if isinstance(value, types.FunctionType):
                 assert seen.setdefault(name, value) is value, f"{name} is defined in two translation modules"
+
+
+def test_every_op_with_a_sharding_rule_has_a_translation():
+    """An op the planner shards is one the JAX program can run, without a decomposition."""
+    from autopar.ops.indexing import NAMED_RULES
+    from autopar.ops.table import RULES
+
+    assert sorted(({str(op) for op in RULES} | set(NAMED_RULES)) - set(TABLE)) == []

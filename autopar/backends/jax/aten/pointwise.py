@@ -63,6 +63,10 @@ def aten_sub(a, b, alpha=1):
     return a - b if alpha == 1 else a - alpha * b
 
 
+def aten_rsub(a, b, alpha=1):
+    return aten_sub(b, a, alpha)
+
+
 def aten_mul(a, b):
     a, b = _promoted(a, b)
     return a * b

@@ -18,7 +18,7 @@ _p, _r, _s, _c, _i, _n, _sp = pointwise, reductions, shapes, creation, indexing,
 TABLE = {
     # elementwise
     **{f"aten.{op}.{overload}": getattr(_p, f"aten_{op}")
-       for op in ("add", "sub", "mul", "div", "remainder", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor",
+       for op in ("add", "sub", "rsub", "mul", "div", "remainder", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor",
                   "eq", "ne", "lt", "le", "gt", "ge")
        for overload in ("Tensor", "Scalar")},
     "aten.div.Tensor_mode": _p.aten_div,
