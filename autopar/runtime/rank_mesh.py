@@ -213,9 +213,8 @@ class RankMesh:
         same random state (the caller seeds all ranks alike), then keeps its own block."""
         if not train:
             return torch.ops.aten.native_dropout.default(x, p, train)
-        _, mask = torch.ops.aten.native_dropout.default(torch.empty(global_shape, dtype=x.dtype, device=x.device),
-                                                         p, True)
-        mask = local_shard(mask, Spec.from_json(spec), self.mesh, self.coords)
+        mask = local_shard(global_dropout_mask(global_shape, x.dtype, p, x.device), Spec.from_json(spec), self.mesh,
+                           self.coords)
         scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
         return x.mul(mask).mul_(scale), mask
 
@@ -264,6 +263,12 @@ class Pending:
             self.send()
         self.work.wait()
         return self.then(self.out) if self.then else self.out
+
+
+def global_dropout_mask(shape, dtype: torch.dtype, p: float, device=None) -> torch.Tensor:
+    """The mask single-process torch's dropout draws next for a tensor of ``shape``: every rank
+    (and autopar.check's JAX run) draws it whole from the same random state."""
+    return torch.ops.aten.native_dropout.default(torch.empty(shape, dtype=dtype, device=device), p, True)[1]
 
 
 def local_shard(x: torch.Tensor, spec: Spec, mesh: Mesh, coords: tuple[int, ...]) -> torch.Tensor:

@@ -138,14 +138,19 @@ def aten_add(a, b, alpha=1):
     a, b = _promoted(a, b)
     return a + b if alpha == 1 else a + alpha * b
 
-def _each_in_float32(function, *xs):
-    """function of several outputs computed in float32 for low-precision inputs, each output
-    rounded back once (None arguments and outputs stay None)."""
+def _wide(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+def _in_float32(function, *xs):
+    """function computed in float32 for low-precision inputs and rounded once, as torch's CPU
+    kernels do; None arguments stay None, and each output of several is rounded."""
     dtype = xs[0].dtype
     if dtype not in (jnp.bfloat16, jnp.float16):
         return function(*xs)
-    outs = function(*(None if x is None else x.astype(jnp.float32) for x in xs))
-    return tuple(None if out is None else out.astype(dtype) for out in outs)
+    out = function(*(None if x is None else _wide(x) for x in xs))
+    if isinstance(out, tuple):
+        return tuple(None if o is None else o.astype(dtype) for o in out)
+    return out.astype(dtype)
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
@@ -156,7 +161,7 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     return (out + bias if bias is not None else out), mean, rstd
 
 def aten_native_layer_norm(x, normalized_shape, weight, bias, eps):
-    return _each_in_float32(lambda a, w, b: _layer_norm(a, normalized_shape, w, b, eps), x, weight, bias)
+    return _in_float32(lambda a, w, b: _layer_norm(a, normalized_shape, w, b, eps), x, weight, bias)
 
 def aten_view(x, size):
     return jnp.reshape(x, size)
@@ -198,12 +203,6 @@ def aten_sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None,
 
 def aten_identity(x, memory_format=None):
     return x
-
-def _in_float32(function, *xs):
-    """function computed in float32 for low-precision inputs and rounded once, as torch's CPU kernels do."""
-    low = xs[0].dtype in (jnp.bfloat16, jnp.float16)
-    out = function(*(x.astype(jnp.float32) for x in xs)) if low else function(*xs)
-    return out.astype(xs[0].dtype) if low else out
 
 def aten_gelu(x, approximate="none"):
     return _in_float32(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
@@ -281,7 +280,7 @@ def _layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias
     return dx, dw, db
 
 def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    return _each_in_float32(lambda g, a, m, r, w: _layer_norm_backward(g, a, normalized_shape, m, r, w, bias),
+    return _in_float32(lambda g, a, m, r, w: _layer_norm_backward(g, a, normalized_shape, m, r, w, bias),
                             grad_out, x, mean, rstd, weight)
 
 def _accumulating(x, dtype):

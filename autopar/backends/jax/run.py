@@ -18,6 +18,7 @@ from torch import nn
 
 from autopar.backends.jax.codegen import dropout_masks
 from autopar.errors import AutoparError
+from autopar.runtime.rank_mesh import global_dropout_mask
 
 
 def run_jax_step(plan, model: nn.Module, inputs: tuple, seed: int, timeout_s: float = 600) -> tuple[float, dict, str]:
@@ -50,8 +51,5 @@ def torch_dropout_masks(plan, seed: int) -> dict:
     run single-process after ``torch.manual_seed(seed)`` draws the same (as the torch program's
     ranks do, autopar.runtime.rank_mesh)."""
     torch.manual_seed(seed)
-    masks = {}
-    for name, (shape, p, dtype) in dropout_masks(plan).items():
-        _, mask = torch.ops.aten.native_dropout.default(torch.empty(shape, dtype=getattr(torch, dtype)), p, True)
-        masks[name] = mask.numpy()
-    return masks
+    return {name: global_dropout_mask(shape, getattr(torch, dtype), p).numpy()
+            for name, (shape, p, dtype) in dropout_masks(plan).items()}

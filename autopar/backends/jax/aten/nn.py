@@ -53,18 +53,8 @@ def aten_safe_softmax(x, dim, dtype=None):
     return jnp.where(masked, jnp.zeros((), x.dtype), jax.nn.softmax(x, axis=dim))
 
 
-def _each_in_float32(function, *xs):
-    """function of several outputs computed in float32 for low-precision inputs, each output
-    rounded back once (None arguments and outputs stay None)."""
-    dtype = xs[0].dtype
-    if dtype not in (jnp.bfloat16, jnp.float16):
-        return function(*xs)
-    outs = function(*(None if x is None else x.astype(jnp.float32) for x in xs))
-    return tuple(None if out is None else out.astype(dtype) for out in outs)
-
-
 def aten_native_layer_norm(x, normalized_shape, weight, bias, eps):
-    return _each_in_float32(lambda a, w, b: _layer_norm(a, normalized_shape, w, b, eps), x, weight, bias)
+    return _in_float32(lambda a, w, b: _layer_norm(a, normalized_shape, w, b, eps), x, weight, bias)
 
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
@@ -77,7 +67,7 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
 
 
 def aten_native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    return _each_in_float32(lambda g, a, m, r, w: _layer_norm_backward(g, a, normalized_shape, m, r, w, bias),
+    return _in_float32(lambda g, a, m, r, w: _layer_norm_backward(g, a, normalized_shape, m, r, w, bias),
                             grad_out, x, mean, rstd, weight)
 
 
@@ -172,11 +162,11 @@ def aten_sdpa_flash_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, i
 
 
 def aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if x.dtype in (jnp.bfloat16, jnp.float16):  # accumulated in float32 and rounded once, as torch does
-        out = aten_convolution(x.astype(jnp.float32), weight.astype(jnp.float32),
-                               None if bias is None else bias.astype(jnp.float32), stride, padding, dilation,
-                               transposed, output_padding, groups)
-        return out.astype(x.dtype)
+    return _in_float32(lambda a, w, b: _convolution(a, w, b, stride, padding, dilation, transposed, output_padding,
+                                                    groups), x, weight, bias)
+
+
+def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     spatial = "DHW"[3 - (x.ndim - 2):]
     numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
     if transposed:

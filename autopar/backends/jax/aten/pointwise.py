@@ -42,11 +42,20 @@ def _floating(x):
     return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.float32)
 
 
+def _wide(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
 def _in_float32(function, *xs):
-    """function computed in float32 for low-precision inputs and rounded once, as torch's CPU kernels do."""
-    low = xs[0].dtype in (jnp.bfloat16, jnp.float16)
-    out = function(*(x.astype(jnp.float32) for x in xs)) if low else function(*xs)
-    return out.astype(xs[0].dtype) if low else out
+    """function computed in float32 for low-precision inputs and rounded once, as torch's CPU
+    kernels do; None arguments stay None, and each output of several is rounded."""
+    dtype = xs[0].dtype
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        return function(*xs)
+    out = function(*(None if x is None else _wide(x) for x in xs))
+    if isinstance(out, tuple):
+        return tuple(None if o is None else o.astype(dtype) for o in out)
+    return out.astype(dtype)
 
 
 def _is_integral(x) -> bool:

@@ -10,9 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-
-def _wide(x):
-    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+from autopar.backends.jax.aten.pointwise import _wide
 
 
 def _bottom(dtype):
