@@ -34,8 +34,10 @@ def aten_baddbmm(x, a, b, beta=1, alpha=1):
 def aten_native_dropout(x, p, train, mask=None):
     """Dropout with the mask given: the program draws it for the whole tensor (or autopar.check
     feeds torch's) and each rank passes its own block, so every layout drops the same elements."""
-    if not train or mask is None:
+    if train is False:  # ATen's None is training
         return x, jnp.ones(x.shape, jnp.bool_)
+    if mask is None:
+        raise ValueError("dropout in training needs the mask the program drew for it (mask=...)")
     scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
     return x * mask.astype(x.dtype) * scale, mask
 
