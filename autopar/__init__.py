@@ -6,13 +6,22 @@ from autopar.backends.jax.user_ops import register_jax_translation
 from autopar.baseline_plans import Baselines, baselines
 from autopar.check import CheckReport, check
 from autopar.cost_models.hardware import PRESETS, Hardware, Link
-from autopar.errors import AutoparError, CaptureError, MeshError, PlanFormatError, PlanMismatchError, SolverError
+from autopar.errors import (
+    AutoparError,
+    CaptureError,
+    CollectiveTimeoutError,
+    MeshError,
+    PlanFormatError,
+    PlanMismatchError,
+    SolverError,
+)
 from autopar.inspect.diff import PlanDiff, diff
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Replicate, Shard, Spec
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision
 from autopar.ops.table import register_rule
+from autopar.ops.validation import RuleReport, validate_rule
 from autopar.optim import KFAC
 from autopar.parallelize import autoparallelize, data_parallel_info, plan_of, prepare
 from autopar.passes.base import Pass, PassContext
@@ -22,8 +31,10 @@ from autopar.passes.registry import register_pass, registered_passes, unregister
 __all__ = [
     "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "prepare",
     "data_parallel_info", "plan_of", "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext",
-    "Constraints", "register_rule", "register_jax_translation", "Plan", "MixedPrecision", "Mesh", "Shard",
+    "Constraints", "register_rule", "validate_rule", "RuleReport", "register_jax_translation", "Plan",
+    "MixedPrecision", "Mesh", "Shard",
     "Replicate", "Partial", "Spec",
     "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError",
+    "CollectiveTimeoutError",
     "SolverError", "KFAC",
 ]

@@ -46,5 +46,9 @@ class PlanMismatchError(AutoparError):
     """A plan was applied to a model it was not made for."""
 
 
+class CollectiveTimeoutError(AutoparError):
+    """A collective of an emitted program did not complete in time: another rank is not running the step."""
+
+
 class SolverError(AutoparError):
     """The sharding solver found no feasible plan."""

@@ -5,7 +5,8 @@
 ``scaled_silu(x, scale) = scale * x * sigmoid(x)`` is a kernel autopar has never seen, so
 without help it falls back to replication (and the plan says so). Its forward and its
 backward (another custom op) are elementwise, so ``pointwise()`` rules describe them: any
-dim may be split, and the solver then keeps the MLP sharded through them. For the JAX
+dim may be split, and the solver then keeps the MLP sharded through them. ``validate_rule``
+runs every strategy the rules offer on simulated ranks against the ops on whole tensors. For the JAX
 backend, each op also gets a JAX translation (register_jax_translation), which the emitted
 module carries.
 """
@@ -104,6 +105,10 @@ def main() -> None:
     before = autopar.plan(model, inputs, mesh="tp=4", cache=False)
     print(f"without a rule: fallback ops {list(before.fallback_ops)}, up.weight {before.param_spec('up.weight')}")
     register_rules()
+    x = torch.randn(8, 6, dtype=torch.float64)
+    print(autopar.validate_rule(torch.ops.autopar_examples.scaled_silu.default, [((x, 1.5), {})]))
+    print(autopar.validate_rule(torch.ops.autopar_examples.scaled_silu_backward.default,
+                                [((torch.randn_like(x), x, 1.5), {})]))
     after = autopar.plan(model, inputs, mesh="tp=4", cache=False)
     print(f"with the rules: fallback ops {list(after.fallback_ops)}, up.weight {after.param_spec('up.weight')}")
     print(autopar.check(model, inputs, plan=after))

@@ -61,3 +61,91 @@ class DropoutMLP(nn.Module):
 
     def forward(self, x, y):
         return F.mse_loss(self.fc2(self.drop(F.gelu(self.fc1(x)))), y)
+
+
+class GroupedConvNet(nn.Module):
+    """Grouped convolutions (2 and 4 groups), then a linear head: the channels may split only by whole groups."""
+
+    def __init__(self, channels=16):
+        super().__init__()
+        self.conv1 = nn.Conv2d(8, channels, 3, padding=1, groups=2)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, groups=4)
+        self.head = nn.Linear(channels, 4)
+
+    def forward(self, x, y):
+        h = F.relu(self.conv2(F.relu(self.conv1(x))))
+        return F.mse_loss(self.head(h.mean((2, 3))), y)
+
+
+class DepthwiseConvNet(nn.Module):
+    """A depthwise convolution (groups = channels) between pointwise ones, as MobileNet and ConvNeXt use."""
+
+    def __init__(self, channels=16):
+        super().__init__()
+        self.expand = nn.Conv2d(4, channels, 1)
+        self.depthwise = nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.project = nn.Conv2d(channels, 4, 1)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.project(F.gelu(self.depthwise(self.expand(x)))), y)
+
+
+class GatherScatter(nn.Module):
+    """A gather whose index has fewer rows than its source (the first rows only), an MLP on the
+    gathered rows, and a scatter of them back into rows of that many."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x, index):
+        h = self.fc(x)  # (rows, width)
+        picked = self.mlp(torch.gather(h, 1, index))  # index: (rows // 2, width)
+        spread = torch.zeros_like(h).scatter(1, index, picked)
+        return spread.pow(2).mean()
+
+
+class HistogramPenalty(nn.Module):
+    """A histogram over the activations' own range (torch.histc's default min=max=0) weights a
+    loss term."""
+
+    def __init__(self, width=64, bins=8):
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, bins))
+
+    def forward(self, x):
+        h = self.fc(x)
+        counts = torch.histc(h.detach(), bins=self.weight.numel())
+        return h.pow(2).mean() + (counts / h.numel() * self.weight).sum()
+
+
+class FrequencyScaledEmbedding(nn.Module):
+    """An embedding whose gradient is divided by each index's frequency in the batch."""
+
+    def __init__(self, vocab=32, width=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width, scale_grad_by_freq=True)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx, targets):
+        logits = self.head(self.embed(idx))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class SoftplusStack(nn.Module):
+    """Layers built of ops outside the rule table that capture decomposes: softplus and its
+    backward, and stack."""
+
+    def __init__(self, width=64, layers=2):
+        super().__init__()
+        self.up = nn.ModuleList(nn.Linear(width, 4 * width) for _ in range(layers))
+        self.down = nn.ModuleList(nn.Linear(4 * width, width) for _ in range(layers))
+
+    def forward(self, x, y):
+        for up, down in zip(self.up, self.down):
+            h = up(x)
+            both = torch.stack([F.softplus(h), torch.sigmoid(h)])
+            x = x + down(both[0] * both[1])
+        return F.mse_loss(x, y)

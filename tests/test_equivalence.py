@@ -123,3 +123,56 @@ def test_a_worker_that_dies_is_reported_at_once():
     with pytest.raises(WorkerError, match="exited before answering"):
         cluster.run(die)
     assert time.monotonic() - start < 60
+
+
+def _rule_cases():
+    from tests import models
+
+    g = torch.Generator().manual_seed(0)
+
+    def randint(high, *shape):
+        return torch.randint(0, high, shape, generator=g)
+
+    return {
+        "grouped convolutions": lambda: (models.GroupedConvNet(), (torch.randn(8, 8, 8, 8, generator=g),
+                                                                   torch.randn(8, 4, generator=g))),
+        "depthwise convolution": lambda: (models.DepthwiseConvNet(), (torch.randn(8, 4, 8, 8, generator=g),
+                                                                      torch.randn(8, 4, 8, 8, generator=g))),
+        "gather then scatter": lambda: (models.GatherScatter(), (torch.randn(32, 64, generator=g),
+                                                                 randint(64, 16, 64))),
+        "histogram over the data's range": lambda: (models.HistogramPenalty(), (torch.randn(64, 64, generator=g),)),
+        "frequency-scaled embedding": lambda: (models.FrequencyScaledEmbedding(), (randint(8, 8, 16),
+                                                                                   randint(32, 8, 16))),
+    }
+
+
+RULE_CASES = _rule_cases()
+
+
+@pytest.mark.parametrize("name", sorted(RULE_CASES))
+def test_models_whose_rules_once_computed_something_else_now_equal_eager(name, fast_network):
+    """Each once planned a strategy whose local op computed something else (or crashed): grouped
+    and depthwise convolutions split channels across groups, a gather read the wrong rows, a
+    histogram binned each rank's own range, an embedding counted frequencies per rank."""
+    torch.manual_seed(0)
+    model, inputs = RULE_CASES[name]()
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network)
+    assert plan.sharded_flops_fraction >= 0.9 and not plan.fallback_ops, plan.summary()
+    report = autopar.check(model, inputs, plan=plan, steps=2)
+    assert report.ok, str(report)
+
+
+def test_ops_without_a_rule_are_decomposed_for_planning_and_their_parts_shard(fast_network):
+    """softplus's backward and stack have no rule of their own: capture writes them in Core ATen
+    ops, which do, so the layers stay sharded instead of replicated around them."""
+    from tests.models import SoftplusStack
+
+    torch.manual_seed(0)
+    model = SoftplusStack()
+    inputs = (torch.randn(32, 64), torch.randn(32, 64))
+    plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network)
+    targets = {n.target for n in plan.graph.nodes}
+    assert "aten.stack.default" not in targets and "aten.softplus_backward.default" not in targets
+    assert not plan.fallback_ops and plan.sharded_flops_fraction >= 0.9, plan.summary()
+    report = autopar.check(model, inputs, plan=plan, steps=2)
+    assert report.ok, str(report)

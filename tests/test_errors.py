@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import autopar
 from autopar import AutoparError, MeshError, Plan, PlanFormatError, PlanMismatchError
 from autopar.cli import main as cli
-from autopar.passes.strategies import spec_fits
+from autopar.ir.strategy import spec_fits
 from autopar.runtime.local_cluster import get_cluster
 from autopar.units import parse_bytes
 from examples import mlp

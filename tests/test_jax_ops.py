@@ -8,11 +8,11 @@ pytest.importorskip("expecttest", reason="torch's OpInfo database imports expect
 import torch  # noqa: E402
 
 from autopar.backends.jax.aten import TABLE  # noqa: E402
-from tests.jax_op_samples import DTYPES, Call, close, recorded_calls, to_jax  # noqa: E402
+from tests.op_samples import DTYPES, Call, close, recorded_calls, to_jax  # noqa: E402
 
 # outputs whose values torch leaves undefined (uninitialized memory): only shape and dtype count
 SHAPE_ONLY = {"aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
-              "aten.empty_permuted.default"}
+              "aten.empty_permuted.default", "aten.new_empty.default", "aten.new_empty_strided.default"}
 # (values, indices) whose indices may pick any of equal values: the indices must select the values
 SELECTIONS = {"aten.sort.default", "aten.topk.default", "aten.max.dim", "aten.min.dim"}
 
@@ -105,7 +105,7 @@ def test_translation_matches_torch_on_opinfo_samples(target):
                 shapes = [tuple(a.shape) for a in call.args if isinstance(a, torch.Tensor)]
                 others = [a for a in call.args if not isinstance(a, torch.Tensor)]
                 failures.append(f"{dtype} inputs {shapes} args {others} {call.kwargs}: {problem}")
-    assert tried, f"no OpInfo sample reaches {target}: add the OpInfo that does to tests/jax_op_samples.py"
+    assert tried, f"no OpInfo sample reaches {target}: add the OpInfo that does to tests.op_samples.py"
     assert not failures, f"{len(failures)} of {sum(tried.values())} samples differ:\n" + "\n".join(failures[:8])
 
 
@@ -124,8 +124,19 @@ def test_helper_names_are_unique_across_the_translation_modules():
 
 
 def test_every_op_with_a_sharding_rule_has_a_translation():
-    """An op the planner shards is one the JAX program can run, without a decomposition."""
+    """An op the planner shards is one the JAX program can run, without a decomposition (an op
+    replicated for a stated reason, such as a data-dependent shape, need not be one)."""
     from autopar.ops.indexing import NAMED_RULES
+    from autopar.ops.kinds import ReplicateOnly
     from autopar.ops.table import RULES
 
-    assert sorted(({str(op) for op in RULES} | set(NAMED_RULES)) - set(TABLE)) == []
+    sharded = {str(op) for op, rule in RULES.items() if not isinstance(rule, ReplicateOnly)}
+    assert sorted((sharded | set(NAMED_RULES)) - set(TABLE)) == []
+
+
+def test_as_strided_that_is_no_view_is_refused_by_name():
+    """Overlapping windows (as unfold makes them) are not a slice, transpose or expand."""
+    import jax.numpy as jnp
+
+    with pytest.raises(ValueError, match=r"as_strided with sizes \[3, 3\], strides \[1, 1\].*not a slice"):
+        TABLE["aten.as_strided.default"](jnp.arange(6.0), [3, 3], [1, 1], 0)

@@ -508,3 +508,41 @@ def offloaded_after_assigning_a_state_dict(rank, world_size, model_bytes, inputs
     except autopar.AutoparError as exc:
         return str(exc)
     return None
+
+
+def run_the_plan_of_this_rank(rank, world_size, plans_json, inputs):
+    """Each rank runs the plan it is given (ranks may be given different ones): the error, if any."""
+    from autopar.runtime.module import ParallelModule
+    from autopar.runtime.rank_mesh import RankMesh
+    from examples import mlp
+
+    model, _ = mlp.make(batch=8, width=32, hidden=64)
+    plan = autopar.Plan.from_json(plans_json[rank])
+    parallel = ParallelModule(model, plan, RankMesh(plan.mesh), plan.emit("torch"))
+    try:
+        parallel(*inputs).backward()
+    except autopar.AutoparError as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def stop_early_on_rank_1(rank, world_size, plan_json, inputs, timeout_s):
+    """Rank 1 runs one step and leaves; the others run two: their second step's collective never completes."""
+    import time
+
+    from autopar.runtime.module import ParallelModule
+    from autopar.runtime.rank_mesh import RankMesh
+    from examples import mlp
+
+    model, _ = mlp.make(batch=8, width=32, hidden=64)
+    plan = autopar.Plan.from_json(plan_json)
+    parallel = ParallelModule(model, plan, RankMesh(plan.mesh, timeout_s=timeout_s), plan.emit("torch"))
+    parallel(*inputs).backward()
+    if rank == 1:
+        return {"error": None}
+    start = time.monotonic()
+    try:
+        parallel(*inputs).backward()
+    except autopar.CollectiveTimeoutError as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
+    return {"error": None}

@@ -1,25 +1,56 @@
 """Source printing shared by the backends: headers, argument literals, comments."""
 from __future__ import annotations
 
+import re
+import unicodedata
 from typing import Any, Callable
 
+import torch
+
+from autopar.errors import AutoparError
 from autopar.ir.graph import resolve_target
+from autopar.ops.kinds import LocalShapes, OpCall
 from autopar.ops.table import rule_for
+
+
+def one_line(text) -> str:
+    """``text`` for a comment of an emitted program: every line break and control character
+    becomes a space, so nothing a plan holds can end the comment and start code. (A plan file's
+    fields are checked before a plan exists: this is the printer's own guard.)"""
+    return "".join(" " if unicodedata.category(ch)[0] in "CZ" and ch != " " else ch for ch in str(text))
+
+
+def torch_name(kind: type, name: str) -> str:
+    """``torch.<name>`` for a torch constant of ``kind`` (torch.dtype, torch.layout, ...), refused
+    where ``name`` is not one."""
+    if not (isinstance(name, str) and name.isidentifier() and isinstance(getattr(torch, name, None), kind)):
+        raise AutoparError(f"{name!r} is not a torch {kind.__name__}: the plan is corrupt")
+    return f"torch.{name}"
+
+
+def op_text(target: str) -> str:
+    """How a program calls op ``target`` ("aten.mm.default", or a library's "ns.op.overload")."""
+    if not _OP.fullmatch(target):
+        raise AutoparError(f"{target!r} is not an op's name (namespace.op.overload): the plan is corrupt")
+    return target if target.startswith("aten.") else f"torch.ops.{target}"
+
+
+_OP = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
 
 
 def header(plan, title: str) -> list[str]:
     lines = [
         f"# {title}",
-        f"# plan {plan.hash} | graph {plan.fingerprint} | mesh {plan.device_mesh} | hardware {plan.hardware}",
+        one_line(f"# plan {plan.hash} | graph {plan.fingerprint} | mesh {plan.device_mesh} | hardware {plan.hardware}"),
         f"# predicted step {plan.predicted.step_time_s * 1e3:.4f} ms = compute {plan.predicted.compute_s * 1e3:.4f} ms"
         f" + communication {plan.predicted.communication_s * 1e3:.4f} ms",
     ]
     if plan.graph.autocast is not None:
-        lines.append(f"# mixed precision: float32 parameters, computing in {plan.graph.autocast} (autocast's casts are "
-                     f"statements below)")
+        lines.append(one_line(f"# mixed precision: float32 parameters, computing in {plan.graph.autocast} (autocast's "
+                              f"casts are statements below)"))
     lines.append("# passes:")
     # the program is the same whether its plan was solved now or loaded from the plan cache
-    lines += [f"#   {r.name}: {r.note}" for r in plan.history if r.name != "cache"]
+    lines += [one_line(f"#   {r.name}: {r.note}") for r in plan.history if r.name != "cache"]
     return lines
 
 
@@ -44,7 +75,7 @@ class Sections:
         module = self.plan.modules.get(node.name)
         if module is not None and module != self.module:
             self.module = module
-            lines.append(f"# {module or '<model>'}")
+            lines.append(one_line(f"# {module or '<model>'}"))
         return lines
 
 
@@ -87,25 +118,34 @@ def literal(value: Any, ref: Callable[[str], str], special: Callable[[dict], str
     return repr(value)
 
 
-def local_args(plan, node) -> list:
-    """The op's arguments as this rank passes them: a shape argument (view, expand, ...) becomes
-    the local block's shape."""
+def local_call(plan, node) -> tuple[str, list]:
+    """(the op this rank runs, its arguments), as the node's rule says (autopar.ops.kinds.Rule.local_call):
+    size-like arguments (a view's shape, a grouped convolution's group count) become the local
+    blocks', and a view runs as a reshape to its block's shape."""
     rule = rule_for(resolve_target(node.target))
-    args = list(node.args)
-    if rule is not None and rule.shape_arg is not None and rule.shape_arg < len(args):
-        args[rule.shape_arg] = list(plan.strategies[node.name].out_specs[0].local_shape(node.outputs[0].shape,
-                                                                                         plan.mesh))
-    return args
+    if rule is None:
+        return node.target, list(node.args)
+    strategy = plan.strategies[node.name]
+    in_metas = [plan.graph.node(ref).outputs[0] for ref in node.refs()]
+    call = OpCall(node.target, tuple(node.args), node.kwargs, tuple(m.shape for m in in_metas),
+                  tuple(None if m is None else m.shape for m in node.outputs))
+    local = LocalShapes(
+        tuple(spec.local_shape(m.shape, plan.mesh) for spec, m in zip(strategy.in_specs, in_metas)),
+        tuple(None if m is None else spec.local_shape(m.shape, plan.mesh)
+              for spec, m in zip(strategy.out_specs, node.outputs)))
+    target, args = rule.local_call(call, local)
+    return (target if isinstance(target, str) else str(target).replace("aten::", "aten.")), args
 
 
-def call_arguments(plan, statement, special: Callable[[dict], str | None]) -> str:
-    """``a, b, key=value``: a call statement's arguments, tensor inputs named by the variables it reads."""
+def call_arguments(args: list, statement, special: Callable[[dict], str | None]) -> str:
+    """``a, b, key=value``: a call statement's arguments (``args``: its positional ones as this
+    rank passes them), tensor inputs named by the variables it reads."""
     refs = iter(statement.uses)  # the variables of the tensor inputs, in the layouts this op reads
 
     def ref(_name: str) -> str:
         return next(refs)
 
-    text = [literal(a, ref, special) for a in local_args(plan, statement.node)]
+    text = [literal(a, ref, special) for a in args]
     text += [f"{k}={literal(v, ref, special)}" for k, v in statement.node.kwargs.items()]
     return ", ".join(text)
 

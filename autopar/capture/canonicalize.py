@@ -1,4 +1,4 @@
-"""Rewrites after capture that make more of the graph shardable.
+"""Rewrites during and after capture that make more of the graph shardable.
 
 A mean divides by a global count: computed on a shard it would divide by the
 local count. Written as a sum and a division by the global count, the sum can be
@@ -12,16 +12,23 @@ import operator
 import torch
 
 from autopar.ir.program import Program
+from autopar.ops.table import rule_for
 
 aten = torch.ops.aten
 
 
 def capture_decompositions() -> dict:
-    """Composite losses whose mean hides a local count; their decompositions use plain ops."""
-    from torch._decomp import get_decompositions
+    """The decompositions capture applies: every op without a sharding rule that PyTorch writes
+    in Core ATen (``torch._decomp``), so the solver shards what the op is made of instead of
+    replicating it (only an op with neither stays whole, and is replicated); and composite
+    losses whose mean hides a local count, whose decompositions use plain ops."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
 
-    return get_decompositions([aten.mse_loss, aten.mse_loss_backward, aten.l1_loss, aten.smooth_l1_loss,
-                               aten.smooth_l1_loss_backward, aten.huber_loss, aten.huber_loss_backward])
+    table = {op: fn for op, fn in core_aten_decompositions().items()
+             if isinstance(op, torch._ops.OpOverload) and rule_for(op) is None}
+    table.update(get_decompositions([aten.mse_loss, aten.mse_loss_backward, aten.l1_loss, aten.smooth_l1_loss,
+                                     aten.smooth_l1_loss_backward, aten.huber_loss, aten.huber_loss_backward]))
+    return table
 
 
 def canonicalize(program: Program, tied: dict[str, str]) -> None:

@@ -15,11 +15,10 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.offload import Offload
 from autopar.ir.pipeline import Pipeline
 from autopar.ir.placement import Spec
+from autopar.ir.plan_format import FORMAT_VERSION, check_plan
 from autopar.ir.records import PassRecord, Predicted, Redistribution, SolverStats
 from autopar.ir.redistribute import COMMUNICATING
 from autopar.ir.strategy import Strategy
-
-FORMAT_VERSION = 1
 
 # The Plan is pure data and imports no target: backends/ register their emitters and
 # inspect/ its views (summary, explain) here when autopar is imported.
@@ -196,6 +195,7 @@ class Plan:
         if version != FORMAT_VERSION:
             raise PlanFormatError(f"the plan has format version {version!r} but this autopar reads version "
                                   f"{FORMAT_VERSION}; re-create it with `autopar plan`")
+        check_plan(d)  # every field, before anything (a program above all) is made from the file
         try:
             return Plan(
                 mesh=Mesh.from_json(d["mesh"]),

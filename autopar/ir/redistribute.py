@@ -15,6 +15,7 @@ from autopar.ir.placement import Partial, Placement, R, Replicate, Shard, Spec
 # a gradient's first step of these kinds starts asynchronously, as soon as the gradient exists,
 # and overlaps the rest of backward (its wait is at the end of the step)
 COMMUNICATING = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+STEP_KINDS = COMMUNICATING + ("shard", "zero_partial")  # shard: keep a block (no traffic); zero_partial: R -> P
 ASYNC_KINDS = ("all_reduce", "reduce_scatter")
 
 

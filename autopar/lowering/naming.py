@@ -75,8 +75,8 @@ def readable_names(graph) -> dict[str, str]:
 
 
 def identifier(text: str) -> str:
-    """``text`` as a Python identifier: other characters become ``_``."""
-    name = re.sub(r"\W", "_", text)
+    """``text`` as a Python identifier: characters other than ASCII letters, digits and ``_`` become ``_``."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text)
     if not name or name[0].isdigit() or keyword.iskeyword(name):
         name = "_" + name
     return name

@@ -24,15 +24,69 @@ def _slice_backward(call: OpCall) -> Letters:
     return Letters((grad,), (letters,), fixed=frozenset(letters[d]), partial_inputs=(frozenset({0}),))
 
 
+def _aligned(shapes, dim: int) -> list[str]:
+    """Letters of operands that are indexed alike (gather's source, index and output;
+    scatter's target, index and source): a dim other than ``dim`` shares its letter, and
+    shards, only where every operand has the same size there, since the index addresses
+    rows by their global position; elsewhere each operand's dim stays whole."""
+    rank = len(shapes[0])
+    own = [""] * len(shapes)
+    for i in range(rank):
+        agree = i != dim and len({s[i] for s in shapes}) == 1
+        for j in range(len(shapes)):
+            own[j] += string.ascii_lowercase[i] if agree else _WHOLE[j][i]
+    return own
+
+
+_WHOLE = ("ABCDEFGH", "IJKLMNOP", "QRSTUVWX")  # per operand, per dim: letters that never shard
+
+
 def _gather(call: OpCall) -> Letters:
-    """gather(self, dim, index): the gathered dim stays whole; other dims shard where self and index agree."""
-    src, idx = call.in_shapes
-    rank = len(idx)
-    d = call.args[1] % rank
-    lower, upper = string.ascii_lowercase, string.ascii_uppercase
-    out = "".join(lower[i] if i != d else "Y" for i in range(rank))
-    self_letters = "".join("X" if i == d else (lower[i] if src[i] == idx[i] else upper[i]) for i in range(rank))
-    return Letters((self_letters, out), (out,), fixed=frozenset(upper))
+    """gather(self, dim, index) -> index's shape; linear in self."""
+    src, idx = _aligned(call.in_shapes, call.args[1] % max(len(call.in_shapes[1]), 1))
+    return Letters((src, idx), (idx,), fixed=frozenset("".join(_WHOLE)), partial_inputs=(frozenset({0}),))
+
+
+def _scatter(linear: bool):
+    """scatter(x, dim, index, src), scatter_add, scatter_reduce (sum, mean): the result is x
+    with src's values put (or added) at index; with ``linear``, jointly linear in (x, src).
+    scatter.value (x, dim, index, value) has no src."""
+
+    def make(call: OpCall) -> Letters:
+        letters = _aligned(call.in_shapes, call.args[1] % max(len(call.in_shapes[0]), 1))
+        partial = (frozenset({0, 2} if len(letters) == 3 else {0}),) if linear else ()
+        return Letters(tuple(letters), (letters[0],), fixed=frozenset("".join(_WHOLE)), partial_inputs=partial)
+
+    return make
+
+
+def _scatter_reduce(call: OpCall) -> Letters:
+    return _scatter(linear=call.arg(4, "reduce") in ("sum", "mean"))(call)
+
+
+def _index_select(call: OpCall) -> Letters:
+    """index_select(self, dim, index): the selected dim of self stays whole; the index (a list of
+    global positions) shards, and with it that dim of the output; linear in self."""
+    rank = len(call.in_shapes[0])
+    d = call.args[1] % rank if rank else 0
+    own = string.ascii_lowercase[:rank]
+    return Letters((own[:d] + "X" + own[d + 1:], "y"), (own[:d] + "y" + own[d + 1:],), fixed=frozenset("X"),
+                   partial_inputs=(frozenset({0}),))
+
+
+def _into_slice(select: bool):
+    """slice_scatter(self, src, dim, start, end, step) / select_scatter(self, src, dim, index):
+    src written into a slice of self's dim, which stays whole; jointly linear in (self, src)."""
+
+    def make(call: OpCall) -> Letters:
+        rank = len(call.in_shapes[0])
+        d = call.arg(2, "dim", 0) % rank
+        own = string.ascii_lowercase[:rank]
+        src = own[:d] + ("" if select else "Y") + own[d + 1:]
+        return Letters((own[:d] + "X" + own[d + 1:], src), (own[:d] + "X" + own[d + 1:],), fixed=frozenset("XY"),
+                       partial_inputs=(frozenset({0, 1}),))
+
+    return make
 
 
 def _pad(call: OpCall) -> Letters:
@@ -66,9 +120,12 @@ def _cumsum_is_linear(call: OpCall) -> bool:
 
 
 def _histc(call: OpCall) -> Letters:
-    """Counts of a split input add up: any sharded input dim gives partial counts."""
+    """Counts of a split input add up: any sharded input dim gives partial counts, where the
+    bins are fixed (min < max). With min == max the range is the data's own minimum and
+    maximum, which each rank would take from its block alone: then the input stays whole."""
     letters = string.ascii_lowercase[: len(call.in_shapes[0])]
-    return Letters((letters,), ("Z",), fixed=frozenset("Z"))
+    data_range = call.arg(2, "min", 0) == call.arg(3, "max", 0)
+    return Letters((letters,), ("Z",), fixed=frozenset("Z" + (letters if data_range else "")))
 
 
 def _advanced_index(call: OpCall, indices) -> tuple[int, int]:
@@ -109,18 +166,6 @@ def _index_put(call: OpCall) -> Letters:
                    partial_inputs=(frozenset({0, 2}),))
 
 
-def _scatter(call: OpCall) -> Letters:
-    """scatter(x, dim, idx, src): the scattered dim stays whole, rows shard where all
-    three agree; linear in (x, src) together."""
-    rank = len(call.in_shapes[0])
-    d = call.args[1] % rank
-    lower, upper = string.ascii_lowercase, string.ascii_uppercase
-    own = "".join("X" if i == d else lower[i] for i in range(rank))
-    idx = "".join("Y" if i == d else (lower[i] if n == call.in_shapes[0][i] else upper[i])
-                  for i, n in enumerate(call.in_shapes[1]))
-    return Letters((own, idx, idx), (own,), fixed=frozenset(upper), partial_inputs=(frozenset({0, 2}),))
-
-
 def _grouped_mm(call: OpCall) -> Letters:
     """transformers' grouped_mm(input (S, k), weight (E, k, n), offs (E,)): rows S are
     cut into expert groups by global offsets, so S and E stay whole; k and n shard as in mm."""
@@ -142,9 +187,15 @@ INDEXING_RULES: dict = {
     aten.select_backward.default: LetterRule(_slice_backward, follower=True, shape_arg=1),
     aten.constant_pad_nd.default: LetterRule(_pad, follower=True),
     aten.gather.default: LetterRule(_gather),
+    aten.index_select.default: LetterRule(_index_select),
+    aten.scatter.value: LetterRule(_scatter(linear=False)),
+    aten.scatter_add.default: LetterRule(_scatter(linear=True)),
+    aten.scatter_reduce.two: LetterRule(_scatter_reduce),
+    aten.slice_scatter.default: LetterRule(_into_slice(select=False)),
+    aten.select_scatter.default: LetterRule(_into_slice(select=True)),
     aten.index.Tensor: LetterRule(_index),
     aten.index_put.default: LetterRule(_index_put),
-    aten.scatter.src: LetterRule(_scatter),
+    aten.scatter.src: LetterRule(_scatter(linear=True)),
     aten.topk.default: _along_dim(2),
     aten.sort.default: _along_dim(1),
     aten.cumsum.default: _along_dim(1, partial_ok=_cumsum_is_linear),

@@ -12,6 +12,8 @@ import string
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+import torch
+
 from autopar.ir.placement import P, R, Shard
 from autopar.ir.strategy import Option
 
@@ -28,11 +30,25 @@ class OpCall:
     in_shapes: tuple[tuple[int, ...], ...]  # one per tensor input, in flattened argument order
     out_shapes: tuple[Optional[tuple[int, ...]], ...]  # None where an output is not a tensor
     in_floating: tuple[bool, ...] = ()
+    in_dtypes: tuple[Optional[str], ...] = ()  # "float32", ... per tensor input (empty: not known)
+    out_dtypes: tuple[Optional[str], ...] = ()  # per output, None where it is not a tensor
+    # the plan's precision lets partial sums be rounded to a lower precision before they are summed
+    # (MixedPrecision(reduce=<the compute dtype>)); otherwise a cast down never takes a partial sum
+    low_precision_partials: bool = False
 
     def arg(self, index: int, name: str, default=None):
         if index < len(self.args):
             return self.args[index]
         return self.kwargs.get(name, default)
+
+
+@dataclass(frozen=True)
+class LocalShapes:
+    """The shapes of one call's tensors as a rank holds them under one strategy: what a rule
+    rewrites size-like arguments from (``Rule.local_args``)."""
+
+    inputs: tuple[tuple[int, ...], ...]
+    outputs: tuple[Optional[tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,9 @@ class Letters:
     fixed: frozenset = frozenset()  # letters that must stay whole (normalised, sliced, max-reduced...)
     additive: frozenset = frozenset()  # inputs added to the result (a bias): Partial when the sum is split
     partial_inputs: tuple[frozenset, ...] = ()  # input sets that may be Partial (rest Replicate) -> Partial out
+    # outputs that do not sum over the letters they lack (batch norm's running statistics in
+    # evaluation pass through): replicated, not partial, where such a letter is split
+    unreduced: frozenset = frozenset()
 
 
 def letter_options(lt: Letters) -> list[Option]:
@@ -60,7 +79,8 @@ def letter_options(lt: Letters) -> list[Option]:
                 ins.append(P)
             else:
                 ins.append(R)
-        outs = tuple(Shard(s.index(c)) if (s and c in s) else (P if s is not None else R) for s in lt.outputs)
+        outs = tuple(Shard(s.index(c)) if (s and c in s) else (P if s is not None and j not in lt.unreduced else R)
+                     for j, s in enumerate(lt.outputs))
         opts.append(Option(tuple(ins), outs))
     for pset in lt.partial_inputs:
         opts.append(Option(tuple(P if j in pset else R for j in range(len(lt.inputs))), (P,) * n_out))
@@ -79,6 +99,18 @@ class Rule:
 
     def flops(self, call: OpCall, in_shapes, out_shapes) -> float:
         return 1.0 * sum(_numel(s) for s in out_shapes if s is not None)  # 1.0 *, not float(): sizes may be symbols
+
+    def local_args(self, call: OpCall, local: LocalShapes) -> list:
+        """The call's positional arguments as a rank passes them: by default the output size
+        argument (``shape_arg``: view, expand, factories) becomes the local block's size."""
+        args = list(call.args)
+        if self.shape_arg is not None and self.shape_arg < len(args):
+            args[self.shape_arg] = list(local.outputs[0])
+        return args
+
+    def local_call(self, call: OpCall, local: LocalShapes) -> tuple[Any, list]:
+        """(the op a rank runs, its positional arguments): the call's own op, with ``local_args``."""
+        return call.target, self.local_args(call, local)
 
 
 def _numel(shape) -> int:
@@ -140,6 +172,24 @@ def einsum(equation: str, bias: Optional[str] = None) -> LetterRule:
     return LetterRule(make, contraction=True)
 
 
+def broadcast_letters(call: OpCall) -> tuple[list[str], str, frozenset]:
+    """(each tensor input's letters, the output's, the letters that stay whole) of an
+    elementwise call: an input dim of the output's size shares its letter, a broadcast dim
+    (size 1 against a larger output dim) gets a letter of its own that is never split."""
+    out = call.out_shapes[0]
+    rank = len(out)
+    out_letters = string.ascii_lowercase[:rank]
+    taken = set(out_letters)
+    ins = []
+    for shape in call.in_shapes:
+        s = ""
+        offset = rank - len(shape)
+        for i, n in enumerate(shape):
+            s += out_letters[offset + i] if n == out[offset + i] else _fresh(taken)
+        ins.append(s)
+    return ins, out_letters, frozenset(taken - set(out_letters))
+
+
 def pointwise(linear: str = "none", follower: bool = True) -> LetterRule:
     """Elementwise op with broadcasting.
 
@@ -149,21 +199,7 @@ def pointwise(linear: str = "none", follower: bool = True) -> LetterRule:
     """
 
     def make(call: OpCall) -> Letters:
-        out = call.out_shapes[0]
-        rank = len(out)
-        out_letters = string.ascii_lowercase[:rank]
-        taken = set(out_letters)
-        ins = []
-        for shape in call.in_shapes:
-            s = ""
-            offset = rank - len(shape)
-            for i, n in enumerate(shape):
-                if n == out[offset + i]:
-                    s += out_letters[offset + i]
-                else:
-                    s += _fresh(taken)
-            ins.append(s)
-        fixed = frozenset(taken - set(out_letters))
+        ins, out_letters, fixed = broadcast_letters(call)
         n = len(ins)
         floating = all(call.in_floating) if call.in_floating else True
         partial: tuple = ()
@@ -194,6 +230,8 @@ def unary(linear: bool = False, free: bool = False) -> LetterRule:
 
 
 def _dims(value, rank: int) -> list[int]:
+    if rank == 0:
+        return []  # a 0-d tensor: nothing to name
     if value is None:
         return list(range(rank))
     if isinstance(value, int):
@@ -202,20 +240,25 @@ def _dims(value, rank: int) -> list[int]:
 
 
 def reduction(dims_arg: Optional[int], keepdim_arg: Optional[int], kind: str) -> LetterRule:
-    """``kind`` is "sum" (a split sum gives a partial sum), "mean" (linear, but the
-    reduced dims stay whole) or "max" (neither)."""
+    """A reduction over ``dims_arg`` (None: every dim), keeping them as size 1 where the
+    ``keepdim`` argument (position ``keepdim_arg``, or keyword) says. ``kind`` is "sum" (a
+    split sum gives a partial sum), "mean" (linear, but the reduced dims stay whole) or
+    "whole" (neither: max, any, argmax, var, prod: the reduced dims stay whole). Every tensor
+    output (max.dim's values and indices) takes the reduced letters."""
 
     def make(call: OpCall) -> Letters:
         rank = len(call.in_shapes[0])
         letters = string.ascii_lowercase[:rank]
         dims = _dims(call.arg(dims_arg, "dim") if dims_arg is not None else None, rank)
-        keep = bool(call.arg(keepdim_arg, "keepdim", False)) if keepdim_arg is not None else False
+        keep = bool(call.arg(keepdim_arg, "keepdim", False) if keepdim_arg is not None
+                    else call.kwargs.get("keepdim", False))
         out = "".join((c.upper() if keep else "") if i in dims else c for i, c in enumerate(letters))
         fixed = {c.upper() for c in letters}
         if kind != "sum":
             fixed |= {letters[d] for d in dims}
-        partial = (frozenset({0}),) if kind != "max" else ()
-        return Letters((letters,), (out,), fixed=frozenset(fixed), partial_inputs=partial)
+        partial = (frozenset({0}),) if kind != "whole" and len(call.out_shapes) == 1 else ()
+        outs = tuple(None if s is None else out for s in call.out_shapes)
+        return Letters((letters,), outs, fixed=frozenset(fixed), partial_inputs=partial)
 
     return LetterRule(make, follower=True)
 
@@ -252,11 +295,21 @@ class ReplicateOnly(Rule):
 
 @dataclass
 class ViewRule(Rule):
-    """view/reshape/squeeze/unsqueeze: a sharded dim survives when it leads its group of merged or split dims."""
+    """view/reshape/squeeze/unsqueeze: a sharded dim survives when it leads its group of merged or split dims.
+
+    A rank runs ``reshape`` to its block's output shape (``local_call``): a view's strides need
+    not hold for a block (a collective's output is contiguous, say), and squeeze would also
+    drop a dim that only the block has of size 1."""
 
     follower: bool = True
     free: bool = True
     shape_arg: Optional[int] = 1
+    reshape_locally: bool = True  # unsqueeze's own call is right on any block
+
+    def local_call(self, call: OpCall, local: LocalShapes) -> tuple[Any, list]:
+        if not self.reshape_locally:
+            return super().local_call(call, local)
+        return torch.ops.aten.reshape.default, [call.args[0], list(local.outputs[0])]
 
     def options(self, call: OpCall) -> list[Option]:
         src, dst = call.in_shapes[0], call.out_shapes[0]
@@ -345,11 +398,44 @@ class FactoryRule(Rule):
     shape_arg: Optional[int] = 0
     shardable: bool = True
 
+    stride_arg: Optional[int] = None  # empty_strided's strides: rewritten to the local block's
+
     def options(self, call: OpCall) -> list[Option]:
         opts = [Option((), (R,))]
         if self.shardable:
             opts += [Option((), (Shard(d),)) for d in range(len(call.out_shapes[0]))]
         return opts
+
+    def local_args(self, call: OpCall, local: LocalShapes) -> list:
+        args = super().local_args(call, local)
+        if self.stride_arg is not None and self.stride_arg < len(args):
+            args[self.stride_arg] = strides_in_order(list(local.outputs[0]), args[self.stride_arg])
+        return args
+
+
+@dataclass
+class NewFactoryRule(FactoryRule):
+    """new_empty / new_zeros / new_full / new_empty_strided(self, size, ...): a factory that
+    reads only its input's dtype and device, so the input may lie in any layout."""
+
+    shape_arg: Optional[int] = 1
+
+    def options(self, call: OpCall) -> list[Option]:
+        rank = len(call.in_shapes[0])
+        ins = [R, P] + [Shard(d) for d in range(rank)]
+        outs = [R] + [Shard(d) for d in range(len(call.out_shapes[0]))]
+        return [Option((i,), (o,)) for i in ins for o in outs]
+
+
+def strides_in_order(shape: list[int], global_strides) -> list[int]:
+    """Dense strides for ``shape`` that order its dims as ``global_strides`` does (a block of a
+    tensor laid out channels-last is laid out channels-last)."""
+    order = sorted(range(len(shape)), key=lambda d: (global_strides[d], shape[d]))  # innermost first
+    strides, step = [0] * len(shape), 1
+    for d in order:
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return strides
 
 
 def fixed_dim_rule(dim_arg: int, free: bool = False) -> LetterRule:

@@ -9,6 +9,7 @@ import torch
 from autopar.ops.kinds import (
     LetterRule,
     Letters,
+    LocalShapes,
     OpCall,
 )
 
@@ -42,8 +43,35 @@ def _embedding(call: OpCall) -> Letters:
 
 
 def _embedding_backward(call: OpCall) -> Letters:
+    """embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    rows of a split batch add into the table as partial sums, unless each row's gradient is
+    divided by its index's frequency in the whole batch (``scale_grad_by_freq``): then the
+    indices stay whole, and only the embedding dim z splits."""
     idx = string.ascii_lowercase[: len(call.in_shapes[1])]
-    return Letters((idx + "z", idx), ("Vz",), fixed=frozenset("V"))
+    whole = "V" + (idx if call.arg(4, "scale_grad_by_freq", False) else "")
+    return Letters((idx + "z", idx), ("Vz",), fixed=frozenset(whole))
+
+
+def _embedding_bag(call: OpCall) -> Letters:
+    """_embedding_bag(weight (V, z), indices, offsets, ...) -> (output (bags, z), offset2bag,
+    bag_size, max_indices): each feature z of a bag sums, averages or maxes its rows alone, so
+    z shards (and max_indices with it, where it is per feature); bags gather rows by global
+    offsets, so everything else stays whole."""
+    out_shape = call.out_shapes[0]
+    ins = ("Vz",) + tuple("I" * len(s) for s in call.in_shapes[1:])
+    outs = ("Bz",) + tuple(None if s is None else ("Bz" if tuple(s) == tuple(out_shape) else "O" * len(s))
+                           for s in call.out_shapes[1:])
+    return Letters(ins, outs, fixed=frozenset("VIBO"))
+
+
+def _cdist(call: OpCall) -> Letters:
+    """_cdist_forward(x1 (..., p, M), x2 (..., r, M)) -> (..., p, r): each distance reads
+    whole rows, so the feature dim M stays whole; batch dims shard where both agree."""
+    x1, x2 = call.in_shapes
+    batch = len(x1) - 2
+    shared = "".join(string.ascii_lowercase[i] if x1[i] == x2[i] else string.ascii_uppercase[i]
+                     for i in range(batch))
+    return Letters((shared + "pM", shared + "rM"), (shared + "pr",), fixed=frozenset(string.ascii_uppercase))
 
 
 def _nll_loss_forward(call: OpCall) -> Letters:
@@ -86,17 +114,48 @@ def _sdpa_backward_flops(in_shapes, out_shapes):
 
 
 def _conv_letters(call: OpCall, backward: bool) -> Letters:
-    """convolution over (n, c, *spatial): batch n and output channels o shard; a split input
-    channel c gives a partial sum (the bias is added once). Spatial dims stay whole."""
+    """convolution over (n, channels, *spatial); the batch n shards, spatial dims stay whole.
+
+    Without groups, output channels o shard, and a split input channel c gives a partial sum
+    (the bias is added once). With groups, channel blocks belong to groups: only whole groups
+    split (letter g: the input's channels, the weight's first dim and the output's channels
+    together), and each rank runs its share of the groups (``_ConvRule.local_args``). A
+    transposed convolution's weight is (in, out / groups, *kernel)."""
     k = len(call.in_shapes[1 if not backward else 2]) - 2
     spatial_in, kernel, spatial_out = "HWD"[:k], "KLM"[:k], "PQR"[:k]
-    if backward:  # grad_bias does not depend on c, so c cannot give it a partial sum: keep c whole
-        ins = ("no" + spatial_out, "nc" + spatial_in, "oc" + kernel)
-        outs = tuple(None if s is None else o for s, o in zip(call.out_shapes, ("nc" + spatial_in, "oc" + kernel, "o")))
-        return Letters(ins, outs, fixed=frozenset(spatial_in + kernel + spatial_out + "c"))
-    ins = ("nc" + spatial_in, "oc" + kernel) + (("o",) if len(call.in_shapes) == 3 else ())
-    return Letters(ins, ("no" + spatial_out,), fixed=frozenset(spatial_in + kernel + spatial_out),
-                   additive=frozenset({2}))
+    transposed = bool(call.arg(7 if backward else 6, "transposed", False))
+    groups = call.arg(9 if backward else 8, "groups", 1)
+    if groups > 1:
+        c, o, weight = "g", "g", "gC" + kernel  # C: a group's own channels, never split
+    else:
+        c, o = "c", "o"
+        weight = (c + o if transposed else o + c) + kernel
+    whole = spatial_in + kernel + spatial_out + "C"
+    if backward:
+        ins = ("n" + o + spatial_out, "n" + c + spatial_in, weight)
+        outs = tuple(None if s is None else t for s, t in zip(call.out_shapes, ("n" + c + spatial_in, weight, o)))
+        # grad_bias does not depend on c: with c split each rank would compute all of it, not a partial sum
+        grad_bias = len(call.out_shapes) > 2 and call.out_shapes[2] is not None
+        return Letters(ins, outs, fixed=frozenset(whole + (c if grad_bias and c != o else "")))
+    ins = ("n" + c + spatial_in, weight) + ((o,) if len(call.in_shapes) == 3 else ())
+    return Letters(ins, ("n" + o + spatial_out,), fixed=frozenset(whole), additive=frozenset({2}))
+
+
+class _ConvRule(LetterRule):
+    """A grouped convolution's rank runs the groups of its block of channels."""
+
+    def __init__(self, backward: bool, flop_fn):
+        super().__init__(lambda c: _conv_letters(c, backward=backward), flop_fn=flop_fn)
+        self.groups_arg = 9 if backward else 8
+        self.input_index = 1 if backward else 0
+
+    def local_args(self, call: OpCall, local: LocalShapes) -> list:
+        args = super().local_args(call, local)
+        groups = call.arg(self.groups_arg, "groups", 1)
+        if groups > 1 and self.groups_arg < len(args):
+            channels = call.in_shapes[self.input_index][1]
+            args[self.groups_arg] = groups * local.inputs[self.input_index][1] // channels
+        return args
 
 
 def _conv_flops(in_shapes, out_shapes):
@@ -124,13 +183,14 @@ NN_RULES: dict = {
     aten.native_layer_norm_backward.default: LetterRule(_layer_norm_backward),
     aten.embedding.default: LetterRule(_embedding),
     aten.embedding_dense_backward.default: LetterRule(_embedding_backward),
+    aten._embedding_bag.default: LetterRule(_embedding_bag),
+    aten._cdist_forward.default: LetterRule(_cdist),
     aten.nll_loss_forward.default: LetterRule(_nll_loss_forward),
     aten.nll_loss_backward.default: LetterRule(_nll_loss_backward),
     aten._scaled_dot_product_flash_attention_for_cpu.default: SDPA_FORWARD,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: SDPA_BACKWARD,
-    aten.convolution.default: LetterRule(lambda c: _conv_letters(c, backward=False), flop_fn=_conv_flops),
-    aten.convolution_backward.default: LetterRule(lambda c: _conv_letters(c, backward=True),
-                                                  flop_fn=_conv_backward_flops),
+    aten.convolution.default: _ConvRule(backward=False, flop_fn=_conv_flops),
+    aten.convolution_backward.default: _ConvRule(backward=True, flop_fn=_conv_backward_flops),
     # the backend draws the mask for the global shape (same seed on every rank) and keeps its block
     aten.native_dropout.default: LetterRule(_dropout, follower=True),
 }

@@ -19,9 +19,9 @@ from torch import fx
 
 from autopar.cost_models.model import CostModel
 from autopar.ir.mesh import Mesh
-from autopar.ir.placement import Partial, R, Shard, Spec
+from autopar.ir.placement import R, Shard, Spec
 from autopar.ir.program import Program, TensorMeta, is_multi_output, tensor_inputs
-from autopar.ir.strategy import Strategy
+from autopar.ir.strategy import Strategy, combine, spec_fits
 from autopar.ops.kinds import OpCall, ReplicateOnly, Rule, RuleDoesNotApply
 from autopar.ops.table import rule_for
 from autopar.passes.base import Pass, PassContext, side_table
@@ -95,7 +95,8 @@ class StrategiesPass(Pass):
 def _strategies_of(node: fx.Node, meta: dict, ctx: PassContext) -> tuple[Rule, list[Strategy], float]:
     """(the rule that applied, the op's own strategies, its global FLOPs)."""
     rule = rule_for(node.target) or FALLBACK
-    call = make_call(node, meta)
+    precision = ctx.request.precision
+    call = make_call(node, meta, low_precision_partials=precision is not None and not precision.reduces_in_float32)
     try:
         own = expand(rule, call, node, meta, ctx.mesh, ctx.cost)
     except RuleDoesNotApply:
@@ -135,22 +136,7 @@ def placeholder_strategies(meta: Optional[TensorMeta], mesh: Mesh) -> list[Strat
     return out
 
 
-def spec_fits(spec: Spec, meta: Optional[TensorMeta], mesh: Mesh) -> bool:
-    if meta is None:
-        return spec.is_replicated()
-    dims = [p.dim for p in spec.placements if isinstance(p, Shard)]
-    if len(dims) != len(set(dims)):
-        return False  # one tensor dim split by two axes: not modelled
-    for axis, p in enumerate(spec.placements):
-        if isinstance(p, Shard):
-            if p.dim >= len(meta.shape) or meta.shape[p.dim] % mesh.shape[axis] != 0:
-                return False  # never shard unevenly
-        elif isinstance(p, Partial) and not meta.is_floating:
-            return False
-    return True
-
-
-def make_call(node: fx.Node, meta: dict) -> OpCall:
+def make_call(node: fx.Node, meta: dict, low_precision_partials: bool = False) -> OpCall:
     in_metas = [meta[a.name][0] for a in tensor_inputs(node)]
     return OpCall(
         target=node.target,
@@ -159,6 +145,9 @@ def make_call(node: fx.Node, meta: dict) -> OpCall:
         in_shapes=tuple(m.shape if m else () for m in in_metas),
         out_shapes=tuple(m.shape if m else None for m in meta[node.name]),
         in_floating=tuple(bool(m and m.is_floating) for m in in_metas),
+        in_dtypes=tuple(m.dtype if m else None for m in in_metas),
+        out_dtypes=tuple(m.dtype if m else None for m in meta[node.name]),
+        low_precision_partials=low_precision_partials,
     )
 
 
@@ -171,17 +160,8 @@ def expand(rule: Rule, call: OpCall, node: fx.Node, meta: dict, mesh: Mesh, cost
         if len(o.inputs) != len(in_metas) or len(o.outputs) != len(out_metas):
             raise AssertionError(f"rule for {op_name(node.target)} gave {o} for {len(in_metas)} inputs, "
                                  f"{len(out_metas)} outputs")
-    found: dict = {}
-    for combo in itertools.product(options, repeat=mesh.ndim):
-        in_specs = tuple(Spec(tuple(o.inputs[j] for o in combo)) for j in range(len(in_metas)))
-        out_specs = tuple(Spec(tuple(o.outputs[j] for o in combo)) for j in range(len(out_metas)))
-        if (in_specs, out_specs) in found:
-            continue
-        if not all(spec_fits(s, m, mesh) for s, m in zip(in_specs + out_specs, in_metas + out_metas)):
-            continue
-        found[(in_specs, out_specs)] = Strategy(in_specs, out_specs, compute_time(rule, call, in_specs, out_specs,
-                                                                                 in_metas, out_metas, mesh, cost))
-    return list(found.values())
+    return [Strategy(ins, outs, compute_time(rule, call, ins, outs, in_metas, out_metas, mesh, cost))
+            for ins, outs in combine(options, in_metas, out_metas, mesh)]
 
 
 def compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cost: CostModel) -> float:

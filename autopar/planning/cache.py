@@ -1,7 +1,9 @@
 """The on-disk plan cache: ``autopar.plan`` of the same step and options loads the plan
 instead of solving again.
 
-An entry is the plan's JSON in ``<dir>/<key>.json``. The key covers everything that
+An entry is the plan's JSON in ``<dir>/<key>.json``, in a directory private to the user; an
+entry or directory another user could have written is not used (a plan file becomes a
+program, so it is trusted only when it is the user's own). The key covers everything that
 decides the plan: the captured graph, the candidate meshes, the full hardware spec, the
 options and the code (autopar's sources, torch and OR-Tools), so editing autopar or
 recalibrating the hardware misses. A plan shaped by Python code the key cannot see (a
@@ -14,6 +16,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import stat
 import tempfile
 import time
 import warnings
@@ -69,11 +72,18 @@ def plan_key(program: Program, request: PlanRequest) -> str:
 
 
 def load(key: str, directory: Optional[str] = None) -> Optional[Plan]:
-    """The cached plan, its history ending with where it came from; None on a miss."""
+    """The cached plan, its history ending with where it came from; None on a miss. An entry
+    another user could have written is ignored with a warning, as ssh ignores such keys."""
     path = os.path.join(directory or default_dir(), f"{key}.json")
     start = time.perf_counter()
     try:
-        with open(path) as f:
+        with open(path, opener=_no_links) as f:
+            untrusted = _untrusted(os.fstat(f.fileno()))
+            if untrusted:
+                warnings.warn(f"ignoring the plan cache entry {path}: it {untrusted}, so another user could have "
+                              f"written it; remove it (or the cache directory) to cache plans there again",
+                              stacklevel=3)
+                return None
             plan = Plan.from_json(f.read())
     except Exception:  # noqa: BLE001 - no entry, or an unreadable, corrupt or old one: a miss (store replaces it)
         return None
@@ -86,7 +96,13 @@ def store(key: str, plan: Plan, directory: Optional[str] = None) -> None:
     directory = directory or default_dir()
     tmp = None
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        untrusted = _untrusted(os.stat(directory))
+        if untrusted:
+            warnings.warn(f"not caching plans in {directory}: the directory {untrusted}, so another user could "
+                          f"change its entries; make it yours and private (chmod 700) or pass cache_dir=",
+                          stacklevel=3)
+            return
         with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
             tmp = f.name
             f.write(plan.to_json())
@@ -96,6 +112,20 @@ def store(key: str, plan: Plan, directory: Optional[str] = None) -> None:
                       stacklevel=3)
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _untrusted(status: os.stat_result) -> Optional[str]:
+    """Why a file or directory with ``status`` may hold another user's writing (None: only ours)."""
+    if hasattr(os, "getuid") and status.st_uid != os.getuid():
+        return f"belongs to user id {status.st_uid}, not to this user ({os.getuid()})"
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by its group or by everyone (mode {stat.S_IMODE(status.st_mode):o})"
+    return None
+
+
+def _no_links(path: str, flags: int) -> int:
+    """Open without following a symbolic link (where the system can): an entry is a plain file of ours."""
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
 
 
 def _same_entries(current: dict, builtin: dict) -> bool:

@@ -41,6 +41,7 @@ from autopar.runtime.program import (
     global_call,
     load_program,
     model_state,
+    program_identity,
     program_key,
 )
 from autopar.runtime.rank_mesh import RankMesh
@@ -152,6 +153,9 @@ class ParallelModule(nn.Module):
         if self.given is not None:
             check_local_batches(call, self.rt)
         program = self.program_for(call if self.given is None else global_call(call, self.plan.mesh))
+        if not program.agreed:  # the first run of a program: every rank must run the same one
+            self.rt.agree("the plan and program they run", program_identity(program.plan, program.key))
+            program.agreed = True
         if self.chunks is not None:
             self.chunks.check_parameters(self.model)
         params = dict(self.model.named_parameters())  # one walk of the modules, not one per parameter

@@ -33,7 +33,7 @@ from autopar.ir.call import FlatCall, flatten_call, module_modes
 from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram, stage_programs
 from autopar.runtime.kfac import KfacWork
-from autopar.runtime.program import load_program
+from autopar.runtime.program import load_program, program_identity
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.state import as_gradient, local
 
@@ -220,11 +220,15 @@ class PipelinedModule(nn.Module):
         self.schedule = _schedule(plan, self.runners, rank_mesh)
         self._last_rank = _pipeline_peer(rank_mesh, pipeline.stages[-1].rank)
         self._anchor = torch.zeros((), requires_grad=True)  # what makes the returned loss differentiable
+        self._agreed = False
 
     def forward(self, *args, **kwargs):
         call = flatten_call(args, kwargs)
         _check_call_fits(self.plan, call)
         _check_modes(self.plan, self.model)
+        if not self._agreed:  # every rank must run the same plan, for the same call
+            self.rt.agree("the plan and program they run", program_identity(self.plan, call.signature))
+            self._agreed = True
         tensors = [t.to(self.rt.device) for t in call.tensors]
         m = self.plan.pipeline.microbatches
         losses: list = []

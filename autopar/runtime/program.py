@@ -9,6 +9,7 @@ every rank.
 from __future__ import annotations
 
 import hashlib
+import linecache
 import math
 import types
 import warnings
@@ -33,10 +34,19 @@ from autopar.runtime.traced_collectives import TracedCollectives
 
 
 def load_program(source: str, name: str = "autopar_generated") -> types.ModuleType:
-    """The emitted torch program as a module with ``forward`` (and ``backward``, for a training step)."""
+    """The emitted torch program as a module with ``forward`` (and ``backward``, for a training
+    step). Its source is registered with linecache, so tracebacks and errors (a collective's
+    timeout) show the program's statements."""
     module = types.ModuleType(name)
-    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    filename = f"<{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), module.__dict__)
     return module
+
+
+def program_identity(plan: Plan, key: tuple) -> str:
+    """A short text that differs between two ranks running other plans or other programs of a plan."""
+    return f"plan {plan.hash}, program {hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
 
 
 def model_state(model: nn.Module) -> tuple:
@@ -80,6 +90,7 @@ class RankProgram:
             self._rt = TracedCollectives(rank_mesh)
         graph = plan.graph
         self.key = plan_key(plan)
+        self.agreed = False  # whether every rank was found to run this program too (RankMesh.agree)
         self.grad_fqns = tuple(dict.fromkeys(graph.grads.values()))  # the parameters backward gives gradients
         offloaded = {ph for ph, fqn in graph.params.items() if plan.offload is not None and fqn in plan.offload.params}
         # an offloaded parameter is no argument: the programs read it from ``chunks``

@@ -16,24 +16,50 @@ parameter gather the program starts a layer ahead of its use (ZeRO-3 prefetch).
 """
 from __future__ import annotations
 
+import datetime
+import os
+import traceback
 from collections import Counter
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from autopar.errors import AutoparError, CollectiveTimeoutError, PlanMismatchError
 from autopar.ir.hardware import GRADIENT_BUCKET_BYTES
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Shard, Spec
 from autopar.ir.redistribute import plan_steps
 
+TIMEOUT_VARIABLE = "AUTOPAR_COLLECTIVE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0  # torch.distributed's own default for a process group
+_AGREEMENT_BYTES = 64  # what each rank states when ranks check they agree
+
+
+def collective_timeout_s() -> float:
+    """How long a collective may take before it is an error: ``$AUTOPAR_COLLECTIVE_TIMEOUT_S``
+    seconds, else torch.distributed's default."""
+    text = os.environ.get(TIMEOUT_VARIABLE)
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise AutoparError(f"{TIMEOUT_VARIABLE}={text!r}: give the collective timeout in seconds, a positive number")
+    return seconds
+
 
 class RankMesh:
     def __init__(self, mesh: Mesh, rank: int | None = None, device: torch.device | str = "cpu",
-                 bucket_bytes: float = GRADIENT_BUCKET_BYTES, pipeline_stages: int = 1):
+                 bucket_bytes: float = GRADIENT_BUCKET_BYTES, pipeline_stages: int = 1,
+                 timeout_s: Optional[float] = None):
         """``pipeline_stages`` > 1: the world is that many copies of ``mesh``, one per pipeline
         rank (the mesh ``pp`` x ``mesh``, pp first); this rank's collectives run within its
-        own copy, and ``pipeline_group`` joins it with the ranks of the same place in the others."""
+        own copy, and ``pipeline_group`` joins it with the ranks of the same place in the others.
+        ``timeout_s``: a collective that has not completed after so long raises
+        CollectiveTimeoutError (default: collective_timeout_s())."""
         from torch.distributed.device_mesh import init_device_mesh
 
         if not dist.is_initialized():
@@ -60,6 +86,7 @@ class RankMesh:
         self.bytes_moved: Counter = Counter()  # collective kind -> message bytes, as the cost model counts them
         self.calls: Counter = Counter()  # collective kind (or "gradient bucket") -> calls made to the library
         self.bucket_bytes = bucket_bytes
+        self.timeout_s = collective_timeout_s() if timeout_s is None else timeout_s
         self._buckets: dict[tuple, _Bucket] = {}  # (axis, dtype) -> the gradient syncs not sent yet
         self._bucket_buffers: dict[tuple, list[torch.Tensor]] = {}  # (elements, dtype) -> flat buffers
 
@@ -73,7 +100,7 @@ class RankMesh:
     # either, it is reduced in place instead of in a copy
     def all_reduce(self, x: torch.Tensor, axis: str, last_read: bool = False) -> torch.Tensor:
         self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
-        return self._start_all_reduce(x, self.groups[axis], in_place=last_read and _alone(x)).wait()
+        return self._start_all_reduce(x, self.groups[axis], in_place=last_read and _alone(x), axis=axis).wait()
 
     def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         return self.start_all_gather(x, axis, dim).wait()
@@ -89,8 +116,9 @@ class RankMesh:
         sends = [c.contiguous() for c in x.chunk(p, dst_dim)]
         recvs = [torch.empty_like(sends[0]) for _ in range(p)]
         self.calls["all_to_all"] += 1
-        dist.all_to_all(recvs, sends, group=group)
-        return torch.cat(recvs, dim=src_dim)
+        work = dist.all_to_all(recvs, sends, group=group, async_op=True)
+        return Pending(work, None, lambda _: torch.cat(recvs, dim=src_dim), what=("all_to_all", axis),
+                       timeout_s=self.timeout_s).wait()
 
     # Asynchronous forms, for gradient syncs (on their own groups): the program goes on computing
     # and calls .wait() at the end.
@@ -119,7 +147,8 @@ class RankMesh:
     def _join_bucket(self, x: torch.Tensor, axis: str, then=None) -> "Pending":
         key = (axis, x.dtype)
         bucket = self._buckets.setdefault(key, _Bucket())
-        pending = Pending(None, None, then, send=self.send_buckets)
+        pending = Pending(None, None, then, send=self.send_buckets, what=("gradient all_reduce", axis),
+                          timeout_s=self.timeout_s)
         bucket.add(x, pending)
         if bucket.nbytes >= self.bucket_bytes:
             self._send(self._buckets.pop(key), axis)
@@ -157,18 +186,22 @@ class RankMesh:
     def _start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, group, in_place: bool = False) -> "Pending":
         coord, p, _ = self._axis(axis)
         self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
+        what = ("reduce_scatter", axis)
         if self._gloo:  # gloo has no reduce_scatter: all-reduce, then keep this rank's block
-            pending = self._start_all_reduce(x, group, in_place)
-            return Pending(pending.work, pending.out, lambda t: self.shard(t, axis, dim))
+            pending = self._start_all_reduce(x, group, in_place, axis)
+            return Pending(pending.work, pending.out, lambda t: self.shard(t, axis, dim), what=what,
+                           timeout_s=self.timeout_s)
         parts = [c.contiguous() for c in x.chunk(p, dim)]
         out = torch.empty_like(parts[coord])
         self.calls["reduce_scatter"] += 1
-        return Pending(dist.reduce_scatter(out, parts, group=group, async_op=True), out)
+        return Pending(dist.reduce_scatter(out, parts, group=group, async_op=True), out, what=what,
+                       timeout_s=self.timeout_s)
 
-    def _start_all_reduce(self, x: torch.Tensor, group, in_place: bool = False) -> "Pending":
+    def _start_all_reduce(self, x: torch.Tensor, group, in_place: bool = False, axis: str = "") -> "Pending":
         out = x if in_place else x.detach().clone()
         self.calls["all_reduce"] += 1
-        return Pending(dist.all_reduce(out, group=group, async_op=True), out)
+        return Pending(dist.all_reduce(out, group=group, async_op=True), out, what=("all_reduce", axis),
+                       timeout_s=self.timeout_s)
 
     def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         return self._start_all_gather(x, axis, dim).wait()
@@ -177,11 +210,14 @@ class RankMesh:
         _, p, group = self._axis(axis)
         x = x.contiguous()
         self.calls["all_gather"] += 1
+        what = ("all_gather", axis)
         if dim == 0 and not self._gloo:  # NCCL fills one buffer: no per-rank parts to concatenate
             out = x.new_empty((p * x.shape[0],) + tuple(x.shape[1:]))
-            return Pending(dist.all_gather_into_tensor(out, x, group=group, async_op=True), out)
+            return Pending(dist.all_gather_into_tensor(out, x, group=group, async_op=True), out, what=what,
+                           timeout_s=self.timeout_s)
         parts = [torch.empty_like(x) for _ in range(p)]
-        return Pending(dist.all_gather(parts, x, group=group, async_op=True), None, lambda _: torch.cat(parts, dim=dim))
+        return Pending(dist.all_gather(parts, x, group=group, async_op=True), None, lambda _: torch.cat(parts, dim=dim),
+                       what=what, timeout_s=self.timeout_s)
 
     def shard(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         """This rank's block, copied: a view would keep the whole tensor's storage alive."""
@@ -207,6 +243,27 @@ class RankMesh:
             else:
                 x = getattr(self, step.kind)(x, axis, dim=step.dim)
         return x
+
+    def agree(self, what: str, value: str) -> None:
+        """Every rank of the world states ``value`` for ``what`` (a plan's hash and a program's
+        signature): where they differ, every rank raises PlanMismatchError naming which ranks
+        hold which, and where a rank never states it (it stopped, or skipped the step), the
+        others raise CollectiveTimeoutError: never a hang."""
+        data = value.encode()[:_AGREEMENT_BYTES]
+        mine = torch.zeros(_AGREEMENT_BYTES, dtype=torch.uint8, device=self.device)
+        mine[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        work = dist.all_gather(parts, mine, async_op=True)
+        Pending(work, None, what=(f"the ranks' check that they agree on {what}", "<world>"),
+                timeout_s=self.timeout_s).wait()
+        values = [bytes(p.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for p in parts]
+        if len(set(values)) > 1:
+            held: dict = {}
+            for rank, v in enumerate(values):
+                held.setdefault(v, []).append(rank)
+            raise PlanMismatchError(f"the ranks disagree on {what}: " + "; ".join(
+                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {v}" for v, ranks in held.items())
+                + ". Every rank must load the same plan and call the model with the same inputs' shapes")
 
     def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
         """Dropout whose mask matches a single process's: every rank draws the global mask from the
@@ -253,16 +310,40 @@ class _Bucket:
 
 class Pending:
     """A collective in flight, or a gradient sync in a bucket not sent yet (``send`` sends it);
-    ``wait()`` returns its result (after ``then``, a local finishing step)."""
+    ``wait()`` returns its result (after ``then``, a local finishing step), or raises
+    CollectiveTimeoutError once ``timeout_s`` has passed, naming ``what`` ((collective, mesh
+    axis)) and the statement of the emitted program that waits for it."""
 
-    def __init__(self, work, out: Optional[torch.Tensor], then=None, send=None):
+    def __init__(self, work, out: Optional[torch.Tensor], then=None, send=None, what=("collective", ""),
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
         self.work, self.out, self.then, self.send = work, out, then, send
+        self.what, self.timeout_s = what, timeout_s
 
     def wait(self) -> torch.Tensor:
         if self.work is None:
             self.send()
-        self.work.wait()
+        try:
+            self.work.wait(datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as exc:
+            if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
+                raise
+            raise CollectiveTimeoutError(_timeout_message(*self.what, self.timeout_s)) from exc
         return self.then(self.out) if self.then else self.out
+
+
+def _timeout_message(kind: str, axis: str, seconds: float) -> str:
+    where = program_statement()
+    return (f"{kind} over mesh axis {axis!r} did not complete within {seconds:g} s"
+            f"{f' at {where}' if where else ''}: another rank is not running this step (it stopped, skipped a "
+            f"step, or runs another plan or other input shapes); set {TIMEOUT_VARIABLE} to wait longer")
+
+
+def program_statement() -> Optional[str]:
+    """``<program>:<line>: <statement>`` of the innermost emitted program on the stack, if any."""
+    for frame in reversed(traceback.extract_stack()):
+        if frame.filename.startswith("<autopar_"):
+            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return None
 
 
 def global_dropout_mask(shape, dtype: torch.dtype, p: float, device=None) -> torch.Tensor:

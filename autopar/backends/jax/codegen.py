@@ -19,10 +19,21 @@ from __future__ import annotations
 
 import inspect
 
+import torch
+
 from autopar.backends.jax.aten import TABLE, helpers_of
 from autopar.backends.jax.decompose import decomposed_function, has_decomposition, local_inputs
 from autopar.backends.jax.user_ops import USER_TRANSLATIONS
-from autopar.backends.printer import Sections, call_arguments, header, indented, literal, local_args, wrapped
+from autopar.backends.printer import (
+    Sections,
+    call_arguments,
+    header,
+    indented,
+    literal,
+    local_call,
+    torch_name,
+    wrapped,
+)
 from autopar.errors import AutoparError
 from autopar.ir.placement import Shard
 from autopar.ir.program import STEP
@@ -152,27 +163,29 @@ class _Printer:
 
     def call(self, s: Statement) -> str:
         node = s.node
-        function = TABLE.get(node.target, USER_TRANSLATIONS.get(node.target))
-        if function is None and has_decomposition(node.target):
-            return f"{s.defines} = {self._decomposed(node)}({', '.join(s.uses)})"
+        target, args = local_call(self.plan, node)
+        function = TABLE.get(target, USER_TRANSLATIONS.get(target))
+        if function is None and has_decomposition(target):
+            return f"{s.defines} = {self._decomposed(node, target, args)}({', '.join(s.uses)})"
         if function is None:
-            raise AutoparError(f"the JAX backend has no translation of {node.target} ({self._origin(node)}) and "
+            raise AutoparError(f"the JAX backend has no translation of {target} ({self._origin(node)}) and "
                                f"PyTorch has no Core ATen decomposition of it; {_HOW_TO_ADD}")
         self.used.setdefault(function, function.__name__)
-        arguments = call_arguments(self.plan, s, _special)
+        arguments = call_arguments(args, s, _special)
         if _draws_mask(node):
             arguments += f", mask={self._mask_of(node)}"
         return f"{s.defines} = {function.__name__}({arguments})"
 
-    def _decomposed(self, node) -> str:
-        """The name of a function computing ``node`` in ops of the table (autopar.backends.jax.decompose)."""
+    def _decomposed(self, node, target: str, args: list) -> str:
+        """The name of a function computing ``node`` (``target`` on this rank's ``args``) in ops of the
+        table (autopar.backends.jax.decompose)."""
         name = f"decomposed_{node.name}"
         try:
-            lines, calls = decomposed_function(name, node.target, local_args(self.plan, node), node.kwargs,
+            lines, calls = decomposed_function(name, target, args, node.kwargs,
                                                local_inputs(self.plan, node), TABLE,
                                                lambda dtype: _special({"dtype": str(dtype).removeprefix("torch.")}))
         except Exception as e:  # an op outside the table, or a decomposition that does not trace on these shapes
-            raise AutoparError(f"the JAX backend has no translation of {node.target} ({self._origin(node)}), and "
+            raise AutoparError(f"the JAX backend has no translation of {target} ({self._origin(node)}), and "
                                f"its Core ATen decomposition does not translate: {e}; {_HOW_TO_ADD}") from e
         for function in calls:
             self.used.setdefault(function, function.__name__)
@@ -258,6 +271,7 @@ _DTYPES = {"float32": "jnp.float32", "float16": "jnp.float16", "bfloat16": "jnp.
 
 def _special(value: dict) -> str | None:
     if "dtype" in value:
+        torch_name(torch.dtype, value["dtype"])  # a torch dtype's name, or the plan is corrupt
         return _DTYPES.get(value["dtype"], f"jnp.{value['dtype']}")
     if "device" in value or "layout" in value or "memory_format" in value:
         return "None"

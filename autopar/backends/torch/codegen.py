@@ -15,7 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from autopar.backends.printer import Sections, call_arguments, header, indented, literal, shape_text, wrapped
+import torch
+
+from autopar.backends.printer import (
+    Sections,
+    call_arguments,
+    header,
+    indented,
+    literal,
+    local_call,
+    op_text,
+    shape_text,
+    torch_name,
+    wrapped,
+)
 from autopar.backends.torch.chunk_moves import ChunkMoves
 from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
@@ -246,13 +259,13 @@ class StatementPrinter:
     @staticmethod
     def wire_in(r, step: int, var: str) -> str:
         """A gradient reduced in the compute dtype (mixed precision) is cast down for its first step."""
-        return f"{var}.to(torch.{r.wire_dtype})" if r.wire_dtype is not None and step == 0 else var
+        return f"{var}.to({torch_name(torch.dtype, r.wire_dtype)})" if r.wire_dtype is not None and step == 0 else var
 
     def wire_out(self, r, step: int, text: str) -> str:
         """... and back to its own dtype after its last."""
         if r.wire_dtype is None or step != len(r.steps) - 1:
             return text
-        return f"{text}.to(torch.{self.plan.graph.node(r.value).outputs[0].dtype})"
+        return f"{text}.to({torch_name(torch.dtype, self.plan.graph.node(r.value).outputs[0].dtype)})"
 
     def getitem(self, s: Statement) -> str:
         src, index = s.node.args
@@ -260,7 +273,8 @@ class StatementPrinter:
 
     def call(self, s: Statement) -> str:
         node = s.node
-        arguments = call_arguments(self.plan, s, _special)
+        op, args = local_call(self.plan, node)
+        arguments = call_arguments(args, s, _special)
         if node.target == "aten.native_dropout.default":
             # random masks must not depend on the layout: draw for the global shape, keep this rank's block
             spec = self.plan.strategies[node.name].out_specs[0]
@@ -269,11 +283,8 @@ class StatementPrinter:
         comment = self.spec_comment(node.name) if len(node.outputs) == 1 else \
             f"  # -> {', '.join(str(x) for x in self.plan.strategies[node.name].out_specs)}"
         fallback = "  [replicated: no sharding rule]" if node.name in self.plan.fallback_nodes else ""
-        op = _LOCAL_EQUIVALENT.get(node.target, node.target)
-        if op in CPU_ONLY_OPS:  # no CUDA kernel: the device's own
-            op = f"kernels.{CPU_ONLY_OPS[op]}"
-        elif not op.startswith("aten."):
-            op = f"torch.ops.{op}"  # a library's custom op keeps its namespace
+        # no CUDA kernel: the device's own; a library's custom op keeps its namespace
+        op = f"kernels.{CPU_ONLY_OPS[op]}" if op in CPU_ONLY_OPS else op_text(op)
         return f"{s.defines} = {op}({arguments}){comment}{fallback}"
 
 
@@ -281,10 +292,6 @@ def _describe(r, i: int) -> str:
     return f"{r.id} {r.phase}: {r.src} -> {r.dst}, {human_bytes(r.step_bytes[i])}, {human_seconds(r.step_seconds[i])}"
 
 
-# A local block can have other strides than the global tensor had (a collective's
-# output is contiguous, say), so a view that was valid globally may not be
-# locally. The graph is functional, so reshape (a view when possible, else a
-# copy) computes the same values.
 def uses_device_neutral_kernels(plan) -> bool:
     return any(n.target in CPU_ONLY_OPS for n in plan.graph.nodes)
 
@@ -292,9 +299,6 @@ def uses_device_neutral_kernels(plan) -> bool:
 # collectives the runtime may run in the input's own memory where the program reads it no more
 # (RankMesh.all_reduce): each reads a partial sum, which an op computed just before
 _MAY_REDUCE_IN_PLACE = ("all_reduce", "reduce_scatter")
-
-_LOCAL_EQUIVALENT = {"aten.view.default": "aten.reshape.default", "aten._unsafe_view.default": "aten.reshape.default"}
-
 
 def _step_call(step, var: str, axis_names, prefix: str = "") -> str:
     axis = repr(axis_names[step.axis])
@@ -307,11 +311,11 @@ def _step_call(step, var: str, axis_names, prefix: str = "") -> str:
 
 def _special(value: dict) -> str | None:
     if "dtype" in value:
-        return f"torch.{value['dtype']}"
+        return torch_name(torch.dtype, value["dtype"])
     if "device" in value:
         return "rt.device"
     if "layout" in value:
-        return f"torch.{value['layout']}"
+        return torch_name(torch.layout, value["layout"])
     if "memory_format" in value:
-        return f"torch.{value['memory_format']}"
+        return torch_name(torch.memory_format, value["memory_format"])
     return None

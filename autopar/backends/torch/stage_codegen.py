@@ -17,7 +17,9 @@ torch.distributed.pipelining's (autopar.runtime.pipeline).
 """
 from __future__ import annotations
 
-from autopar.backends.printer import Sections, header, indented, wrapped
+import torch
+
+from autopar.backends.printer import Sections, header, indented, one_line, torch_name, wrapped
 from autopar.backends.torch.codegen import (
     ACCUMULATE_SOURCE,
     BackwardBody,
@@ -40,7 +42,7 @@ def emit_torch_pipeline(plan) -> str:
     lines = header(plan, "autopar: per-rank pipeline stages for torch.distributed.pipelining (generated; do not "
                          "edit)")
     lines += [
-        f"# {pipeline.schedule} with {pipeline.microbatches} micro-batches on {pipeline.pp} ranks"
+        f"# {one_line(pipeline.schedule)} with {pipeline.microbatches} micro-batches on {pipeline.pp} ranks"
         f"{f' x {pipeline.virtual} stages each' if pipeline.virtual > 1 else ''}; "
         f"predicted step {human_seconds(pipeline.step_time_s)}, bubble {pipeline.bubble_fraction:.1%}",
         "# forward_<k>(rt, placeholders..., received...) -> (loss or None, [sent...], [saved...])",
@@ -60,7 +62,7 @@ def emit_torch_pipeline(plan) -> str:
 def _forward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
     st = plan.pipeline.stages[stage.index]
     received = [s.var for s in stage.receives]
-    lines = [f"# ==== stage {stage.index} (pipeline rank {st.rank}): {_units(st.units)} ===="]
+    lines = [one_line(f"# ==== stage {stage.index} (pipeline rank {st.rank}): {_units(st.units)} ====")]
     lines += wrapped(f"def forward_{stage.index}(", ["rt", *stage.placeholders, *received], "):")
     body = [f"# received from stage {stage.index - 1}: {_slots(stage.receives)}"] if received else []
     sections = Sections(plan)
@@ -68,7 +70,8 @@ def _forward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
         body += sections.before(s, "forward") + printer.lines(s)
     for slot in stage.sends:
         if slot.carrier:  # sent only for its gradient slot, which brings a backward value back
-            body.append(f"{slot.var} = torch.zeros({list(slot.shape)}, dtype=torch.{slot.dtype}, device=rt.device)"
+            dtype = torch_name(torch.dtype, slot.dtype)
+            body.append(f"{slot.var} = torch.zeros({list(slot.shape)}, dtype={dtype}, device=rt.device)"
                         f"  # carries {slot.carries} back")
     sends = [s.var for s in stage.sends]
     body += ["return ("] + indented([f"{stage.loss or 'None'},"] + wrapped("[", sends, "],  # to the next stage")

@@ -55,3 +55,23 @@ def aten_scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=N
 
 def aten_fill(x, value):
     return jnp.full_like(x, value)
+
+
+def aten_new_empty(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, dtype=x.dtype if dtype is None else dtype)
+
+
+def aten_new_empty_strided(x, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, dtype=x.dtype if dtype is None else dtype)  # JAX chooses the memory layout
+
+
+def aten_new_zeros(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, dtype=x.dtype if dtype is None else dtype)
+
+
+def aten_new_ones(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(size, dtype=x.dtype if dtype is None else dtype)
+
+
+def aten_new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(size, fill_value, dtype=x.dtype if dtype is None else dtype)

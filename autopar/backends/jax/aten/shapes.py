@@ -126,3 +126,46 @@ def aten_tril(x, diagonal=0):
 
 def aten_triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
+
+
+def aten_as_strided(x, size, stride, storage_offset=None):
+    """torch's view of ``x``'s elements at ``storage_offset + sum(i_k * stride[k])``, for ``x``
+    laid out row-major (as capture's graphs hand it a base tensor), where that view is a strided
+    slice of x's dims, transposed, with broadcast dims: what views of transposed, sliced and
+    expanded tensors give. Other strides (overlapping windows) are refused by name."""
+    picks = _strided_view(tuple(x.shape), tuple(size), tuple(stride), storage_offset or 0)
+    if picks is None:
+        raise ValueError(f"as_strided with sizes {list(size)}, strides {list(stride)} and offset "
+                         f"{storage_offset or 0} of a {list(x.shape)} tensor is not a slice, transpose or "
+                         f"expand of it, which is all the JAX program expresses")
+    starts, order = picks
+    index = tuple(slice(starts[d], starts[d] + (size[j] - 1) * step + 1, step) if j is not None else starts[d]
+                  for d, (j, step) in enumerate(order))
+    kept = [j for j, _ in order if j is not None]  # the target dim of each dim left after indexing
+    y = jnp.transpose(x[index], sorted(range(len(kept)), key=lambda k: kept[k]))
+    shape = [size[j] if j in kept else 1 for j in range(len(size))]
+    return jnp.broadcast_to(jnp.reshape(y, shape), tuple(size))
+
+
+def _strided_view(shape: tuple, size: tuple, stride: tuple, offset: int):
+    """(start of each dim of ``shape``, (target dim or None, step) of each) where the strided
+    view is one, else None. A target dim of size 1, or of stride 0 (broadcast), takes no dim."""
+    contiguous = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        contiguous[d] = contiguous[d + 1] * shape[d + 1]
+    walked = sorted((j for j in range(len(size)) if size[j] > 1 and stride[j] != 0), key=lambda j: -stride[j])
+    order: list = [(None, 1)] * len(shape)
+    for j in walked:  # each walked target dim steps along the outermost free dim whose stride divides its own
+        d = next((d for d in range(len(shape)) if order[d][0] is None and shape[d] > 1
+                  and stride[j] % contiguous[d] == 0 and stride[j] >= contiguous[d]), None)
+        if d is None:
+            return None
+        order[d] = (j, stride[j] // contiguous[d])
+    starts, rest = [0] * len(shape), offset
+    for d in range(len(shape)):
+        starts[d], rest = divmod(rest, contiguous[d]) if shape[d] > 1 else (0, rest)
+        j, step = order[d]
+        last = starts[d] + ((size[j] - 1) * step if j is not None else 0)
+        if last >= shape[d] and shape[d] > 0:
+            return None
+    return (starts, order) if rest == 0 else None

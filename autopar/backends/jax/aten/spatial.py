@@ -300,6 +300,69 @@ def aten_native_batch_norm_legit(x, weight, bias, running_mean, running_var, tra
     return aten_native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
+def aten_native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """As _native_batch_norm_legit, and the running statistics' new values (the unbiased
+    variance, as torch keeps it), which the functional graph returns."""
+    if not training:
+        out, saved_mean, saved_rstd = aten_native_batch_norm_legit_no_training(
+            x, weight, bias, running_mean, running_var, momentum, eps)
+        return out, saved_mean, saved_rstd, running_mean, running_var
+    out, mean, rstd = aten_native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps)
+    n = x.size // x.shape[1]
+    variance = jnp.var(_wide(x), axis=(0,) + tuple(range(2, x.ndim))) * (n / max(n - 1, 1))
+    new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+    new_var = (1 - momentum) * running_var + momentum * variance.astype(running_var.dtype)
+    return out, mean, rstd, new_mean, new_var
+
+
+def aten_native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train,
+                                    eps, output_mask):
+    """(grad input, grad weight, grad bias): in training through the batch statistics forward
+    saved, in evaluation through the running ones."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    axes = (0,) + tuple(range(2, x.ndim))
+    g, a = _wide(grad_out), _wide(x)
+    if train:
+        mean, invstd = _wide(save_mean).reshape(shape), _wide(save_invstd).reshape(shape)
+    else:
+        mean, invstd = _wide(running_mean).reshape(shape), lax.rsqrt(_wide(running_var).reshape(shape) + eps)
+    xhat = (a - mean) * invstd
+    grad_bias, grad_weight = jnp.sum(g, axis=axes), jnp.sum(g * xhat, axis=axes)
+    scale = invstd * (weight.reshape(shape) if weight is not None else 1)
+    if train:
+        n = x.size // x.shape[1]
+        grad_in = scale * (g - grad_bias.reshape(shape) / n - xhat * grad_weight.reshape(shape) / n)
+    else:
+        grad_in = g * scale
+    return (grad_in.astype(x.dtype) if output_mask[0] else None,
+            grad_weight.astype(x.dtype) if output_mask[1] else None,
+            grad_bias.astype(x.dtype) if output_mask[2] else None)
+
+
+def aten_fft_r2c(x, dim, normalization, onesided):
+    """torch's real-to-complex FFT over ``dim`` (normalization 0: none, 1: 1/sqrt(n), 2: 1/n)."""
+    norm = ("backward", "ortho", "forward")[normalization]
+    full = jnp.fft.fftn(x, axes=dim, norm=norm)
+    if not onesided:
+        return full
+    last = dim[-1] % x.ndim
+    return lax.slice_in_dim(full, 0, x.shape[last] // 2 + 1, axis=last)
+
+
+def aten_fft_c2r(x, dim, normalization, last_dim_size):
+    """The inverse of a one-sided transform, to ``last_dim_size`` real values (normalization as
+    for the forward, applied on this inverse)."""
+    norm = ("forward", "ortho", "backward")[normalization]
+    sizes = [x.shape[d % x.ndim] for d in dim[:-1]] + [last_dim_size]
+    return jnp.fft.irfftn(x, s=sizes, axes=dim, norm=norm)
+
+
+def aten_fft_c2c(x, dim, normalization, forward):
+    if forward:
+        return jnp.fft.fftn(x, axes=dim, norm=("backward", "ortho", "forward")[normalization])
+    return jnp.fft.ifftn(x, axes=dim, norm=("forward", "ortho", "backward")[normalization])
+
+
 def _p_norm(diff, p):
     """The p-norm of the last axis of |differences| (p=0 counts the nonzero ones)."""
     if p == 0:

@@ -44,6 +44,7 @@ OPINFOS = {
     "addmm": ["addmm", "nn.functional.linear"],
     "alias": ["view_as"],
     "amax": ["amax", "max.reduction_no_dim"],
+    "as_strided": [],  # its OpInfo's windows overlap; views of transposed and sliced tensors are GENERATED
     "amin": ["amin", "min.reduction_no_dim"],
     "any": ["any"],
     "arange": ["arange"],
@@ -80,6 +81,10 @@ OPINFOS = {
     "mean": ["mean"],
     "min": ["min.reduction_with_dim"],
     "native_dropout_backward": ["native_dropout_backward"],
+    "native_batch_norm_backward": ["nn.functional.batch_norm"],
+    "_fft_r2c": ["fft.rfft", "fft.rfftn", "fft.rfft2"],
+    "_fft_c2r": ["fft.irfft", "fft.irfftn", "fft.irfft2"],
+    "_fft_c2c": ["fft.fft", "fft.ifft", "fft.fftn"],
     "native_group_norm": ["native_group_norm", "nn.functional.group_norm"],
     "native_group_norm_backward": ["nn.functional.group_norm"],
     "native_layer_norm": ["native_layer_norm", "nn.functional.layer_norm"],
@@ -143,7 +148,7 @@ class Call:
 class _Recorder(TorchDispatchMode):
     def __init__(self, targets: set[str]):
         super().__init__()
-        self.targets = targets
+        self.targets = targets  # what to record (it may shrink while recording)
         self.calls: list[Call] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -210,6 +215,7 @@ DERIVED = {
     "aten.pow.Tensor_Scalar": ("aten.pow.Tensor_Tensor", lambda c: ((c.args[0], 2), {})),
     "aten.pow.Scalar": ("aten.pow.Tensor_Tensor", lambda c: ((2, c.args[1]), {})),
     "aten.clamp.default": ("aten.clamp.Tensor", lambda c: ((c.args[0], -1, 1), {})),
+    "aten.clip.default": ("aten.clamp.Tensor", lambda c: ((c.args[0], -1, 1), {})),
     "aten.alias.default": ("aten.clone.default", lambda c: ((c.args[0],), {})),
     "aten.detach.default": ("aten.clone.default", lambda c: ((c.args[0],), {})),
     "aten.lift_fresh_copy.default": ("aten.clone.default", lambda c: ((c.args[0],), {})),
@@ -227,11 +233,13 @@ DERIVED = {
 }
 
 
-def _derived_calls(target: str, dtype: torch.dtype) -> list[Call]:
+def _derived_calls(target: str, dtype: torch.dtype, sources: list[Call] | None = None) -> list[Call]:
+    """``target``'s calls made from its DERIVED source's (``sources``, or those recorded for the
+    JAX table)."""
     source, make = DERIVED[target]
     overload = _overload(target)
     calls = []
-    for call in recorded_calls(source, dtype):
+    for call in recorded_calls(source, dtype) if sources is None else sources:
         try:
             args, kwargs = make(call)
             out = overload(*args, **kwargs)
@@ -258,11 +266,11 @@ def _calls_of_opinfo(name: str, dtype: torch.dtype) -> tuple[Call, ...]:
     return tuple(_run_samples(info, dtype, grad, set(TABLE)))
 
 
-def _run_samples(info, dtype, grad: bool, targets: set[str]) -> list[Call]:
+def _run_samples(info, dtype, grad: bool, targets: set[str], count: int = SAMPLES_PER_OPINFO) -> list[Call]:
     torch.manual_seed(0)
     recorder = _Recorder(targets)
     try:
-        samples = list(info.sample_inputs("cpu", dtype, requires_grad=grad))[:SAMPLES_PER_OPINFO]
+        samples = list(info.sample_inputs("cpu", dtype, requires_grad=grad))[:count]
     except Exception:  # a sample generator that needs what this build lacks gives no samples
         return []
     for sample in samples:
@@ -288,7 +296,7 @@ def _differentiate(out, sample) -> None:
 
 _JAX_DTYPES = {torch.float32: "float32", torch.float64: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
                torch.int64: "int32", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
-               torch.uint8: "uint8", torch.bool: "bool"}
+               torch.uint8: "uint8", torch.bool: "bool", torch.complex64: "complex64", torch.complex128: "complex64"}
 
 
 def to_jax(value):
@@ -313,6 +321,9 @@ def close(mine, theirs: torch.Tensor) -> str | None:
     """None where the JAX result equals torch's within its dtype's tolerance, else what differs."""
     mine = np.asarray(mine.astype("float32") if str(getattr(mine, "dtype", "")) == "bfloat16" else mine)
     expected = theirs.detach()
+    if expected.is_complex():  # real and imaginary parts side by side
+        expected = torch.view_as_real(expected)
+        mine = np.stack([mine.real, mine.imag], axis=-1)
     expected = (expected.float() if expected.dtype in (torch.bfloat16, torch.float16) else expected).numpy()
     if mine.shape != expected.shape:
         return f"shape {mine.shape} != torch's {expected.shape}"
@@ -401,6 +412,9 @@ _UNREACHED = {
     "aten.upsample_bilinear2d.vec": [(((1, 2, 5, 4),), ([7, 9], True, None)),
                                      (((2, 1, 4, 6),), (None, False, [1.5, 2.0])),
                                      (((1, 1, 6, 6),), ([3, 4], False, None))],
+    "aten.reflection_pad2d.default": [(((1, 2, 5, 6),), ([1, 2, 2, 1],)), (((2, 4, 5),), ([2, 1, 0, 3],))],
+    "aten._native_batch_norm_legit_functional.default": [(((4, 3, 5), (3,), (3,), (3,), (3,)), (True, 0.1, 1e-5)),
+                                                         (((2, 3, 4, 4), (3,), (3,), (3,), (3,)), (False, 0.1, 1e-3))],
     "aten.reflection_pad3d.default": [(((1, 2, 4, 5, 6),), ([1, 2, 2, 1, 3, 0],)),
                                       (((2, 4, 5, 6),), ([-1, 2, 0, 1, 1, 1],))],
     "aten.replication_pad3d.default": [(((1, 2, 4, 5, 6),), ([1, 2, 2, 1, 3, 0],)),
@@ -412,11 +426,92 @@ _UNREACHED = {
 }
 
 
+def _as_strided_calls(dtype: torch.dtype) -> list[Call]:
+    """as_strided as views of transposed, sliced, strided, selected and expanded tensors make it."""
+    torch.manual_seed(0)
+    x, cube = torch.randn(4, 6).to(dtype), torch.randn(2, 3, 4).to(dtype)
+    cases = [(x, x.t()), (x, x[1:3, 1:4]), (x, x[::2, 1::2]), (x, x[2]), (x, x[:, 3]), (x, x.expand(3, 4, 6)),
+             (x, x[1:, :4].t()), (cube, cube.permute(2, 0, 1)), (cube, cube[:, 1:, ::2].transpose(0, 2)),
+             (cube, cube[1].unsqueeze(0).expand(5, 3, 4))]
+    calls = []
+    for base, view in cases:
+        args = (base, list(view.shape), list(view.stride()), view.storage_offset())
+        calls.append(Call("aten.as_strided.default", args, {}, torch.ops.aten.as_strided.default(*args).clone()))
+    return calls
+
+
 # target -> (dtype) -> calls, for ops no OpInfo sample reaches in eager mode
 GENERATED = {
     **{target: _direct_calls(target, cases) for target, cases in _UNREACHED.items()},
     "transformers.grouped_mm_fallback.default": lambda dtype: _grouped_mm_calls(dtype, False),
     "transformers.grouped_mm_fallback_backward.default": lambda dtype: _grouped_mm_calls(dtype, True),
     "aten._scaled_dot_product_flash_attention_for_cpu.default": lambda dtype: _attention_calls(dtype, False),
+    "aten.as_strided.default": _as_strided_calls,
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": lambda dtype: _attention_calls(dtype, True),
 }
+
+
+def calls_of_every_opinfo(dtype: torch.dtype, targets: set[str], per_op: int) -> dict[str, list[Call]]:
+    """Every OpInfo's samples of ``dtype``, each run once (forward, and backward where the
+    OpInfo differentiates), and the calls of ``targets`` they make: at most ``per_op`` each."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    found: dict[str, list[Call]] = {}
+    wanted = set(targets)
+    for info in op_db:
+        if not wanted:
+            break
+        if dtype not in info.supported_dtypes("cpu"):
+            continue
+        grad = (dtype.is_floating_point or dtype.is_complex) and info.supports_autograd
+        for call in _run_samples(info, dtype, grad, wanted, count=4):
+            calls = found.setdefault(call.target, [])
+            if len(calls) < per_op:
+                calls.append(call)
+            if len(calls) >= per_op:
+                wanted.discard(call.target)
+    return found
+
+
+def schema_calls(op, dtypes=(torch.float64, torch.int64, torch.bool)) -> list[Call]:
+    """A call of an elementwise op made from its schema alone, for ops no OpInfo reaches: the
+    first tensor argument of shape (4, 6), the others broadcast against it, each number 3
+    (2.5 where the op takes a float); the first dtype the op accepts."""
+    torch.manual_seed(0)
+    for dtype in dtypes:
+        for other in [(6,), (4, 1), (4, 6)]:
+            args = _schema_args(op._schema, dtype, other)
+            if args is None:
+                return []
+            try:
+                out = op(*args)
+            except Exception:  # the op rejects this dtype or these shapes: try the next
+                continue
+            return [Call(str(op), _detached(tuple(args)), {}, _detached(out))]
+    return []
+
+
+def _schema_args(schema, dtype: torch.dtype, other: tuple) -> list | None:
+    args, tensors = [], 0
+    for argument in schema.arguments:
+        kind = str(argument.type)
+        if argument.kwarg_only or (argument.has_default_value() and "Tensor" not in kind):
+            break
+        if kind in ("Tensor", "Optional[Tensor]"):
+            args.append(_random((4, 6) if tensors == 0 else other, dtype))
+            tensors += 1
+        elif kind in ("number", "float", "Optional[number]"):
+            args.append(True if dtype == torch.bool else 2.5 if dtype.is_floating_point and kind != "int" else 3)
+        elif kind == "int":
+            args.append(3)
+        else:
+            return None
+    return args
+
+
+def _random(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(1, 6, shape, dtype=dtype)
+    return torch.randn(shape, dtype=dtype)
