@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--time-limit", type=float, default=120.0)
-    parser.add_argument("--models", default=",".join(hf_zoo.ZOO))
+    parser.add_argument("--models", default=",".join([*hf_zoo.ZOO, *hf_zoo.MORE]))
     args = parser.parse_args()
 
     print(f"mesh ({args.mesh}) of {args.hardware}; 2 layers, width {args.width}, seq {args.seq}, batch {args.batch}")

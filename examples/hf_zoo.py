@@ -82,11 +82,34 @@ def vit(batch=4, image=32, patch=8, width=64, heads=4, layers=2, classes=10):
                                                              torch.randint(0, classes, (batch,)))
 
 
+def bloom(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256):
+    """BLOOM: ALiBi attention, whose scores come from baddbmm and whose bias repeat()s per head."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    cfg = BloomConfig(hidden_size=width, n_layer=layers, n_head=heads, vocab_size=vocab, hidden_dropout=0.0,
+                      attention_dropout=0.0)
+    return LossOf(BloomForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+
+
+def convnext(batch=4, image=32, width=64, layers=2, classes=10):
+    """ConvNeXt: depthwise 7x7 convolutions (groups = channels) between pointwise layers."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    cfg = ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[width, 2 * width], depths=[layers, layers],
+                         num_labels=classes, patch_size=4, image_size=image)
+    return LossOf(ConvNextForImageClassification(cfg), "pixel_values"), (torch.randn(batch, 3, image, image),
+                                                                         torch.randint(0, classes, (batch,)))
+
+
 def sizes(name: str, width: int = 1024, seq: int = 512, batch: int = 8) -> dict:
     """Keyword sizes for ``make`` at which sharding pays on GPUs (plan these on the meta device)."""
     heads = max(8, width // 64)
     if name == "vit":
         return {"batch": batch, "width": width, "heads": heads, "image": 224, "patch": 16}
+    if name == "convnext":
+        return {"batch": batch, "width": width // 4, "image": 224}
+    if name == "bloom":
+        return {"batch": batch, "seq": seq, "width": width, "heads": heads, "vocab": 32000}
     common = {"batch": batch, "seq": seq, "width": width, "heads": heads, "vocab": 32000}
     if name in ("llama", "mistral", "mixtral"):
         common["kv_heads"] = heads // 4
@@ -94,8 +117,10 @@ def sizes(name: str, width: int = 1024, seq: int = 512, batch: int = 8) -> dict:
 
 
 ZOO = {"gpt2": gpt2, "llama": llama, "mistral": mistral, "bert": bert, "mixtral": mixtral, "vit": vit}
+# beyond the tests' zoo: architectures whose ops once fell back to replication (benchmarks/zoo.py)
+MORE = {"bloom": bloom, "convnext": convnext}
 
 
 def make(name: str, seed: int = 0, **sizes):
     torch.manual_seed(seed)
-    return ZOO[name](**sizes)
+    return {**ZOO, **MORE}[name](**sizes)

@@ -14,6 +14,7 @@ from autopar.ops.table import rule_for
 # Core ATen overloads no graph that autopar plans contains, and why
 NEEDS_NO_RULE = {
     "aten.atan2.out": "an out= variant: captured graphs are functional and call atan2.default",
+    "aten.resize_.default": "resizes a tensor in place: captured graphs are functional",
     "aten.sym_size.int": "a size query of a symbolic shape, not a tensor op",
     "aten.sym_numel.default": "a size query of a symbolic shape, not a tensor op",
     "aten.sym_stride.int": "a size query of a symbolic shape, not a tensor op",
@@ -44,12 +45,17 @@ def op_name(op) -> str:
 
 @functools.cache
 def aten_overloads() -> tuple:
-    """Every overload of torch.ops.aten."""
+    """Every overload of torch.ops.aten the dispatcher has registered (``dir(torch.ops.aten)``
+    lists only the packets Python has loaded so far)."""
     found = []
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name, None)
-        if hasattr(packet, "overloads"):
-            found += [getattr(packet, overload) for overload in packet.overloads()]
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        try:
+            found.append(getattr(getattr(torch.ops.aten, packet), overload or "default"))
+        except (AttributeError, RuntimeError):  # an op the Python bindings do not expose
+            continue
     return tuple(found)
 
 
