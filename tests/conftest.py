@@ -1,6 +1,11 @@
 import dataclasses
+import os
 
 import pytest
+
+# XLA compiles the JAX programs and translations the tests run without LLVM's costly passes: the
+# tests check values, not speed, and the compiles are most of their time (about a fifth less)
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
 
 from autopar.cost_models.hardware import PRESETS, Link
 

@@ -8,6 +8,8 @@ import pytest
 
 from autopar.check import MIXED_TOLERANCE
 
+pytestmark = pytest.mark.slow  # each example starts torchrun and its processes
+
 
 def _torchrun(script: str, *args: str, processes: int = 4) -> list[str]:
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -89,6 +89,7 @@ def _data_dependent(call: Call) -> bool:
         isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in call.args[1])
 
 
+@pytest.mark.slow  # about 10k jit compiles of OpInfo samples
 @pytest.mark.parametrize("target", sorted(TABLE))
 def test_translation_matches_torch_on_opinfo_samples(target):
     tried, failures = {}, []

@@ -93,3 +93,19 @@ def test_a_planted_forbidden_import_is_caught_with_its_file_and_line(tmp_path):
         f"autopar/passes/predict.py:{len(lines) - 1}: autopar.passes.predict imports autopar.backends.torch "
         f"(autopar/passes/ must not import backends/)",
     ]
+
+
+def test_the_architecture_page_states_these_rules():
+    """docs/architecture.md's table of forbidden arrows is these rules, no more, no less."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = page.split("<!-- layering rules")[1].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and (cells[0].startswith("`") or cells[0] == "every room"):
+            rows[cells[0].strip("`").rstrip("/")] = tuple(re.findall(r"`(autopar[\w.]*)`", cells[1]))
+    assert {room: rows.pop(room) for room in ALLOWED_ONLY} == ALLOWED_ONLY
+    assert rows.pop("every room") == PUBLIC_FACE
+    assert rows == FORBIDDEN

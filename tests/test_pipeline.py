@@ -259,6 +259,7 @@ def _llama_70b_shaped(layers: int):
     return model, (ids, ids)
 
 
+@pytest.mark.slow  # a mesh search over every pp, dp and tp of 16 devices
 def test_the_planner_pipelines_across_slow_links_and_not_inside_a_fast_node():
     """Llama-70B-shaped layers (8 of them, to keep the test short) on 8 nodes x 8 H100s with
     25 GB/s between nodes: a pipeline over the nodes beats data parallelism across them; on one

@@ -137,6 +137,7 @@ document.body.dataset.readout = document.getElementById('readout').textContent;
 </script></body>"""
 
 
+@pytest.mark.browser
 def test_report_renders_in_a_headless_browser(plan_file, chromium, tmp_path):
     plan, _ = plan_file
     page = tmp_path / "report.html"
@@ -163,6 +164,7 @@ def test_report_renders_in_a_headless_browser(plan_file, chromium, tmp_path):
     assert len(colours) > 200 and non_white > 0.1, (len(colours), non_white)  # text, chips, charts: not blank
 
 
+@pytest.mark.browser
 def test_an_offloading_plans_report_renders_without_script_errors(offload_plan, chromium, tmp_path):
     page = tmp_path / "offload.html"
     page.write_text(render_html(offload_plan))
@@ -170,6 +172,7 @@ def test_an_offloading_plans_report_renders_without_script_errors(offload_plan, 
     assert 'data-ready="1"' in root and "data-js-errors" not in root, root
 
 
+@pytest.mark.browser
 def test_the_browser_check_sees_script_errors(plan_file, chromium, tmp_path):
     plan, _ = plan_file
     page = tmp_path / "broken.html"

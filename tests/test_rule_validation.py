@@ -73,6 +73,7 @@ def _made_calls(target: str, found: dict) -> list:
     return schema_calls(OPS[target])
 
 
+@pytest.mark.slow  # every OpInfo's samples recorded, then about 25k strategies run on 4 simulated ranks
 @pytest.mark.parametrize("target", list(OPS))
 def test_every_strategy_of_the_rule_computes_the_op(target):
     samples = _samples()[target]

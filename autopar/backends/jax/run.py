@@ -33,7 +33,7 @@ def run_jax_step(plan, model: nn.Module, inputs: tuple, seed: int, timeout_s: fl
         np.savez(os.path.join(tmp, "params.npz"), **state)
         np.savez(os.path.join(tmp, "batch.npz"), **{f"x{i}": x.detach().cpu().numpy() for i, x in enumerate(inputs)})
         np.savez(os.path.join(tmp, "masks.npz"), **torch_dropout_masks(plan, seed))
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={math.prod(plan.mesh.shape)}",
+        env = dict(os.environ, XLA_FLAGS=_with_devices(os.environ.get("XLA_FLAGS", ""), math.prod(plan.mesh.shape)),
                    JAX_PLATFORMS="cpu")
         done = subprocess.run([sys.executable, source, "--params", os.path.join(tmp, "params.npz"), "--batch",
                                os.path.join(tmp, "batch.npz"), "--grads", os.path.join(tmp, "grads.npz"),
@@ -44,6 +44,12 @@ def run_jax_step(plan, model: nn.Module, inputs: tuple, seed: int, timeout_s: fl
         saved = np.load(os.path.join(tmp, "grads.npz"))
         grads = {k: torch.from_numpy(np.array(saved[k])) for k in saved.files if k != "__loss__"}
         return float(saved["__loss__"]), grads, done.stdout
+
+
+def _with_devices(flags: str, devices: int) -> str:
+    """The caller's XLA flags, with as many host devices as the mesh has."""
+    kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={devices}"])
 
 
 def torch_dropout_masks(plan, seed: int) -> dict:
