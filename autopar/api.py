@@ -2,24 +2,19 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import sys
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 from torch import nn
 
 from autopar.capture.export import capture
 from autopar.errors import AutoparError
-from autopar.ir.hardware import Hardware
+from autopar.ir.options import PLAN, Options, signature, take
 from autopar.ir.plan import Plan
-from autopar.ir.request import (
-    DEFAULT_HARDWARE,
-    DEFAULT_OFFLOAD,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_RECOMPUTE,
-    DEFAULT_SOLVER,
-    DEFAULT_TIME_LIMIT_S,
-    PlanRequest,
-)
+from autopar.ir.request import PlanRequest
 from autopar.passes.base import Pass
 from autopar.passes.registry import pipeline
 from autopar.planning import cache as plan_cache
@@ -29,92 +24,95 @@ from autopar.planning.request import resolve
 from autopar.planning.state import remember, state_from_program
 
 
-def plan(model: nn.Module, example_inputs=(), *, mesh, kwargs: Optional[dict] = None,
-         loss_fn: Optional[Callable] = None, hardware: "str | Hardware" = DEFAULT_HARDWARE,
-         solver: str = DEFAULT_SOLVER, solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-         pin: Optional[dict] = None, memory_budget: "str | float | None" = None,
-         optimizer: str = DEFAULT_OPTIMIZER, recompute: str = DEFAULT_RECOMPUTE,
-         symbolic_dims: Optional[dict[str, int]] = None, cluster_layers: bool = True,
-         precision=None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
-         partition: str = "balanced", inv_every: Optional[int] = None, offload: "str | bool" = DEFAULT_OFFLOAD,
-         restrict: Optional[Callable] = None, passes: Sequence[Pass] = (), cache: bool = True,
-         cache_dir: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
-         verbose: bool = False) -> Plan:
+def plan(model: nn.Module, example_inputs=(), **options) -> Plan:
     """Plan the training step of ``model(*example_inputs, **kwargs)`` over ``mesh``.
 
-    The call's output holds the loss: the output itself, a dict's or a ModelOutput's ``loss``,
-    or the first floating-point scalar of a tuple; ``loss_fn(output)`` picks another. Only the loss is
+    Every option is declared in autopar.ir.options (docs/options.md lists them). The call's
+    output holds the loss: the output itself, a dict's or a ModelOutput's ``loss``, or the first
+    floating-point scalar of a tuple; ``loss_fn(output)`` picks another. Only the loss is
     differentiated; the other tensors of the output are forward values the program returns.
 
-    Runs in one process on fake tensors: no process group and no real memory, so
-    models built on the meta device plan too. ``mesh`` is a mesh ({"dp": 8, "tp": 8} or
-    "dp=8,tp=8"), or a device count (64) or "auto" (the process group's size): then every
-    1-D and 2-D mesh that respects node boundaries is planned and the fastest plan wins.
-    ``solver`` is "lp-first" (the LP relaxation, then SCIP or branch and bound on what it leaves
-    open), "mip" (SCIP alone) or "cp-sat"; ``solver_time_limit_s`` bounds each solve, which
-    then returns the best plan found with its proven gap (``plan.solver``).
-    ``pin`` fixes parameter layouts, e.g. ``{"fc1.weight": "S(0),R"}`` (one placement per
-    mesh axis); the solver lays out everything else around them. ``restrict(node, strategy)``
-    returning False rules a strategy out (autopar.baselines uses it). ``passes`` are extra
-    passes for this plan (see autopar.register_pass for every plan): each goes before
-    cluster_layers unless its ``before``/``after`` names another pass, and may add solver
-    constraints through ``ctx.constraints`` (autopar.passes.constraints).
-    ``symbolic_dims`` names input sizes, e.g. ``{"batch": 0, "seq": 1}`` (the dim index in
-    every tensor input that has it); the plan then carries its cost as a formula of them
-    (``plan.cost_formula()``, ``plan.evaluate(batch=..., seq=...)``), at the price of
-    capturing the step again at other sizes.
-    ``memory_budget`` (bytes, or text such as "60GiB"; default 90% of the device's memory)
-    bounds the predicted per-device peak, which counts ``optimizer`` state ("sgd", "adam",
-    "adam-mixed"); a budget no plan meets is an AutoparError naming the smallest peak found.
-    ``cluster_layers``: identical repeated layers share the solver's variables (their interior
-    layers take one template layer's layouts), which keeps deep models fast to solve.
-    ``recompute``: "auto" recomputes forward values in backward only when the budget needs it,
-    choosing what adds the least time; "full" recomputes for the least memory; "none" never.
-    ``precision``: None runs the model in its own dtypes; "bf16-mixed" (or "fp16-mixed", or an
-    autopar.MixedPrecision) captures the step under ``torch.autocast``: float32 parameters as
-    master weights, compute in bf16, gradients summed across ranks in float32 (see
-    autopar.ir.precision; fp16 needs torch.amp.GradScaler's loss scaling).
-    A mesh with a ``pp`` axis first ({"pp": 4, "dp": 2, "tp": 8}) pipelines the model: its
-    repeated layers are split into contiguous stages, one per pp rank (or several, for the
-    interleaved and V schedules), and the layout of the other axes, the partition, the
-    micro-batch count and the schedule are chosen together (``plan.pipeline``). ``schedule``
-    (torch.distributed.pipelining's class name without "Schedule": "GPipe", "1F1B",
-    "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV") and
-    ``microbatches`` pin them; by default both are searched. ``partition="even"`` splits the
-    layers into equal runs (as Megatron-LM does) instead of the balanced, memory-aware split.
-    ``optimizer="kfac"`` (a pipelined mesh only) plans K-FAC's work — each micro-batch's curvature
-    factors, their reduction, their inversion, the gradients' preconditioning — into the
-    pipeline's bubbles (``plan.pipeline.fill``); curvature is refreshed every ``inv_every`` steps,
-    by default the shortest cycle (up to 10 steps) within 1% of the best amortized step time.
-    Train with autopar.KFAC.
-    ``offload``: "auto" (the default) keeps parameters, with their gradients and optimizer
-    state, in host memory when the memory budget needs it (in fixed-size chunks that visit the
-    device for the statements that read them, moved as the plan fixes: ``plan.offload``), and
-    only where that is the fastest plan that fits; True offloads every parameter; False never.
-    The host's side is priced with the hardware's ``host_link``, ``host_memory_bytes`` and
-    ``host_optimizer_rate``. Not on a mesh with 'pp' yet.
-    ``cache``: a plan of the same graph, meshes, hardware spec, options and autopar code is
-    loaded from ``cache_dir`` (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans) instead
-    of solved; plans with ``restrict`` or custom passes are not cached (autopar.planning.cache).
+    Runs in one process on fake tensors: no process group and no real memory, so models built
+    on the meta device plan too. A device count (or "auto") as ``mesh`` plans every 1-D and 2-D
+    mesh of that many devices that respects node boundaries, and the fastest plan wins. Each
+    solve stops at ``solver_time_limit_s`` with the best plan found and its proven gap
+    (``plan.solver``). ``pin`` fixes parameter layouts and the solver lays out everything else
+    around them; ``restrict(node, strategy)`` returning False rules a strategy out; ``passes``
+    add constraints through ``ctx.constraints`` (autopar.passes.constraints). ``symbolic_dims``
+    makes the plan carry its cost as a formula of named input sizes (``plan.evaluate(batch=...)``).
+    The predicted per-device peak, which counts ``optimizer`` state, stays under
+    ``memory_budget`` (an AutoparError names the smallest peak found where none does), using
+    recomputation (``recompute``) and host memory (``offload``) where the budget needs them.
+    Under ``precision`` the step is captured under ``torch.autocast``: float32 parameters as
+    master weights, compute in bf16 or fp16, gradients summed in float32 (autopar.ir.precision).
+    A mesh with a ``pp`` axis first pipelines the model: its repeated layers are split into
+    stages, and the layout of the other axes, the partition, the micro-batch count and the
+    schedule are chosen together (``plan.pipeline``); ``optimizer="kfac"`` places K-FAC's work
+    in the pipeline's bubbles. A plan of the same graph, meshes, hardware, options and autopar
+    code is loaded from the plan cache instead of solved (autopar.planning.cache).
     """
-    if progress is None and verbose:
-        progress = lambda msg: print(f"[autopar] {msg}", file=sys.stderr)  # noqa: E731
+    o = take(PLAN, options)
+    with _logged_to_stderr(o.verbose):
+        return _plan(model, example_inputs, o, _logging(o.progress))
+
+
+plan.__signature__ = signature(PLAN, [
+    inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="nn.Module"),
+    inspect.Parameter("example_inputs", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=())])
+
+_log = logging.getLogger(__name__)
+
+
+def _logging(progress: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """Each stage of planning is logged (INFO, logger ``autopar.api``) and handed to the
+    caller's ``progress`` display, if any; None where nobody listens, so the solver runs
+    without a progress callback."""
+    if progress is None and not _log.isEnabledFor(logging.INFO):
+        return None
+
+    def report(message: str) -> None:
+        _log.info(message)
+        if progress is not None:
+            progress(message)
+    return report
+
+
+@contextmanager
+def _logged_to_stderr(verbose: bool):
+    """``verbose=True`` prints autopar's INFO log to stderr for this call, and only there (not
+    also through the caller's root handlers). Without it the log goes wherever the caller's
+    logging configuration sends the ``autopar`` logger."""
+    if not verbose:
+        yield
+        return
+    logger = logging.getLogger("autopar")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def _plan(model: nn.Module, example_inputs, o: Options, progress: Callable[[str], None] | None) -> Plan:
     # a bad option, mesh or hardware fails here, before any work; so does a misplaced pass
-    request = resolve(mesh, hardware, solver=solver, solver_time_limit_s=solver_time_limit_s, pin=pin,
-                      memory_budget=memory_budget, optimizer=optimizer, recompute=recompute,
-                      symbolic_dims=symbolic_dims, cluster_layers=cluster_layers, precision=precision,
-                      schedule=schedule, microbatches=microbatches, partition=partition, inv_every=inv_every,
-                      offload=offload)
-    pipeline(passes)
-    if kwargs:
+    request = resolve(o.mesh, o.hardware, **o.planning())
+    pipeline(o.passes)
+    if o.kwargs:
         _check_positional_only(request)
     if progress is not None:
         progress("capturing the training step ...")
-    program = capture(model, example_inputs, kwargs=kwargs, loss_fn=loss_fn, precision=request.precision)
+    program = capture(model, example_inputs, kwargs=o.kwargs, loss_fn=o.loss_fn, precision=request.precision)
     if progress is not None and program.expanded_from:
         progress(f"captured: {program.expanded_from}")
-    return plan_program(program, request, model, example_inputs, loss_fn=loss_fn, restrict=restrict, passes=passes,
-                        cache=cache, cache_dir=cache_dir, progress=progress)
+    return plan_program(program, request, model, example_inputs, loss_fn=o.loss_fn, restrict=o.restrict,
+                        passes=o.passes, cache=o.cache, cache_dir=o.cache_dir, progress=progress)
 
 
 def _check_positional_only(request: PlanRequest) -> None:
@@ -128,9 +126,9 @@ def _check_positional_only(request: PlanRequest) -> None:
 
 
 def plan_program(program, request: PlanRequest, model: nn.Module, example_inputs=(), *,
-                 loss_fn: Optional[Callable] = None, restrict: Optional[Callable] = None, passes: Sequence[Pass] = (),
-                 cache: bool = True, cache_dir: Optional[str] = None,
-                 progress: Optional[Callable[[str], None]] = None) -> Plan:
+                 loss_fn: Callable | None = None, restrict: Callable | None = None, passes: Sequence[Pass] = (),
+                 cache: bool = True, cache_dir: str | None = None,
+                 progress: Callable[[str], None] | None = None) -> Plan:
     """Plan a captured program (a training step, or a forward alone) for ``request``, or load
     its plan from the cache (see plan)."""
     key = None

@@ -36,7 +36,7 @@ A baseline whose memory does not fit the budget is left out (``skipped`` says wh
 from __future__ import annotations
 
 import re
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -69,8 +69,8 @@ class Baselines(dict):
         self.skipped: dict[str, str] = {}
 
 
-def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAULT_HARDWARE, heads: Optional[int] = None,
-              tp_degrees: Optional[list[int]] = None, progress: Optional[Callable[[str], None]] = None,
+def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAULT_HARDWARE, heads: int | None = None,
+              tp_degrees: list[int] | None = None, progress: Callable[[str], None] | None = None,
               program=None, **plan_options) -> Baselines:
     """The baselines for ``devices`` devices as Plans; ``plan_options`` go to autopar.plan
     (memory_budget, optimizer, solver_time_limit_s, ...), so they meet the same budget.
@@ -163,9 +163,7 @@ def _megatron(fqn: str, p: torch.Tensor, tp: int, dp: int) -> str:
         tp_dim = 0
     elif p.dim() == 2 and _ROW.search(module):
         tp_dim = 1
-    elif p.dim() == 2 and _VOCAB.search(module):
-        tp_dim = 0
-    elif p.dim() == 1 and fqn.endswith(".bias") and _COLUMN.search(module):
+    elif p.dim() == 2 and _VOCAB.search(module) or p.dim() == 1 and fqn.endswith(".bias") and _COLUMN.search(module):
         tp_dim = 0
     if tp_dim is not None and p.shape[tp_dim] % tp != 0:
         tp_dim = None
@@ -180,11 +178,11 @@ def _fsdp(p: torch.Tensor, devices: int) -> str:
     return _placement(dim)
 
 
-def _placement(dim: Optional[int]) -> str:
+def _placement(dim: int | None) -> str:
     return "R" if dim is None else str(Shard(dim))
 
 
-def _no_sequence_split(program, tokens: Optional[tuple[int, int]], axis: int):
+def _no_sequence_split(program, tokens: tuple[int, int] | None, axis: int):
     """No value the step computes (an activation, or a position embedding made from an arange)
     split along its sequence dim on mesh axis ``axis``: Megatron without sequence parallelism.
     The sequence dim is recognised by size and place: a dim of the sequence length that is not
@@ -300,7 +298,7 @@ def _batch(example_inputs) -> int:
     return int(first.shape[0])
 
 
-def _tokens(example_inputs) -> Optional[tuple[int, int]]:
+def _tokens(example_inputs) -> tuple[int, int] | None:
     """(batch, sequence length) of the first integer input of rank 2 (token ids)."""
     inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     for x in inputs:
@@ -309,7 +307,7 @@ def _tokens(example_inputs) -> Optional[tuple[int, int]]:
     return None
 
 
-def _heads_of(model: nn.Module) -> Optional[int]:
+def _heads_of(model: nn.Module) -> int | None:
     for module in model.modules():
         for holder in (getattr(module, "config", None), getattr(module, "cfg", None)):
             for attr in ("num_attention_heads", "n_head", "heads"):

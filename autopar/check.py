@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import io
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -14,10 +14,10 @@ from torch import nn
 from autopar.capture.export import find_loss, program_inputs
 from autopar.errors import AutoparError, MeshError
 from autopar.ir.mesh import Mesh
+from autopar.ir.options import CHECK, signature, take
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import STEP
-from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.parallelize import check_plan_is_for
 from autopar.runtime.local_cluster import get_cluster
 from autopar.runtime.state import whole
@@ -121,13 +121,10 @@ def output_values(output, loss=None) -> dict:
             if isinstance(leaf, torch.Tensor) and leaf is not loss}
 
 
-def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None = None, loss_fn=None,
-          hardware: str = DEFAULT_HARDWARE, plan: Plan | None = None, steps: int = 1, lr: float = 0.1,
-          measure_memory: bool = False, backend: str = "torch", precision=None, compile: bool = False,
-          schedule: Optional[str] = None, microbatches: Optional[int] = None) -> CheckReport:
+def check(model: nn.Module, example_inputs=(), **options) -> CheckReport:
     """Run the plan of ``model(*example_inputs, **kwargs)`` on a local gloo group of the mesh's
-    size; compare the loss, every gradient and the output's other tensors with eager's
-    (``loss_fn``: as autopar.plan takes it).
+    size; compare the loss, every gradient and the output's other tensors with eager's. Every
+    option is declared in autopar.ir.options (docs/options.md lists them).
 
     ``backend="jax"`` runs the emitted JAX program instead, in a fresh interpreter on as many CPU
     devices as the mesh has, and compares the first step's loss and gradients.
@@ -148,11 +145,14 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
     (``schedule`` and ``microbatches`` pin them, as in autopar.plan) and compares the loss and
     every gradient (each from the ranks of the stage that holds it).
     """
+    o = take(CHECK, options)
+    mesh, kwargs, loss_fn, hardware, plan = o.mesh, o.kwargs, o.loss_fn, o.hardware, o.plan
+    steps, lr, measure_memory, backend, compile = o.steps, o.lr, o.measure_memory, o.backend, o.compile
     inputs = program_inputs(example_inputs)
     kwargs = dict(kwargs or {})
     _check_backend_options(backend, kwargs, compile)
-    plan = _plan_to_check(model, inputs, kwargs, loss_fn, mesh, hardware, plan, parse_precision(precision),
-                          (schedule, microbatches))
+    plan = _plan_to_check(model, inputs, kwargs, loss_fn, mesh, hardware, plan, parse_precision(o.precision),
+                          (o.schedule, o.microbatches))
     if plan.pipeline is not None and (measure_memory or compile):
         raise ValueError("check of a pipelined plan runs it as planned: measure_memory and compile are not supported "
                          "for pipelines yet")
@@ -181,6 +181,11 @@ def check(model: nn.Module, example_inputs=(), *, mesh=None, kwargs: dict | None
                        tuple(r["peak_memory"] for r in results) if measure_memory else ())
 
 
+check.__signature__ = signature(CHECK, [
+    inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="nn.Module"),
+    inspect.Parameter("example_inputs", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=())])
+
+
 def _check_backend_options(backend: str, kwargs: dict, compile: bool) -> None:
     if backend not in ("torch", "jax"):
         raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'jax'")
@@ -191,7 +196,7 @@ def _check_backend_options(backend: str, kwargs: dict, compile: bool) -> None:
 
 
 def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh, hardware: str,
-                   plan: Optional[Plan], mixed: Optional[MixedPrecision], pipeline_options: tuple) -> Plan:
+                   plan: Plan | None, mixed: MixedPrecision | None, pipeline_options: tuple) -> Plan:
     """The plan check runs: ``plan``, refused where it is not a training step of this model and
     these inputs on ``mesh`` in ``mixed`` precision, or one made now."""
     from autopar.api import plan as make_plan
@@ -221,7 +226,7 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
     return plan
 
 
-def _under_autocast(step, dtype: "str | None"):
+def _under_autocast(step, dtype: str | None):
     if dtype is None:
         return step
 

@@ -16,9 +16,7 @@ import os
 import sys
 
 from autopar.errors import AutoparError
-from autopar.ir.precision import PRESETS
-from autopar.ir.request import DEFAULT_HARDWARE, DEFAULT_OPTIMIZER, DEFAULT_SOLVER, DEFAULT_TIME_LIMIT_S, SOLVERS
-from autopar.lowering.memory import OPTIMIZERS
+from autopar.ir.options import CHECK, OPTIONS, PLAN, REQUIRED
 
 
 def load_factory(spec: str):
@@ -45,13 +43,8 @@ def cmd_plan(args) -> int:
     from autopar.inspect.progress import terminal_progress
 
     model, inputs = load_factory(args.factory)
-    mesh = int(args.mesh) if args.mesh.isdigit() else args.mesh  # a device count: search the meshes
     with terminal_progress(args.quiet) as progress:
-        result = plan(model, inputs, mesh=mesh, hardware=args.hardware, solver=args.solver,
-                      solver_time_limit_s=args.time_limit, cache=not args.no_cache, cache_dir=args.cache_dir,
-                      precision=args.precision, schedule=args.schedule, microbatches=args.microbatches,
-                      optimizer=args.optimizer, inv_every=args.inv_every, memory_budget=args.memory_budget,
-                      offload=_OFFLOAD_CHOICES[args.offload], progress=progress)
+        result = plan(model, inputs, **_options(args, PLAN), progress=progress)
     print(result.summary())
     if args.out:
         with open(args.out, "w") as f:
@@ -113,8 +106,7 @@ def cmd_check(args) -> int:
     from autopar.check import check
 
     model, inputs = load_factory(args.factory)
-    report = check(model, inputs, mesh=args.mesh, hardware=args.hardware, steps=args.steps, backend=args.backend,
-                   precision=args.precision, compile=args.compile)
+    report = check(model, inputs, **_options(args, CHECK))
     print(report)
     return 0 if report.ok else 1
 
@@ -139,31 +131,41 @@ def cmd_calibrate(args) -> int:
 _OFFLOAD_CHOICES = {"auto": "auto", "always": True, "never": False}
 
 
+def _add_options(parser, command: str) -> None:
+    """The flags of ``command`` ("plan" or "check"): the options autopar.ir.options declares for it."""
+    for o in OPTIONS:
+        if command not in o.cli:
+            continue
+        help_text = o.doc.replace("%", "%%")
+        if isinstance(o.default, bool):  # a switch: --compile turns it on, --no-cache off
+            parser.add_argument(o.cli_flag, dest=o.name, action="store_false" if o.default else "store_true",
+                                help=help_text)
+        elif o.name == "offload":
+            parser.add_argument(o.cli_flag, dest=o.name, default="auto", choices=sorted(_OFFLOAD_CHOICES),
+                                help=help_text + " (auto, always, never)")
+        else:
+            parser.add_argument(o.cli_flag, dest=o.name, type=o.cli_type, choices=o.choices,
+                                default=None if o.default_in(command) is REQUIRED else o.default,
+                                required=o.default_in(command) is REQUIRED, help=help_text)
+
+
+def _options(args, command: str) -> dict:
+    """The parsed flags of ``command`` as the API's options."""
+    options = {o.name: getattr(args, o.name) for o in OPTIONS if command in o.cli}
+    if isinstance(options.get("mesh"), str) and options["mesh"].isdigit():
+        options["mesh"] = int(options["mesh"])  # a device count: search the meshes
+    if "offload" in options:
+        options["offload"] = _OFFLOAD_CHOICES[options["offload"]]
+    return options
+
+
 def _add_plan_command(sub, common) -> None:
     p = sub.add_parser("plan", parents=[common], help="plan a model and print the summary")
+    _add_options(p, PLAN)
     p.add_argument("--out", help="write the plan as JSON here")
     p.add_argument("--emit", action="append", metavar="BACKEND:PATH", help="write the program: torch:gen.py "
                                                                           "(per rank, torchrun) or jax:gen.py")
-    p.add_argument("--solver", default=DEFAULT_SOLVER, choices=SOLVERS,
-                   help="lp-first: the LP relaxation, then SCIP or branch and bound on what it leaves open (the "
-                        "default); mip: SCIP alone; cp-sat")
-    p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
-                   help="solver time limit per solve in seconds")
-    p.add_argument("--schedule", help="on a mesh with pp: the pipeline schedule (torch's class name without "
-                                      "'Schedule': GPipe, 1F1B, Interleaved1F1B, ...; default: searched)")
-    p.add_argument("--microbatches", type=int, help="on a mesh with pp: the micro-batch count (default: searched)")
-    p.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=sorted(OPTIMIZERS),
-                   help=f"the optimizer whose state is counted (default {DEFAULT_OPTIMIZER}); kfac, on a mesh with pp: "
-                        f"K-FAC with its curvature work placed in the pipeline's bubbles")
-    p.add_argument("--inv-every", type=int, help="with --optimizer kfac: steps between curvature refreshes "
-                                                 "(default: the shortest cycle within 1% of the best step time)")
-    p.add_argument("--memory-budget", help="per device, e.g. 60GiB (default: 90%% of the device's memory)")
-    p.add_argument("--offload", default="auto", choices=sorted(_OFFLOAD_CHOICES),
-                   help="parameters and optimizer state in host memory: auto (where the budget needs it), "
-                        "always, never")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.add_argument("--no-cache", action="store_true", help="solve again even if the plan cache holds this plan")
-    p.add_argument("--cache-dir", help="plan cache directory (default $AUTOPAR_CACHE_DIR or ~/.cache/autopar/plans)")
     p.set_defaults(run=cmd_plan)
 
 
@@ -173,21 +175,10 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("factory", help="MODULE:FACTORY; FACTORY() returns (model, example_inputs)")
-    common.add_argument("--mesh", required=True, help="named mesh axes, e.g. dp=2,tp=2; for plan also a device "
-                                                         "count (8) or auto: the fastest mesh of that many")
-    common.add_argument("--hardware", default=DEFAULT_HARDWARE,
-                        help=f"hardware preset (default {DEFAULT_HARDWARE}) or a spec file")
-    common.add_argument("--precision", choices=sorted(PRESETS),
-                        help="mixed precision: float32 parameters, compute in bf16 or fp16 (default: the model's "
-                             "dtypes)")
     _add_plan_command(sub, common)
     c = sub.add_parser("check", parents=[common], help="run the plan on local CPU processes and compare "
                                                         "with eager PyTorch")
-    c.add_argument("--steps", type=int, default=1, help="optimizer steps to compare (torch backend)")
-    c.add_argument("--backend", default="torch", choices=["torch", "jax"],
-                   help="run the torch program on gloo processes, or the JAX program on CPU devices")
-    c.add_argument("--compile", action="store_true",
-                   help="run the torch programs through torch.compile (Inductor), as autoparallelize(compile=True)")
+    _add_options(c, CHECK)
     c.set_defaults(run=cmd_check)
     k = sub.add_parser("calibrate", help="measure this machine (local gloo processes) and write a hardware spec")
     k.add_argument("--out", help="where to write the spec (JSON); default: the file --hardware cpu reads")

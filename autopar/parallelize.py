@@ -24,10 +24,11 @@ call; ``replan=False`` refuses another input shape instead.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import warnings
 import weakref
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -40,10 +41,10 @@ from autopar.errors import AutoparError, MeshError, NoLossError, PlanMismatchErr
 from autopar.ir.call import FlatCall, flatten_call
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
+from autopar.ir.options import PARALLELIZE, Options, signature, take
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import FORWARD, STEP
-from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.passes.registry import pipeline
 from autopar.runtime.program import global_call
 
@@ -51,21 +52,12 @@ from autopar.runtime.program import global_call
 class _Runner:
     """Plans on the first call, then runs the emitted programs on every call."""
 
-    def __init__(self, mesh, hardware: str, plan: Optional[Plan], device: Optional[str], passes: tuple,
-                 loss_fn: Optional[Callable], replan: bool, inputs: str, init, precision: Optional[MixedPrecision],
-                 compile: bool, pipeline_options: tuple = (None, None)):
-        self.mesh = Mesh.parse(mesh)
-        self.pipeline_options = pipeline_options  # (schedule, micro-batches) pinned, or None each
-        self.compile = compile
-        self.precision = precision
-        self.passes = passes
-        self.hardware = hardware
-        self.plan = plan
-        self.device = device
-        self.loss_fn = loss_fn
-        self.replan = replan
-        self.local_inputs = inputs == "local"
-        self.init = init
+    def __init__(self, options: Options):
+        """``options``: autoparallelize's, resolved (``precision`` a MixedPrecision or None)."""
+        self.options = options
+        self.mesh = Mesh.parse(options.mesh)
+        self.plan = options.plan
+        self.local_inputs = options.inputs == "local"
         self.parallel = None
         self.sync = True  # False inside no_sync()
 
@@ -102,8 +94,8 @@ class _Runner:
             raise MeshError(f"the given plan is for mesh {plan.device_mesh}, not {self.mesh}")
         else:  # on every rank, so that all of them raise
             args, kwargs = call.rebuild(call.tensors)
-            check_plan_is_for(plan, model, *args, loss_fn=self.loss_fn, **kwargs)
-        device = self.device or ("cuda" if dist.get_backend() == "nccl" else "cpu")
+            check_plan_is_for(plan, model, *args, loss_fn=self.options.loss_fn, **kwargs)
+        device = self.options.device or ("cuda" if dist.get_backend() == "nccl" else "cpu")
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
             device = f"cuda:{torch.cuda.current_device()}"
@@ -113,8 +105,8 @@ class _Runner:
         # rank 0's values: each rank receives its blocks of them (or, on the meta device, rank 0
         # initializes one module at a time)
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
-                              planner=self._planner, replan=self.replan, local_inputs=self.local_inputs,
-                              init=initializer(self.init), compile=self.compile)
+                              planner=self._planner, replan=self.options.replan, local_inputs=self.local_inputs,
+                              init=initializer(self.options.init), compile=self.options.compile)
 
     def _first_plan(self, model: nn.Module, call: FlatCall) -> Plan:
         """The training step of the first call, in training mode whatever the model's mode: its
@@ -138,18 +130,18 @@ class _Runner:
         from autopar.api import plan_program
         from autopar.planning.request import resolve
 
+        o = self.options
         args, kwargs = call.rebuild(call.tensors)
-        program = capture(model, args, kwargs=kwargs, loss_fn=self.loss_fn, training_step=kind == STEP,
-                          precision=self.precision)
+        program = capture(model, args, kwargs=kwargs, loss_fn=o.loss_fn, training_step=kind == STEP,
+                          precision=o.precision)
         # a device count searches the meshes without pp: a pipelined run takes every rank's
         # blocks from its own copy of the model, which a model built on the meta device lacks
-        schedule, microbatches = self.pipeline_options
-        request = resolve(self.mesh, self.hardware, pin=pins, precision=self.precision, pipelines=False,
-                          schedule=schedule, microbatches=microbatches)
-        return plan_program(program, request, model, args, loss_fn=self.loss_fn, passes=self.passes)
+        request = resolve(self.mesh, o.hardware, pin=pins, precision=o.precision, pipelines=False,
+                          schedule=o.schedule, microbatches=o.microbatches)
+        return plan_program(program, request, model, args, loss_fn=o.loss_fn, passes=tuple(o.passes))
 
 
-def _precision_for(precision, plan: Optional[Plan]) -> Optional[MixedPrecision]:
+def _precision_for(precision, plan: Plan | None) -> MixedPrecision | None:
     """``precision`` parsed, refused where it differs from a given plan's; a given plan's own
     where none is given."""
     mixed = parse_precision(precision)
@@ -185,7 +177,7 @@ def _pipelined(model: nn.Module, plan: Plan, device: str):
                            plan.emit("torch"))
 
 
-def initializer(init) -> Optional[Callable[[nn.Module], None]]:
+def initializer(init) -> Callable[[nn.Module], None] | None:
     """The function that initializes one module of a model on the meta device (see
     autoparallelize's ``init``; autopar.runtime.state.distribute runs it on rank 0)."""
     if init is None or callable(init):
@@ -202,7 +194,7 @@ class _ResetParameters:
         module.reset_parameters()
 
     @staticmethod
-    def refusal(model: nn.Module) -> Optional[str]:
+    def refusal(model: nn.Module) -> str | None:
         lacking = [path or type(model).__name__ for path, m in model.named_modules()
                    if any(t is not None and t.is_meta for t in list(m._parameters.values()) + list(m._buffers.values()))
                    and not hasattr(m, "reset_parameters")]
@@ -249,7 +241,7 @@ def _in_training_mode(model: nn.Module):
             m.training = training
 
 
-def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Optional[Callable] = None, **kwargs) -> None:
+def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Callable | None = None, **kwargs) -> None:
     """Refuse a plan of another computation before it runs: one made for another forward, or
     for inputs of other shapes, has the same parameters but would compute something else."""
     precision = None if plan.graph.autocast is None else MixedPrecision(plan.graph.autocast)
@@ -271,15 +263,11 @@ def _first_microbatch(x, microbatches: int):
     return x.narrow(0, 0, x.shape[0] // microbatches)
 
 
-_RUNNERS: "weakref.WeakKeyDictionary[nn.Module, _Runner]" = weakref.WeakKeyDictionary()
+_RUNNERS: weakref.WeakKeyDictionary[nn.Module, _Runner] = weakref.WeakKeyDictionary()
 _RUNNER_FACTORIES: dict[type, Callable[[], _Runner]] = {}  # a decorated class -> how its instances get a runner
 
 
-def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan: Optional[Plan] = None,
-                    device: Optional[str] = None, passes: Sequence = (), loss_fn: Optional[Callable] = None,
-                    replan: bool = True, inputs: str = "global", init="reset_parameters", precision=None,
-                    compile: bool = False, example_inputs=None, example_kwargs: Optional[dict] = None,
-                    schedule: Optional[str] = None, microbatches: Optional[int] = None):
+def autoparallelize(model=None, **options):
     """Use on an instance (returns it, its calls now running autopar's programs) or as a class
     decorator. ``passes``: extra passes for the plans (autopar.plan's ``passes``);
     ``loss_fn(output)``: picks the loss out of the model's output where autopar would not find
@@ -307,22 +295,22 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
     and ``loss.backward()`` hands each rank's parameters their gradients
     (autopar.runtime.pipeline.PipelinedModule); every rank builds the model alike (one seed),
     passes the whole batch, and holds its stages' parameters alone."""
-    parsed = Mesh.parse(mesh)  # a malformed mesh fails here, at decoration time
+    o = take(PARALLELIZE, options)
+    parsed = Mesh.parse(o.mesh)  # a malformed mesh fails here, at decoration time
     if "pp" in parsed.axis_names:
-        _check_pipeline_options(parsed, inputs, compile)
-    pipeline(passes)  # so does a misplaced pass
-    if inputs not in ("global", "local"):
-        raise ValueError(f"inputs={inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
+        _check_pipeline_options(parsed, o.inputs, o.compile)
+    pipeline(o.passes)  # so does a misplaced pass
+    if o.inputs not in ("global", "local"):
+        raise ValueError(f"inputs={o.inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
                          f"rank its block of it)")
-    initializer(init)  # so does an unknown init
-    mixed = _precision_for(precision, plan)  # and an unknown precision
+    initializer(o.init)  # so does an unknown init
+    o = o.replace(precision=_precision_for(o.precision, o.plan))  # and an unknown precision
 
     def runner() -> _Runner:
-        return _Runner(mesh, hardware, plan, device, tuple(passes), loss_fn, replan, inputs, init, mixed, compile,
-                       (schedule, microbatches))
+        return _Runner(o)
 
     if model is None or isinstance(model, type):
-        if example_inputs is not None or example_kwargs:
+        if o.example_inputs is not None or o.example_kwargs:
             raise TypeError("example_inputs shard one model instance: pass them with the instance "
                             "(autoparallelize(model, ...)); for a decorated class call autopar.prepare(instance, ...)")
         return _decorate_class(model, runner) if model is not None else lambda cls: _decorate_class(cls, runner)
@@ -332,9 +320,14 @@ def autoparallelize(model=None, *, mesh, hardware: str = DEFAULT_HARDWARE, plan:
         raise AutoparError(f"this {type(model).__name__} is autoparallelized already")
     model.__class__ = _routed(type(model))
     _RUNNERS[model] = runner()
-    if example_inputs is not None or example_kwargs:
-        prepare(model, *program_inputs(example_inputs if example_inputs is not None else ()), **(example_kwargs or {}))
+    if o.example_inputs is not None or o.example_kwargs:
+        prepare(model, *program_inputs(o.example_inputs if o.example_inputs is not None else ()),
+                **(o.example_kwargs or {}))
     return model
+
+
+autoparallelize.__signature__ = signature(PARALLELIZE, [
+    inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)])
 
 
 def prepare(model: nn.Module, *example_args, **example_kwargs) -> nn.Module:
@@ -357,7 +350,7 @@ def _decorate_class(cls, make_runner):
     return routed
 
 
-_ROUTED: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()  # a class -> its routed subclass
+_ROUTED: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()  # a class -> its routed subclass
 
 
 def _routed(cls: type) -> type:
@@ -392,7 +385,7 @@ def _plain_copy(cls: type, state: dict) -> nn.Module:
     return copied
 
 
-def _runner_of(model: nn.Module, create: bool = True) -> Optional[_Runner]:
+def _runner_of(model: nn.Module, create: bool = True) -> _Runner | None:
     runner = _RUNNERS.get(model)
     if runner is None and create:
         factory = next((_RUNNER_FACTORIES[c] for c in type(model).__mro__ if c in _RUNNER_FACTORIES), None)
@@ -414,7 +407,7 @@ def data_parallel_info(model: nn.Module) -> tuple[int, int]:
     return runner.mesh.data_parallel(dist.get_rank())
 
 
-def plan_of(model: nn.Module) -> Optional[Plan]:
+def plan_of(model: nn.Module) -> Plan | None:
     """The plan an autoparallelized model is running: the first, which laid its parameters out
     (None before its first call)."""
     runner = _runner_of(model, create=False)

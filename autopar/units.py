@@ -9,7 +9,7 @@ _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
-def parse_bytes(value: "str | float | None") -> "float | None":
+def parse_bytes(value: str | float | None) -> float | None:
     """``60e9``, ``"60GiB"``, ``"512 MB"`` -> bytes; None stays None (the default budget)."""
     if value is None or isinstance(value, (int, float)):
         if value is not None and value <= 0:

@@ -141,9 +141,10 @@ def _time_variants(rank, world_size, model_bytes, inputs, plan_jsons: dict, roun
 
 def convergence(steps: int) -> None:
     model, inputs = ill_conditioned.make()
-    sgd = min((ill_conditioned.loss_after(model, inputs, lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9), steps),
-               lr) for lr in ill_conditioned.SGD_LRS)
-    adamw = min((ill_conditioned.loss_after(model, inputs, lambda p: torch.optim.AdamW(p, lr=lr), steps), lr)
+    sgd = min((ill_conditioned.loss_after(model, inputs,
+                                          lambda p, lr=lr: torch.optim.SGD(p, lr=lr, momentum=0.9), steps), lr)
+              for lr in ill_conditioned.SGD_LRS)
+    adamw = min((ill_conditioned.loss_after(model, inputs, lambda p, lr=lr: torch.optim.AdamW(p, lr=lr), steps), lr)
                 for lr in ill_conditioned.ADAMW_LRS)
     plan = autopar.plan(model, inputs, mesh="pp=2", schedule="1F1B", microbatches=4, optimizer="kfac", inv_every=1,
                         cache=False)

@@ -70,7 +70,7 @@ def measure(rank, world_size, model_bytes, inputs, plan_json, steps, compile=Fal
     parallel = ParallelModule(model, plan, rt, plan.emit("torch"), compile=compile)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     times = []
-    for i in range(steps + 1):  # the first step warms up (and compiles)
+    for _i in range(steps + 1):  # the first step warms up (and compiles)
         torch.distributed.barrier()
         rt.bytes_moved.clear()
         start = time.perf_counter()

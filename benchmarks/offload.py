@@ -36,7 +36,6 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -61,7 +60,7 @@ ADAMW = {"lr": 1e-3}
 class Attempt:
     layers: int
     params: int  # the whole model's
-    plan: Optional[autopar.Plan]  # None: nothing fits
+    plan: autopar.Plan | None  # None: nothing fits
     error: str
     seconds: float  # planning wall time
 
@@ -111,7 +110,7 @@ def attempt_line(offload, a: Attempt) -> str:
                    f"host {human_bytes(o.host_bytes if o else 0):>8}  {chunks_note(o)}  ({a.seconds:5.1f} s to plan)")
 
 
-def largest(planner: Planner, offload, start: int, known_fit: Optional[Attempt] = None) -> Optional[Attempt]:
+def largest(planner: Planner, offload, start: int, known_fit: Attempt | None = None) -> Attempt | None:
     """The attempt at the most layers that plans: double from ``start`` until one fails, then
     bisect between the last fit and the first failure (fitting is monotone in depth)."""
     fit, layers = known_fit, start

@@ -99,7 +99,7 @@ def _joint(parallel, inputs) -> None:
 
 def _timed(rt, step, steps: int) -> dict:
     times = []
-    for i in range(steps + 1):  # the first warms up
+    for _i in range(steps + 1):  # the first warms up
         torch.distributed.barrier()
         rt.bytes_moved.clear()
         start = time.perf_counter()

@@ -93,7 +93,7 @@ class Decoder(nn.Module):
 def _timed_steps(step, steps: int) -> float:
     """Median of ``steps`` timed calls of ``step`` after one warm-up, ranks aligned by barriers."""
     times = []
-    for i in range(steps + 1):
+    for _i in range(steps + 1):
         torch.distributed.barrier()
         start = time.perf_counter()
         step()

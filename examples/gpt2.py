@@ -92,7 +92,7 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def make(size: "str | GPT2Config" = "tiny", device: str = "cpu", seed: int = 0):
+def make(size: str | GPT2Config = "tiny", device: str = "cpu", seed: int = 0):
     """(model, example inputs) for one of ``SIZES`` or a config; ``device="meta"`` builds it without memory."""
     cfg = SIZES[size] if isinstance(size, str) else size
     torch.manual_seed(seed)

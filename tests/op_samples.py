@@ -166,7 +166,7 @@ def _detached(value):
     return tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _opinfos() -> dict:
     from torch.testing._internal.common_methods_invocations import op_db
 
@@ -255,7 +255,7 @@ def _overload(target: str):
     return getattr(getattr(torch.ops.aten, name), overload)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _calls_of_opinfo(name: str, dtype: torch.dtype) -> tuple[Call, ...]:
     """Every call of a table op that the OpInfo's samples make (each OpInfo runs once per dtype)."""
     from autopar.backends.jax.aten import TABLE

@@ -86,6 +86,7 @@ def test_cli_plan_takes_a_memory_budget_and_the_offload_choice(tmp_path, capsys)
     assert "fits the memory budget of 1.0 KB" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts a fresh Python process
 def test_python_dash_m_autopar_is_the_autopar_command(tmp_path):
     import subprocess
     import sys
@@ -147,3 +148,44 @@ def test_an_autoparallelized_model_stays_its_class_and_copies_as_a_plain_model()
     assert torch.equal(twin(x, y), mlp.MLP.forward(model, x, y))  # runs eagerly, as the original's forward
     with pytest.raises(autopar.AutoparError, match="autoparallelized already"):
         autopar.autoparallelize(model, mesh="dp=2")
+
+
+def test_every_option_is_declared_once_and_the_api_and_command_take_it_from_there(capsys):
+    import inspect
+
+    from autopar.cli import main
+    from autopar.ir.options import OPTIONS, declared
+
+    for function in (autopar.plan, autopar.check, autopar.autoparallelize):
+        keywords = [p.name for p in inspect.signature(function).parameters.values()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        assert keywords == [o.name for o in declared(function.__name__)]
+    assert inspect.signature(autopar.plan).parameters["mesh"].default is inspect.Parameter.empty  # required
+    assert inspect.signature(autopar.plan).parameters["solver_time_limit_s"].default == 60.0
+    with pytest.raises(TypeError, match="unexpected option 'solver_timelimit_s'; did you mean 'solver_time_limit_s'"):
+        autopar.plan(torch.nn.Linear(2, 2), (torch.randn(1, 2),), mesh="dp=1", solver_timelimit_s=1)
+    with pytest.raises(TypeError, match="plan\\(\\) needs the option 'mesh'"):
+        autopar.plan(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    flags = {o.cli_flag for o in OPTIONS if "plan" in o.cli}
+    assert {"--time-limit", "--no-cache", "--offload", "--mesh"} <= flags
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = capsys.readouterr().out
+    for option in OPTIONS:
+        if "plan" in option.cli:
+            assert option.cli_flag in help_text, option.name
+
+
+def test_verbose_logs_each_stage_of_planning_to_stderr_and_quiet_logs_nothing(capsys, caplog):
+    from examples import mlp
+
+    model, inputs = mlp.make(batch=4, width=8, hidden=8)
+    options = dict(mesh="dp=2", cache=False)
+    autopar.plan(model, inputs, **options)
+    assert capsys.readouterr().err == ""
+    autopar.plan(model, inputs, **options, verbose=True)
+    err = capsys.readouterr().err
+    assert "[autopar.api] capturing the training step" in err and "sharding" in err
+    with caplog.at_level("INFO", logger="autopar"):  # the caller's own logging configuration
+        autopar.plan(model, inputs, **options)
+    assert any("capturing the training step" in r.getMessage() for r in caplog.records)

@@ -115,7 +115,7 @@ def _check_placement(plan) -> None:
     from autopar.passes.predict import exposed
 
     pipeline, fill = plan.pipeline, plan.pipeline.fill
-    ends = {b.action: b.end_s for b in pipeline.timeline}
+    ends = {str(b.action): b.end_s for b in pipeline.timeline}
     work = {w.name: w for w in fill.work}
     for w in fill.work:
         if w.kind == FACTOR:
@@ -135,7 +135,7 @@ def _check_placement(plan) -> None:
     times = [StageTimes(s.forward_s, s.backward_input_s, s.backward_weight_s, s.send_s) for s in pipeline.stages]
     syncs = {}  # a stage's last weight gradients run its gradient syncs too
     for s in pipeline.stages:
-        last = [b.action for b in pipeline.timeline if re.fullmatch(f"{s.index}[BW][0-9]+", b.action)][-1]
+        last = [str(b.action) for b in pipeline.timeline if re.fullmatch(f"{s.index}[BW][0-9]+", str(b.action))][-1]
         syncs[last] = exposed(s.sync_s, s.backward_s, workers.FAST.gradient_overlap)
     plain = simulate(actions, times, syncs).makespan_s
     first = {r: min(b.start_s for b in pipeline.timeline if b.rank == r) for r in range(pipeline.pp)}
@@ -263,9 +263,9 @@ def test_kfac_reaches_a_lower_loss_than_sgd_and_adamw_on_an_ill_conditioned_regr
     lr 0.03, damping 1e-3, momentum 0.9, factor decay 0.95, KL clip 1e-2, run pipelined (pp=2)."""
     steps = 30
     model, inputs = ill_conditioned.make()
-    sgd = min(ill_conditioned.loss_after(model, inputs, lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9), steps)
+    sgd = min(ill_conditioned.loss_after(model, inputs, lambda p, lr=lr: torch.optim.SGD(p, lr=lr, momentum=0.9), steps)
               for lr in ill_conditioned.SGD_LRS)
-    adamw = min(ill_conditioned.loss_after(model, inputs, lambda p: torch.optim.AdamW(p, lr=lr), steps)
+    adamw = min(ill_conditioned.loss_after(model, inputs, lambda p, lr=lr: torch.optim.AdamW(p, lr=lr), steps)
                 for lr in ill_conditioned.ADAMW_LRS)
     plan = _kfac_plan(model, inputs, "pp=2", "1F1B", inv_every=1)
     buffer = io.BytesIO()

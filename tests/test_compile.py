@@ -21,6 +21,7 @@ def test_functional_collectives_equal_the_eager_runtimes():
             torch.testing.assert_close(functional, eager, msg=name)
 
 
+@pytest.mark.slow  # torch.compile of a decoder on four ranks
 def test_a_compiled_decoder_on_dp2_tp2_equals_eager_in_one_graph_per_program():
     model, inputs = gpt2.make(SMALL)
     plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=workers.FAST)

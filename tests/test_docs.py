@@ -28,3 +28,12 @@ def test_the_runnable_blocks_of_the_page_run(page, tmp_path, monkeypatch):
         code = compile(block, f"{page.name}, runnable block {i + 1}", "exec")
         exec(code, namespace)
     assert os.getcwd() == str(tmp_path)
+
+
+def test_the_options_page_is_generated_from_the_declarations():
+    from autopar.ir.options import options_page
+
+    page = ROOT / "docs" / "options.md"
+    if os.environ.get("AUTOPAR_REGENERATE_DOCS") == "1":
+        page.write_text(options_page())
+    assert page.read_text() == options_page(), "docs/options.md is stale: see its first paragraph"

@@ -6,6 +6,7 @@ newest complete checkpoint, replans for 2 ranks and finishes. Its losses are an 
 2-process run's from the same checkpoint, and the last checkpoint loads into one process.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -79,18 +80,12 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL an agent (its process group) and its workers (their own groups), as a lost node."""
     workers = _descendants(proc.pid)
     for pid in [proc.pid, *workers]:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _tails(named: dict[str, Path]) -> str:

@@ -12,6 +12,7 @@ from autopar.capture.layer_expansion import repeated_layers
 from autopar.capture.module_paths import module_paths
 from autopar.ir.program import output_metas
 from examples import gpt2, hf_zoo
+from tests.tiers import sampled
 
 
 def structure(program) -> tuple:
@@ -44,7 +45,7 @@ def structure(program) -> tuple:
                                                          if n.op == "call_function"])
 
 
-@pytest.mark.parametrize("name", sorted(hf_zoo.ZOO))
+@pytest.mark.parametrize("name", sampled(sorted(hf_zoo.ZOO), inner_loop=["gpt2", "llama"]))
 def test_the_copied_layers_are_the_graph_a_full_trace_gives(name):
     model, inputs = hf_zoo.make(name, layers=9)
     expanded = capture(model, inputs)

@@ -116,6 +116,7 @@ def test_the_jax_program_of_a_bf16_mixed_plan_equals_eager_autocast():
         bf16_syncs.emit("jax")
 
 
+@pytest.mark.slow  # fp16 end to end; bf16's runs in the inner loop, fp16's loss scaling in its own tests
 def test_fp16_mixed_check_equals_eager_autocast():
     model, batch = gpt2.make("tiny")
     report = autopar.check(model, batch, mesh="dp=2,tp=2", hardware=workers.FAST, precision="fp16-mixed", steps=2)

@@ -138,6 +138,7 @@ def test_an_offloading_plan_trains_as_eager_adamw_within_its_predicted_memory(ti
         assert device == pytest.approx(plan.predicted.peak_memory_bytes, rel=0.10), memory
 
 
+@pytest.mark.slow  # a sweep of hardware, each planned under a budget
 def test_sharding_wins_over_a_slow_host_link_and_offload_over_a_slow_network(tiny):
     """The same budget (60% of the unconstrained peak) on two machines: where the network is far
     faster than the host link, parameters are sharded over dp and nothing is offloaded; where

@@ -57,7 +57,7 @@ def _relaxed_timing(actions: dict, stages: list) -> float:
 
     for _ in range(10_000):
         changed = False
-        for r, acts in actions.items():
+        for _r, acts in actions.items():
             clock = 0.0
             for a in acts:
                 deps = []

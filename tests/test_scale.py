@@ -118,6 +118,7 @@ def test_mesh_search_explains_a_bad_device_count():
         candidate_meshes("auto", autopar.PRESETS["h100-sxm"])
 
 
+@pytest.mark.slow  # a sweep: every baseline run on gloo
 def test_baselines_are_real_plans_that_pass_check(fast_network):
     model, inputs = gpt2.make(SMALL)
     with warnings.catch_warnings():
@@ -258,6 +259,7 @@ def test_a_descent_step_is_reused_only_where_its_optimum_still_holds():
     meets the new memory limit, and every layout that meets the new limit met the old one (the
     same rows with a lower limit, or the budgeted rows after what a rank holds all step: those
     rows are at least these, row by row)."""
+    from autopar.passes.budget_layout import BUDGETED, HELD
     from autopar.passes.budget_search import _StepMemo
     from autopar.solvers.sharding import MemoryLimit, SolverResult
 
@@ -270,24 +272,24 @@ def test_a_descent_step_is_reused_only_where_its_optimum_still_holds():
             return SolverResult((0,), 1.0, 1.0, status, 0.0, "test", 2)
         return memo.solve(key, limit, solve_now)
 
-    memo = _StepMemo(held, rows)
-    ask(memo, MemoryLimit(rows, 10.0))
-    ask(memo, MemoryLimit(rows, 8.0))  # tighter, and the result (3 bytes) meets it: reused
+    memo = _StepMemo()
+    ask(memo, MemoryLimit(rows, 10.0, BUDGETED))
+    ask(memo, MemoryLimit(rows, 8.0, BUDGETED))  # tighter, and the result (3 bytes) meets it: reused
     assert len(solves) == 1
-    ask(memo, MemoryLimit(rows, 12.0))  # looser: the optimum may have moved
-    ask(memo, MemoryLimit(rows, 2.0))  # the result no longer fits
+    ask(memo, MemoryLimit(rows, 12.0, BUDGETED))  # looser: the optimum may have moved
+    ask(memo, MemoryLimit(rows, 2.0, BUDGETED))  # the result no longer fits
     assert len(solves) == 3
 
-    memo = _StepMemo(held, rows)
-    ask(memo, MemoryLimit(held, 5.0))
-    ask(memo, MemoryLimit(rows, 5.0))  # rows <= 5 implies held <= 5: reused
+    memo = _StepMemo()
+    ask(memo, MemoryLimit(held, 5.0, HELD))
+    ask(memo, MemoryLimit(rows, 5.0, BUDGETED))  # rows <= 5 implies held <= 5: reused
     assert len(solves) == 4
-    ask(memo, MemoryLimit(held, 4.0), key="other")
-    ask(memo, MemoryLimit([[0.5, 0.5]], 4.0), key="other")  # other rows: not nested
+    ask(memo, MemoryLimit(held, 4.0, HELD), key="other")
+    ask(memo, MemoryLimit([[0.5, 0.5]], 4.0, "other rows"), key="other")  # other rows: not nested
     ask(memo, None, key="other")  # no limit at all
     assert len(solves) == 7
 
-    memo = _StepMemo(held, rows)
+    memo = _StepMemo()
     ask(memo, None, status="feasible")
-    ask(memo, MemoryLimit(rows, 5.0))  # only a time-limited result: solved again
+    ask(memo, MemoryLimit(rows, 5.0, BUDGETED))  # only a time-limited result: solved again
     assert len(solves) == 9

@@ -83,6 +83,7 @@ def test_a_checkpoint_loads_into_another_plan_and_into_a_single_process_model(tm
     assert state_workers._steps(eager, opt, batch, 2) == pytest.approx(uninterrupted[2:], rel=1e-5)
 
 
+@pytest.mark.slow  # a Hugging Face model end to end
 def test_a_hugging_face_model_exports_a_checkpoint_from_pretrained_reads(tmp_path):
     """The full state dict (torch's get_model_state_dict with full_state_dict=True, on rank 0)
     handed to save_pretrained: LlamaForCausalLM.from_pretrained gives the trained model's logits."""

@@ -1,9 +1,11 @@
 """Source printing shared by the backends: headers, argument literals, comments."""
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -48,10 +50,27 @@ def header(plan, title: str) -> list[str]:
     if plan.graph.autocast is not None:
         lines.append(one_line(f"# mixed precision: float32 parameters, computing in {plan.graph.autocast} (autocast's "
                               f"casts are statements below)"))
+    lines += parameter_layouts(plan)
     lines.append("# passes:")
     # the program is the same whether its plan was solved now or loaded from the plan cache
     lines += [one_line(f"#   {r.name}: {r.note}") for r in plan.history if r.name != "cache"]
     return lines
+
+
+def parameter_layouts(plan) -> list[str]:
+    """Each parameter's solved layout as a table, the way a hand-written layer plan reads:
+    ``fc1.weight  [4096, 1024]  R on dp, S(0) on tp`` (S(d): split along dim d; R: replicated)."""
+    axes = plan.mesh.axis_names  # a pipeline's stages are laid out over the mesh beside pp
+    rows = []
+    for node, fqn in plan.graph.params.items():
+        meta = plan.graph.node(node).outputs[0]
+        placements = plan.out_spec(node).placements
+        rows.append((fqn, shape_text(meta.shape), ", ".join(f"{p} on {axis}" for p, axis in zip(placements, axes))))
+    if not rows:
+        return []
+    name_width, shape_width = (max(len(row[i]) for row in rows) for i in (0, 1))
+    return ["# parameter layouts (S(d): split along dim d; R: replicated):"] + [
+        one_line(f"#   {fqn:<{name_width}}  {shape:<{shape_width}}  {layout}") for fqn, shape, layout in rows]
 
 
 class Sections:
@@ -152,3 +171,35 @@ def call_arguments(args: list, statement, special: Callable[[dict], str | None])
 
 def shape_text(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def constant_note(plan, node) -> str:
+    """What a float constant of ``node`` is, where a decomposition computed it and its digits do
+    not say: ``4.76837158203125e-07 = 2/4194304, 4194304 = the elements of [4096, 1024]`` (a mean's
+    gradient); "" for a constant written as people write it (``1e-05``, ``0.125``)."""
+    notes = []
+    for value in node.args:
+        if isinstance(value, float) and math.isfinite(value) and len(repr(value)) > 8:
+            note = _as_fraction(value, _global_shapes(plan, node))
+            if note:
+                notes.append(f"{value!r} = {note}")
+    return "; ".join(notes)
+
+
+def _global_shapes(plan, node) -> list[tuple]:
+    """The global shapes of ``node``'s tensor inputs and outputs."""
+    metas = [plan.graph.node(ref).outputs[0] for ref in node.refs()] + list(node.outputs)
+    return [tuple(m.shape) for m in metas if m is not None and all(isinstance(d, int) for d in m.shape)]
+
+
+def _as_fraction(value: float, shapes: list[tuple]) -> str:
+    """``k/n`` for a small integer ``k`` and ``n`` the element count or a size of one of
+    ``shapes`` (the usual origin: a mean divides by the elements it averages); else "" """
+    for shape in shapes:
+        candidates = [(math.prod(shape), f"the elements of {shape_text(shape)}")] + \
+            [(d, f"dim {i} of {shape_text(shape)}") for i, d in enumerate(shape)]
+        for n, what in candidates:
+            k = value * n
+            if n > 1 and k == round(k) and 0 < abs(k) <= 8:
+                return f"{round(k)}/{n}, {n} = {what}"
+    return ""

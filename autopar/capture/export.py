@@ -20,8 +20,7 @@ import copy
 import inspect
 import traceback
 import types
-from collections.abc import Mapping
-from typing import Callable, Optional
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.utils._pytree as pytree
@@ -63,8 +62,8 @@ class _Traced(nn.Module):
     also returns logits would get the gradients of their sum too. ``outputs`` records the tree
     of the model's output, to rebuild it from the programs' results."""
 
-    def __init__(self, model: nn.Module, call: FlatCall, loss_fn: Optional[Callable], needs_loss: bool,
-                 autocast_dtype: Optional[torch.dtype] = None):
+    def __init__(self, model: nn.Module, call: FlatCall, loss_fn: Callable | None, needs_loss: bool,
+                 autocast_dtype: torch.dtype | None = None):
         super().__init__()
         self.model = model
         self._call, self._loss_fn, self._needs_loss = call, loss_fn, needs_loss
@@ -106,7 +105,7 @@ class _Traced(nn.Module):
         return ((loss,) if loss is not None else ()) + tuple(values)
 
 
-def find_loss(output, loss_fn: Optional[Callable] = None, required: bool = True):
+def find_loss(output, loss_fn: Callable | None = None, required: bool = True):
     """The loss among a model's outputs: ``loss_fn(output)``, else the output itself, a
     ModelOutput's or a dict's ``loss``, or the first floating-point scalar of a tuple or list.
     Where none is ``required`` (a forward alone), None where there is none or it is no loss (a
@@ -146,9 +145,9 @@ def _no_loss_message(output, loss_fn) -> str:
             f"tuple whose first scalar is the loss, or a dict or ModelOutput with 'loss' (or pass loss_fn=)")
 
 
-def capture(model: nn.Module, example_inputs=(), *, kwargs: Optional[dict] = None,
-            loss_fn: Optional[Callable] = None, training_step: bool = True, expand_layers: bool = True,
-            precision: Optional[MixedPrecision] = None) -> Program:
+def capture(model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,
+            loss_fn: Callable | None = None, training_step: bool = True, expand_layers: bool = True,
+            precision: MixedPrecision | None = None) -> Program:
     """The graph of ``model(*example_inputs, **kwargs)``: with ``training_step``, the joint
     forward+backward graph of its loss (found as find_loss says, or by ``loss_fn(output)``);
     otherwise its forward alone, in the model's current mode. Under a mixed ``precision``, the
@@ -198,7 +197,7 @@ def _check_float32_masters(model: nn.Module, precision: MixedPrecision) -> None:
                            f"float32 (model.float()), or plan without precision= to train in its own dtypes")
 
 
-def _capture(traced: "_Traced", fake_inputs: tuple, fake_mode, tied: dict, *, expand_layers: bool,
+def _capture(traced: _Traced, fake_inputs: tuple, fake_mode, tied: dict, *, expand_layers: bool,
              training_step: bool) -> Program:
     program = _capture_expanded(traced, fake_inputs, fake_mode, tied) if expand_layers else None
     if program is None:
@@ -256,7 +255,7 @@ def _trace_joint(traced: _Traced, fake_inputs: tuple, fake_mode: FakeTensorMode,
 
 
 def _capture_expanded(traced: _Traced, fake_inputs: tuple, fake_mode: FakeTensorMode,
-                      tied: dict) -> Optional[Program]:
+                      tied: dict) -> Program | None:
     """Trace ``TRACED_LAYERS`` of the model's repeated layers and copy the rest; None where
     that does not apply (then every layer is traced)."""
     fake_model = traced.model
@@ -432,7 +431,7 @@ def _last(graph: fx.Graph, nodes: list) -> fx.Node:
     return max(nodes, key=order.__getitem__)
 
 
-def _seed_backward(graph: fx.Graph, tangents: list[fx.Node], loss: Optional[fx.Node], after: fx.Node) -> None:
+def _seed_backward(graph: fx.Graph, tangents: list[fx.Node], loss: fx.Node | None, after: fx.Node) -> None:
     """The joint graph takes d(loss)/d(loss) as an input; a training step starts it at one,
     right after forward's last output (backward begins there)."""
     for tangent in tangents:

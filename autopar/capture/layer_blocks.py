@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Optional
 
 from torch import fx
 
@@ -85,7 +84,7 @@ def layer_runs(program: Program, *, min_layers: int = 3) -> list[LayerRun]:
             by_prefix[m.group(1)][int(m.group(2))][m.group(3)] = placeholder
     runs = []
     for prefix, layers in by_prefix.items():
-        def signature(i):
+        def signature(i, layers=layers):
             return sorted((rest, TensorMeta.of(program.node(ph).meta.get("val"))) for rest, ph in layers[i].items())
         indices = sorted(layers)
         start = 0
@@ -98,7 +97,7 @@ def layer_runs(program: Program, *, min_layers: int = 3) -> list[LayerRun]:
     return runs
 
 
-def layer_blocks(program: Program, run: LayerRun) -> Optional[LayerBlocks]:
+def layer_blocks(program: Program, run: LayerRun) -> LayerBlocks | None:
     """Each layer's forward and backward block; None unless the layers run in order."""
     # the joint graph holds forward (up to its last output, with what it saves for backward) then backward
     calls = [n for n in program.nodes() if n.op == "call_function"]
@@ -141,7 +140,7 @@ def _derived_from_one_layer(forward: list[fx.Node], input_of: dict) -> dict[str,
     return layer_of
 
 
-def _block_starts(nodes: list[fx.Node], run: LayerRun, layer_of: dict) -> Optional[dict[int, int]]:
+def _block_starts(nodes: list[fx.Node], run: LayerRun, layer_of: dict) -> dict[int, int] | None:
     """Per layer, the position in ``nodes`` of the first op that reads one of its inputs (or a
     value made from them alone) or is one of its gradients; None unless the layers start in order
     (forward) or in reverse order (backward)."""

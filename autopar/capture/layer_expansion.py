@@ -19,8 +19,9 @@ different blocks (e.g. a per-layer constant), capture traces every layer instead
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
-from typing import Optional
+from collections.abc import Callable
 
 from torch import fx, nn
 
@@ -36,7 +37,7 @@ class CannotExpand(Exception):
     """The layers are not copies of one computation; trace them all."""
 
 
-def repeated_layers(model: nn.Module, min_layers: int = MIN_LAYERS) -> Optional[tuple[str, nn.ModuleList]]:
+def repeated_layers(model: nn.Module, min_layers: int = MIN_LAYERS) -> tuple[str, nn.ModuleList] | None:
     """The model's largest list of interchangeable layers: (its path, the list), or None."""
     best = None
     for path, module in model.named_modules():
@@ -143,7 +144,10 @@ class _Expansion:
                 continue
             block = self.found.where.get(node.name)
             if block is None:
-                self.env[node.name] = self._copy(node, self._absolute)
+                self.env[node.name] = new = self._copy(node, self._absolute)
+                # outside the blocks, an op of traced layer 3 or 4 (a backward op at a block's
+                # edge, say) is one of layer N-2 or N-1
+                _relabel_module(new, self.prefix, lambda index: self.new_layers(index)[0])
             elif block[:2] not in done_blocks:
                 done_blocks.add(block[:2])
                 self._instantiate(*block[:2])
@@ -188,10 +192,10 @@ class _Expansion:
                 groups.append([n])
         return groups
 
-    def _input_layer(self, placeholder: fx.Node) -> Optional[int]:
+    def _input_layer(self, placeholder: fx.Node) -> int | None:
         return self.found.input_of.get(placeholder.name, (None,))[0]
 
-    def _gradient_layer(self, node: fx.Node) -> Optional[int]:
+    def _gradient_layer(self, node: fx.Node) -> int | None:
         """The traced layer of the parameter ``node`` is the gradient of (it may be computed in
         a neighbour's block)."""
         fqn = self.program.grads.get(node.name) if isinstance(node, fx.Node) else None
@@ -209,7 +213,7 @@ class _Expansion:
                 rest = self.found.input_of[ph.name][1]
                 self.inputs[layer, rest] = self._placeholder(ph, layer, rest)
 
-    def _placeholder(self, ph: fx.Node, layer: Optional[int], rest: Optional[str]) -> fx.Node:
+    def _placeholder(self, ph: fx.Node, layer: int | None, rest: str | None) -> fx.Node:
         self.placeholders += 1
         new = self.graph.placeholder(f"primals_{self.placeholders}")
         new.meta = dict(ph.meta)
@@ -218,7 +222,7 @@ class _Expansion:
                 new_table[new.name] = old_table[ph.name] if layer is None else f"{self.prefix}.{layer}.{rest}"
         return new
 
-    def _rename(self, fqn: str, layer: Optional[int]) -> str:
+    def _rename(self, fqn: str, layer: int | None) -> str:
         return fqn if layer is None else f"{self.prefix}.{layer}.{LAYER_NAME.match(fqn).group(3)}"
 
     # -- ops --
@@ -227,10 +231,9 @@ class _Expansion:
         layers = self.new_layers(traced)
         for layer in (layers if phase == "f" else reversed(layers)):  # backward visits layers in reverse
             for offset, node in enumerate(self.found.blocks[phase, traced]):
-                new = self._copy(node, lambda a: self._relative(a, traced, layer))
+                new = self._copy(node, functools.partial(self._relative, traced=traced, layer=layer))
                 self.made[phase, layer, offset] = new
-                if phase == "f":
-                    _relabel_module(new, self.prefix, traced, layer)
+                _relabel_module(new, self.prefix, lambda index, shift=layer - traced: index + shift)
 
     def _relative(self, arg: fx.Node, traced: int, layer: int) -> fx.Node:
         """``arg`` as seen from layer ``traced``, resolved for the new layer ``layer``."""
@@ -274,18 +277,20 @@ class _Expansion:
         return new
 
 
-def _relabel_module(node: fx.Node, prefix: str, traced: int, layer: int) -> None:
-    """A copied forward op belongs to its new layer's module (``autopar.capture.module_paths`` reads
-    this); a block may hold ops of the next layer's module that precede its first parameter."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack or traced == layer:
-        return
+def _relabel_module(node: fx.Node, prefix: str, new_index: Callable[[int], int]) -> None:
+    """A copied op belongs to its new layer's module (``autopar.capture.module_paths`` reads this:
+    a forward op's own stack, a backward op's stack of the forward op it differentiates): each
+    layer index under ``prefix`` in them becomes ``new_index(index)``. A block may hold ops of
+    the next layer's module that precede its first parameter."""
     index = re.compile(rf"(^|\.)({re.escape(prefix)}\.)(\d+)(?=\.|$)")
 
     def moved(path: str) -> str:
-        return index.sub(lambda m: f"{m.group(1)}{m.group(2)}{int(m.group(3)) + layer - traced}", path)
+        return index.sub(lambda m: f"{m.group(1)}{m.group(2)}{new_index(int(m.group(3)))}", path)
 
-    node.meta["nn_module_stack"] = {key: (moved(path), cls) for key, (path, cls) in stack.items()}
+    for key in ("nn_module_stack", "fwd_nn_module_stack"):
+        stack = node.meta.get(key)
+        if stack:
+            node.meta[key] = {name: (moved(path), cls) for name, (path, cls) in stack.items()}
 
 
 def check_expanded(program: Program, full_model: nn.Module) -> None:

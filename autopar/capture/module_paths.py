@@ -1,12 +1,11 @@
 """Which module of the user's model each node of the joint graph comes from.
 
-Capture keeps each forward node's ``nn_module_stack``. Any other node (backward
-ops, ops canonicalize added) takes the module of the activations or parameters it
-reads, else that of the gradient it reads.
+Capture keeps each forward node's ``nn_module_stack``, and each backward node the stack
+of the forward op it differentiates (``fwd_nn_module_stack``, which the joint trace
+records). Any other node (ops canonicalize added, say) takes the module of the
+activations or parameters it reads, else that of the gradient it reads.
 """
 from __future__ import annotations
-
-from typing import Optional
 
 from torch import fx
 
@@ -36,8 +35,8 @@ def module_paths(program: Program) -> dict[str, str]:
     return paths
 
 
-def _innermost_module(node: fx.Node) -> Optional[str]:
-    stack = node.meta.get("nn_module_stack")
+def _innermost_module(node: fx.Node) -> str | None:
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
     if not stack:
         return None
     fqn = list(stack.values())[-1][0]

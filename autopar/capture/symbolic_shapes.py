@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Optional
 
 import sympy
 import torch
@@ -76,7 +75,7 @@ def resized(example_inputs: tuple, sizes: SizeSymbols, values: dict[str, int]) -
 
 
 def fit_shapes(model: nn.Module, example_inputs: tuple, program: Program, sizes: SizeSymbols,
-               progress=None, loss_fn=None) -> dict[str, tuple[Optional[TensorMeta], ...]]:
+               progress=None, loss_fn=None) -> dict[str, tuple[TensorMeta | None, ...]]:
     """node name -> its output metas with each dim a sympy expression of the named sizes."""
     names = list(sizes.dims)
     points = [(sizes.values[n], other_value(sizes.values[n])) for n in names]

@@ -24,10 +24,11 @@ copies do not overlap compute here: both run on the same cores.
 """
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -45,7 +46,7 @@ OPTIMIZER_SHAPES = ((1024, 1024),) * 4
 
 
 def calibrate(world_sizes=(2, 4), name: str = "local-cpu",
-              progress: Optional[Callable[[str], None]] = None) -> Hardware:
+              progress: Callable[[str], None] | None = None) -> Hardware:
     """The spec fitted to this machine's measurements."""
     from autopar.runtime.local_cluster import get_cluster
 
@@ -179,7 +180,7 @@ def _measure_matmuls(rank, world_size, sizes):
         a, b = torch.randn(n, n), torch.randn(n, n)
         flops = 2.0 * n ** 3
         calls = max(1, int(_WINDOW_S * 1e11 / flops))  # ~0.1 s at 100 GFLOP/s
-        out.append((flops, _per_call(lambda: torch.mm(a, b), calls)))
+        out.append((flops, _per_call(functools.partial(torch.mm, a, b), calls)))
     return out
 
 
@@ -202,8 +203,12 @@ def _measure_host_copies(rank, world_size, sizes):
     for nbytes in sizes:
         src = torch.randn(nbytes // 4)
         calls = max(1, int(_WINDOW_S * 1e10 / nbytes))  # ~0.1 s at 10 GB/s
-        out.append((nbytes, _per_call(lambda: torch.empty_like(src).copy_(src), calls)))
+        out.append((nbytes, _per_call(functools.partial(_fresh_copy, src), calls)))
     return out
+
+
+def _fresh_copy(src: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(src).copy_(src)
 
 
 def _measure_host_optimizer(rank, world_size, shapes):
@@ -230,10 +235,10 @@ def _measure_collectives(rank, world_size, group, sizes):
         local = torch.randn(nbytes // 4 // group)
         # every call moves a message of nbytes as the cost model counts it (see collectives.py)
         ops = {
-            "all_reduce": lambda: rm.all_reduce(x, "x"),
-            "all_gather": lambda: rm.all_gather(local, "x", 0),
-            "reduce_scatter": lambda: rm.reduce_scatter(x, "x", 0),
-            "all_to_all": lambda: rm.all_to_all(x, "x", 0, 0),
+            "all_reduce": functools.partial(rm.all_reduce, x, "x"),
+            "all_gather": functools.partial(rm.all_gather, local, "x", 0),
+            "reduce_scatter": functools.partial(rm.reduce_scatter, x, "x", 0),
+            "all_to_all": functools.partial(rm.all_to_all, x, "x", 0, 0),
         }
         repeats = 30 if nbytes < (1 << 20) else 12
         for kind, fn in ops.items():

@@ -44,7 +44,7 @@ def calibrated_cpu_path() -> str:
     return os.path.join(root, "cpu.json")
 
 
-def get_hardware(hardware: "str | Hardware") -> Hardware:
+def get_hardware(hardware: str | Hardware) -> Hardware:
     """A preset name, "cpu" (this machine, once calibrated), a .json/.yaml spec path, or a Hardware value."""
     if isinstance(hardware, Hardware):
         return hardware
@@ -62,7 +62,7 @@ def get_hardware(hardware: "str | Hardware") -> Hardware:
                        f"or give a .json/.yaml spec file (`autopar calibrate --out FILE` writes one)")
 
 
-def load_hardware(path: "str | os.PathLike") -> Hardware:
+def load_hardware(path: str | os.PathLike) -> Hardware:
     path = str(path)
     try:
         with open(path) as f:
@@ -84,6 +84,6 @@ def load_hardware(path: "str | os.PathLike") -> Hardware:
     return Hardware.from_dict(data, source=f"the hardware spec {path}")
 
 
-def save_hardware(hw: Hardware, path: "str | os.PathLike") -> None:
+def save_hardware(hw: Hardware, path: str | os.PathLike) -> None:
     with open(path, "w") as f:
         f.write(hw.to_json() + "\n")

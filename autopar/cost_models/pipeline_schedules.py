@@ -9,21 +9,19 @@ runs: its last rank's forwards are numbered from 1), so their lists follow that 
 every forward then every backward; 1F1B ``min(m, p - s)`` forwards on stage s, then
 backward and forward alternately, then the remaining backwards.
 
-Actions are F (forward), B (full backward), I (input gradient) and W (weight gradient) of one
-stage on one micro-batch; DualPipeV's overlapped F+B pairs are listed as their parts, which
+Actions (autopar.ir.pipeline.Action) are F (forward), B (full backward), I (input gradient) and
+W (weight gradient) of one stage on one micro-batch; DualPipeV's overlapped F+B pairs are listed as their parts, which
 torch's runtime runs one after the other.
 """
 from __future__ import annotations
 
-import re
 import types
-from dataclasses import dataclass
-from typing import Optional
 
 from torch import nn
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from autopar.errors import AutoparError
+from autopar.ir.pipeline import Action, ActionKind
 
 # schedule name (torch's class name without "Schedule") -> (class, the stages per rank it can
 # hold). InterleavedZeroBubble on one stage per rank is ZB-H1 (Qi et al. 2023).
@@ -37,23 +35,7 @@ SCHEDULES = {
 }
 # schedules whose two stages per rank run in a V: rank r holds stages r and 2p-1-r
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
-COMPUTE_KINDS = ("F", "B", "I", "W")
-
-
-@dataclass(frozen=True)
-class Action:
-    stage: int
-    kind: str  # F | B | I | W
-    microbatch: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.microbatch}"
-
-    @staticmethod
-    def parse(label: str) -> "Action":
-        """The action ``str(action)`` printed, e.g. "3F1"."""
-        stage, kind, microbatch = re.fullmatch(r"(\d+)([FBIW])(\d+)", label).groups()
-        return Action(int(stage), kind, int(microbatch))
+COMPUTE_KINDS = tuple(kind.value for kind in ActionKind)
 
 
 def check_schedule(name: str) -> None:
@@ -87,7 +69,7 @@ def action_lists(name: str, pp: int, microbatches: int, virtual: int = 1) -> dic
     if microbatches < 1:
         raise AutoparError(f"a pipeline needs at least one micro-batch, got microbatches={microbatches}")
     if name == "GPipe":
-        return {s: [Action(s, "F", i) for i in range(microbatches)] + [Action(s, "B", i) for i in range(microbatches)]
+        return {s: [Action(s, kind, i) for kind in (ActionKind.F, ActionKind.B) for i in range(microbatches)]
                 for s in range(pp)}
     if name == "1F1B":
         return {s: _one_forward_one_backward(s, pp, microbatches) for s in range(pp)}
@@ -103,11 +85,11 @@ def action_lists(name: str, pp: int, microbatches: int, virtual: int = 1) -> dic
 def _one_forward_one_backward(stage: int, pp: int, m: int) -> list[Action]:
     """Schedule1F1B's loop on ``stage``: warm-up forwards, then one backward and one forward."""
     warmup = min(m, pp - stage)
-    order = [Action(stage, "F", i) for i in range(warmup)]
+    order = [Action(stage, ActionKind.F, i) for i in range(warmup)]
     for i in range(m):
-        order.append(Action(stage, "B", i))
+        order.append(Action(stage, ActionKind.B, i))
         if warmup + i < m:
-            order.append(Action(stage, "F", warmup + i))
+            order.append(Action(stage, ActionKind.F, warmup + i))
     return order
 
 
@@ -127,10 +109,10 @@ def _compute_actions(item) -> list[Action]:
     gradient-reduction step, the parts of an overlapped pair in order."""
     if item is None:
         return []
-    parts: Optional[tuple] = item.sub_actions
+    parts: tuple | None = item.sub_actions
     if parts is not None:
         return [a for part in parts for a in _compute_actions(part)]
     kind = item.computation_type.value
     if kind not in COMPUTE_KINDS:
         return []
-    return [Action(item.stage_index, kind, item.microbatch_index)]
+    return [Action(item.stage_index, ActionKind(kind), item.microbatch_index)]

@@ -13,11 +13,11 @@ a stage keeps for backward are held from its F to its B (or its W, for a split b
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
-from autopar.cost_models.pipeline_schedules import Action
 from autopar.errors import AutoparError
+from autopar.ir.pipeline import Action
 
 
 @dataclass(frozen=True)

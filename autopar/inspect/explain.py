@@ -119,51 +119,21 @@ def _is_view(strategy) -> bool:
 
 def _explain_node(plan, program: Program, ctx: PassContext, allowed: dict, name: str) -> NodeExplanation:
     strategies, meta = program.table("strategies"), program.table("meta")
-    tied, cluster_of = program.table("tied_to"), program.table("cluster_of")
-    chosen = plan.strategies
     # the solver decides one variable per group (a node, its followers, its clustered layers):
     # price each of its values with every member moving together
-    group = _group_of(name, strategies, tied, cluster_of)
-    grad_to_param = dict(program.gradient_targets())
-    param_to_grad = {p: g for g, p in grad_to_param.items()}
-
-    def price(src_meta, src: Spec, dst: Spec, collectives: list) -> float:
-        collectives += [f"{s.kind}[{ctx.mesh.axis_names[s.axis]}]" for s in plan_steps(src, dst)
-                        if s.kind in COMMUNICATING]
-        return ctx.cost.reshard_time(src_meta, src, dst)
-
-    def layout(node: str, k: int, inside: bool):
-        return strategies[node][k] if inside else chosen[node]
-
+    group = _group_of(name, strategies, program.table("tied_to"), program.table("cluster_of"))
+    pricer = _Pricer(plan, program, ctx, group)
+    chosen = plan.strategies
     rows = []
     for k, s in enumerate(strategies[name]):
         compute = reshard_in = reshard_out = 0.0
         collectives: list[str] = []
         ok = name != program.loss or s.out_specs[0].is_replicated()  # the loss ends replicated
         for member in group:
-            own = strategies[member][k]
-            compute += own.compute_s
+            compute += strategies[member][k].compute_s
             ok = ok and (allowed.get(member) is None or allowed[member][k])
-            node = program.node(member)
-            for j, arg in enumerate(tensor_inputs(node)):
-                if arg.name not in chosen or (tied.get(member) == arg.name and len(meta[arg.name]) > 1):
-                    continue  # a getitem takes its multi-output op's layout by construction
-                src = layout(arg.name, k, arg.name in group).out_specs[0]
-                reshard_in += price(meta[arg.name][0], src, own.in_specs[j], collectives)
-            for user in node.users:
-                if user.name not in chosen or user.name in group:
-                    continue  # moves inside the group were priced as the user's inputs
-                for j, arg in enumerate(tensor_inputs(user)):
-                    if arg is node and not (tied.get(user.name) == member and len(meta[member]) > 1):
-                        reshard_out += price(meta[member][0], own.out_specs[0], chosen[user.name].in_specs[j],
-                                             collectives)
-            if member in grad_to_param:  # a gradient ends in its parameter's layout
-                param = grad_to_param[member]
-                reshard_out += price(meta[member][0], own.out_specs[0],
-                                     layout(param, k, param in group).out_specs[0], collectives)
-            if member in param_to_grad and param_to_grad[member] not in group:
-                grad = param_to_grad[member]
-                reshard_in += price(meta[grad][0], chosen[grad].out_specs[0], own.out_specs[0], collectives)
+            moved_in, moved_out = pricer.moves(member, k, collectives)
+            reshard_in, reshard_out = reshard_in + moved_in, reshard_out + moved_out
         out_meta = meta[name][0]
         nbytes = math.prod(s.out_specs[0].local_shape(out_meta.shape, ctx.mesh)) * out_meta.itemsize \
             if out_meta is not None else 0.0
@@ -174,6 +144,53 @@ def _explain_node(plan, program: Program, ctx: PassContext, allowed: dict, name:
     what = program.params.get(name) or str(program.node(name).target)
     module = plan.modules.get(name, program.params.get(name, "").rpartition(".")[0])
     return NodeExplanation(name, what, module, tuple(rows), _reason(rows, len(group), plan.solver))
+
+
+class _Pricer:
+    """The resharding a group member's layout ``k`` costs beside its neighbours' chosen layouts
+    (a neighbour inside the group moves with it)."""
+
+    def __init__(self, plan, program: Program, ctx: PassContext, group: list[str]):
+        self.plan, self.program, self.ctx, self.group = plan, program, ctx, group
+        self.strategies, self.meta = program.table("strategies"), program.table("meta")
+        self.tied = program.table("tied_to")
+        self.grad_to_param = dict(program.gradient_targets())
+        self.param_to_grad = {p: g for g, p in self.grad_to_param.items()}
+
+    def price(self, src_meta, src: Spec, dst: Spec, collectives: list) -> float:
+        collectives += [f"{s.kind}[{self.ctx.mesh.axis_names[s.axis]}]" for s in plan_steps(src, dst)
+                        if s.kind in COMMUNICATING]
+        return self.ctx.cost.reshard_time(src_meta, src, dst)
+
+    def layout(self, node: str, k: int):
+        return self.strategies[node][k] if node in self.group else self.plan.strategies[node]
+
+    def moves(self, member: str, k: int, collectives: list) -> tuple[float, float]:
+        """(seconds moving its inputs in, seconds moving its output out) under layout ``k``."""
+        chosen, meta, tied = self.plan.strategies, self.meta, self.tied
+        own = self.strategies[member][k]
+        node = self.program.node(member)
+        moved_in = moved_out = 0.0
+        for j, arg in enumerate(tensor_inputs(node)):
+            if arg.name not in chosen or (tied.get(member) == arg.name and len(meta[arg.name]) > 1):
+                continue  # a getitem takes its multi-output op's layout by construction
+            src = self.layout(arg.name, k).out_specs[0]
+            moved_in += self.price(meta[arg.name][0], src, own.in_specs[j], collectives)
+        for user in node.users:
+            if user.name not in chosen or user.name in self.group:
+                continue  # moves inside the group were priced as the user's inputs
+            for j, arg in enumerate(tensor_inputs(user)):
+                if arg is node and not (tied.get(user.name) == member and len(meta[member]) > 1):
+                    moved_out += self.price(meta[member][0], own.out_specs[0], chosen[user.name].in_specs[j],
+                                            collectives)
+        if member in self.grad_to_param:  # a gradient ends in its parameter's layout
+            param = self.grad_to_param[member]
+            moved_out += self.price(meta[member][0], own.out_specs[0], self.layout(param, k).out_specs[0],
+                                    collectives)
+        grad = self.param_to_grad.get(member)
+        if grad is not None and grad not in self.group:
+            moved_in += self.price(meta[grad][0], chosen[grad].out_specs[0], own.out_specs[0], collectives)
+        return moved_in, moved_out
 
 
 def _group_of(name: str, strategies: dict, tied: dict, cluster_of: dict) -> list[str]:

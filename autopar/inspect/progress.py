@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
 
 from rich.console import Console
 
@@ -36,7 +36,7 @@ class TerminalProgress:
 
 
 @contextmanager
-def terminal_progress(quiet: bool = False, stream=None) -> Iterator[Optional[Callable[[str], None]]]:
+def terminal_progress(quiet: bool = False, stream=None) -> Iterator[Callable[[str], None] | None]:
     """``with terminal_progress() as progress: plan(..., progress=progress)``: a display on a
     terminal, None (no display) when ``quiet`` or when ``stream`` (default stderr) is not one."""
     stream = stream or sys.stderr

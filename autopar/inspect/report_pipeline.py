@@ -30,13 +30,13 @@ def pipeline_chart(plan) -> str:
                     f'<title>idle (bubble)</title></rect>')
         for b in (b for b in pl.timeline if b.rank == rank):
             x, w = LABEL + b.start_s * scale, max((b.end_s - b.start_s) * scale, 0.5)
-            kind = b.action.rstrip("0123456789")[-1]
+            kind = b.action.kind.value
             title = f"{b.action}: {human_seconds(b.start_s)} to {human_seconds(b.end_s)}"
             rows.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW}" fill="{KIND_COLOURS[kind]}" '
                         f'stroke="#fff" stroke-width="0.5"><title>{escape(title)}</title></rect>')
             if w > 22:
                 rows.append(f'<text x="{x + w / 2:.2f}" y="{y + ROW * 0.68:.1f}" font-size="10" fill="#fff" '
-                            f'text-anchor="middle">{escape(b.action)}</text>')
+                            f'text-anchor="middle">{escape(str(b.action))}</text>')
         rows += [_filled(w, y, scale) for w in fill if w.rank == rank]
     legend = " ".join(f'<span style="color:{c}">&#9632;</span> {k}' for k, c in
                       (("F forward", KIND_COLOURS["F"]), ("B / I backward (input gradient)", KIND_COLOURS["B"]),

@@ -51,7 +51,7 @@ class BubbleFill:
     factor_bytes: float  # factors and inverses held per pp rank, at most
 
     @staticmethod
-    def from_json(d: dict) -> "BubbleFill":
+    def from_json(d: dict) -> BubbleFill:
         d = dict(d)
         d["layers"], d["first_order"] = tuple(d["layers"]), tuple(d["first_order"])
         d["work"] = tuple(Work(**{**w, "layers": tuple(w["layers"])}) for w in d["work"])

@@ -48,7 +48,7 @@ class CostFormula:
                 "collective_bytes": {k: sympy.srepr(v) for k, v in self.collective_bytes.items()}}
 
     @staticmethod
-    def from_json(d: dict) -> "CostFormula":
+    def from_json(d: dict) -> CostFormula:
         """Read with ``parse_expression``, never sympify: sympify evaluates its text as Python."""
         formula = CostFormula(dict(d["sizes"]), parse_expression(d["compute_s"]),
                               parse_expression(d["communication_s"]),

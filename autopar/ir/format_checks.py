@@ -8,7 +8,8 @@ import keyword
 import math
 import re
 import unicodedata
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import fx
@@ -26,7 +26,7 @@ class IRNode:
     target: str  # "aten.addmm.default", "getitem", or "" for placeholders and the output
     args: Any  # JSON-able; a tensor argument is {"ref": node name}
     kwargs: dict
-    outputs: tuple[Optional[TensorMeta], ...]
+    outputs: tuple[TensorMeta | None, ...]
     phase: str  # forward | backward
 
     def refs(self) -> list[str]:
@@ -41,9 +41,9 @@ class GraphIR:
     params: dict  # placeholder -> parameter FQN
     buffers: dict  # placeholder -> buffer FQN
     inputs: tuple[str, ...]  # placeholders of user inputs, in call order
-    loss: Optional[str]  # None: a forward alone whose output holds no loss
+    loss: str | None  # None: a forward alone whose output holds no loss
     grads: dict  # gradient node -> parameter FQN
-    outputs: tuple[Optional[str], ...]
+    outputs: tuple[str | None, ...]
     input_names: tuple[str, ...] = ()  # forward's argument name of each user input (plans of old files: none)
     training: bool = True  # the model's mode when captured
     kind: str = STEP  # STEP: forward and backward; FORWARD: forward alone
@@ -52,8 +52,8 @@ class GraphIR:
     values: tuple[str, ...] = ()  # the model's other output tensors, which forward returns
     mutated: dict = field(default_factory=dict)  # node -> the buffer it is forward's new value of
     input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call)
-    output_tree: Optional[OutputTree] = None  # the model's output rebuilt from loss and values
-    autocast: Optional[str] = None  # the low-precision dtype forward was captured under (mixed precision)
+    output_tree: OutputTree | None = None  # the model's output rebuilt from loss and values
+    autocast: str | None = None  # the low-precision dtype forward was captured under (mixed precision)
 
     def node(self, name: str) -> IRNode:
         return self._by_name()[name]
@@ -91,7 +91,7 @@ class GraphIR:
         }
 
     @staticmethod
-    def from_json(d: dict) -> "GraphIR":
+    def from_json(d: dict) -> GraphIR:
         nodes = tuple(
             IRNode(n["name"], n["op"], n["target"], n["args"], n["kwargs"],
                    tuple(None if m is None else TensorMeta(tuple(m["shape"]), m["dtype"]) for m in n["outputs"]),
@@ -105,7 +105,7 @@ class GraphIR:
                        dict(d.get("mutated", {})), d.get("input_structure", ""),
                        OutputTree.from_json(d.get("output_tree")), d.get("autocast"))
 
-    def renamed(self, names: dict) -> "GraphIR":
+    def renamed(self, names: dict) -> GraphIR:
         """This graph with node ``n`` called ``names.get(n, n)`` everywhere it appears."""
         def new(name):
             return names.get(name, name)
@@ -129,7 +129,7 @@ class GraphIR:
         return [o for o in self.outputs if o is not None and o in self.grads]
 
 
-def _meta_json(m: Optional[TensorMeta]):
+def _meta_json(m: TensorMeta | None):
     return None if m is None else {"shape": list(m.shape), "dtype": m.dtype}
 
 

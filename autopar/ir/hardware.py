@@ -89,7 +89,7 @@ class Hardware:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     @staticmethod
-    def from_dict(d: dict, source: str = "the hardware spec") -> "Hardware":
+    def from_dict(d: dict, source: str = "the hardware spec") -> Hardware:
         if not isinstance(d, dict):
             raise AutoparError(f"{source} must be a mapping of fields, got {type(d).__name__}")
         fields = {f.name for f in dataclasses.fields(Hardware)}

@@ -28,11 +28,11 @@ class Mesh:
                 raise MeshError(f"mesh axis {name!r} has size {size!r}; sizes must be positive integers")
 
     @staticmethod
-    def of(**axes: int) -> "Mesh":
+    def of(**axes: int) -> Mesh:
         return Mesh(tuple(axes), tuple(axes.values()))
 
     @staticmethod
-    def parse(spec: "Mesh | dict | str") -> "Mesh":
+    def parse(spec: Mesh | dict | str) -> Mesh:
         """Accept a Mesh, a dict ``{"dp": 2}``, or a string ``"dp=2,tp=2"``."""
         if isinstance(spec, Mesh):
             return spec
@@ -89,7 +89,7 @@ class Mesh:
         return {"axis_names": list(self.axis_names), "shape": list(self.shape)}
 
     @staticmethod
-    def from_json(d: dict) -> "Mesh":
+    def from_json(d: dict) -> Mesh:
         return Mesh(tuple(d["axis_names"]), tuple(d["shape"]))
 
     def __str__(self) -> str:

@@ -42,7 +42,7 @@ class Chunk:
                 "offsets": list(self.offsets), "numels": list(self.numels), "itemsize": self.itemsize}
 
     @staticmethod
-    def from_json(d: dict) -> "Chunk":
+    def from_json(d: dict) -> Chunk:
         return Chunk(d["index"], d["dtype"], d["capacity"], tuple(d["params"]), tuple(d["offsets"]),
                      tuple(d["numels"]), d["itemsize"])
 
@@ -116,7 +116,7 @@ class Offload:
                 "reason": self.reason}
 
     @staticmethod
-    def from_json(d: dict) -> "Offload":
+    def from_json(d: dict) -> Offload:
         return Offload(tuple(Chunk.from_json(c) for c in d["chunks"]), tuple(Move(*m) for m in d["moves"]),
                        d["slots"], OptimizerChoice(**d["optimizer"]), d["transfer_s"], d["exposed_s"],
                        tuple(d["device_bytes"]), d["host_bytes"], d["reason"])

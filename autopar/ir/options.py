@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
+from autopar.ir.precision import PRESETS
 from autopar.ir.request import (
     DEFAULT_HARDWARE,
     DEFAULT_OFFLOAD,
@@ -42,9 +44,9 @@ class Option:
     functions: tuple[str, ...]  # the API functions that take it
     planning: bool = False  # a PlanRequest field: autopar.planning.request.resolve reads it
     cli: tuple[str, ...] = ()  # the ``autopar`` commands that take it
-    flag: Optional[str] = None  # its flag, where not --<name with dashes>
-    cli_type: Optional[Callable] = None  # argparse's type
-    choices: Optional[tuple] = None  # the values the CLI accepts
+    flag: str | None = None  # its flag, where not --<name with dashes>
+    cli_type: Callable | None = None  # argparse's type
+    choices: tuple | None = None  # the values the CLI accepts
     required_in: tuple[str, ...] = ()  # functions that need it given
 
     @property
@@ -65,7 +67,7 @@ OPTIONS: tuple[Option, ...] = (
            _ALL, cli=(PLAN, CHECK)),
     Option("precision", "str | MixedPrecision | None", None, "None (the model's dtypes), 'bf16-mixed', 'fp16-mixed' "
            "or a MixedPrecision: float32 parameters, compute in the low precision", _ALL, planning=True,
-           cli=(PLAN, CHECK), choices=("bf16-mixed", "fp16-mixed")),
+           cli=(PLAN, CHECK), choices=tuple(PRESETS)),
     # the call
     Option("kwargs", "dict | None", None, "the model's keyword arguments, beside example_inputs", (PLAN, CHECK)),
     Option("loss_fn", "Callable | None", None, "picks the loss out of the model's output (lambda out: out.loss)",
@@ -81,7 +83,7 @@ OPTIONS: tuple[Option, ...] = (
            "the device's memory)", (PLAN,), planning=True, cli=(PLAN,)),
     Option("optimizer", "str", DEFAULT_OPTIMIZER, "the optimizer whose state is counted: 'sgd', 'adam', "
            "'adam-mixed', or 'kfac' (on a mesh with pp: its work in the pipeline's bubbles)", (PLAN,), planning=True,
-           cli=(PLAN,), choices=("sgd", "adam", "adam-mixed", "kfac")),
+           cli=(PLAN,)),
     Option("recompute", "str", DEFAULT_RECOMPUTE, "'auto' (recompute where the budget needs it), 'full' or 'none'",
            (PLAN,), planning=True),
     Option("offload", "str | bool", DEFAULT_OFFLOAD, "parameters and optimizer state in host memory: 'auto' (where "
@@ -108,7 +110,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("cache_dir", "str | None", None, "the plan cache's directory (default $AUTOPAR_CACHE_DIR or "
            "~/.cache/autopar/plans)", (PLAN,), cli=(PLAN,)),
     Option("progress", "Callable | None", None, "called with a line of text at each stage of planning", (PLAN,)),
-    Option("verbose", "bool", False, "print the stages of planning to stderr", (PLAN,)),
+    Option("verbose", "bool", False, "print the stages of planning to stderr (logger ``autopar``, INFO)", (PLAN,)),
     # running a plan
     Option("plan", "Plan | None", None, "a plan made already (autopar.plan, Plan.from_json), instead of planning",
            (CHECK, PARALLELIZE)),
@@ -155,7 +157,7 @@ class Options:
         """The options that become a PlanRequest's fields (autopar.planning.request.resolve's keywords)."""
         return {name: value for name, value in self._values.items() if _BY_NAME[name].planning}
 
-    def replace(self, **changes) -> "Options":
+    def replace(self, **changes) -> Options:
         return take(self._function, {**self._values, **changes})
 
     def __repr__(self) -> str:
@@ -205,3 +207,20 @@ def markdown_table() -> str:
         kind = o.annotation.replace(" | ", " or ")  # a pipe would end the cell
         rows.append(f"| `{o.name}` | `{kind}` | `{default}` | {takers} | {flag} | {o.doc} |")
     return "\n".join(rows)
+
+
+OPTIONS_PAGE_HEAD = """# Options
+
+Every option of `autopar.plan`, `autopar.check`, `autopar.autoparallelize` and the `autopar`
+command, generated from their declarations in `autopar/ir/options.py` (each declared once: the
+functions take their keywords, checks and defaults from there, and the command its flags and
+help). `required` marks an option a function cannot do without. A test keeps this page equal to
+the declarations; after changing them, `AUTOPAR_REGENERATE_DOCS=1 .venv/bin/python -m pytest -q
+tests/test_docs.py` rewrites it.
+
+"""
+
+
+def options_page() -> str:
+    """docs/options.md."""
+    return OPTIONS_PAGE_HEAD + markdown_table() + "\n"

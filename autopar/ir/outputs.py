@@ -4,7 +4,7 @@ program returns, a constant, or an object the programs cannot return (a KV cache
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch.utils._pytree as pytree
 
@@ -21,7 +21,7 @@ class OutputTree:
     leaves: tuple[dict, ...]
 
     @staticmethod
-    def of(spec: pytree.TreeSpec, leaves: list[dict], model_name: str) -> "OutputTree":
+    def of(spec: pytree.TreeSpec, leaves: list[dict], model_name: str) -> OutputTree:
         try:
             text = pytree.treespec_dumps(spec)
         except Exception as exc:  # torch raises several types for an unregistered node type
@@ -54,5 +54,5 @@ class OutputTree:
         return {"spec": self.spec, "leaves": list(self.leaves)}
 
     @staticmethod
-    def from_json(d: Optional[dict]) -> Optional["OutputTree"]:
+    def from_json(d: dict | None) -> OutputTree | None:
         return None if d is None else OutputTree(d["spec"], tuple(d["leaves"]))

@@ -7,10 +7,39 @@ schedule is one of torch.distributed.pipelining's, named by its class without "S
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
-from typing import Optional
+from enum import StrEnum
+from typing import NamedTuple
 
 from autopar.ir.bubbles import BubbleFill
+
+
+class ActionKind(StrEnum):
+    """What a schedule's action runs for one stage and micro-batch."""
+
+    F = "F"  # forward
+    B = "B"  # full backward
+    I = "I"  # noqa: E741 - the input gradient (a zero-bubble schedule's split backward), as torch names it
+    W = "W"  # the weight gradient
+
+
+class Action(NamedTuple):
+    """One action of a pipeline schedule: ``stage``'s ``kind`` on ``microbatch``; printed (and
+    stored in plan files) as "3F1"."""
+
+    stage: int
+    kind: ActionKind
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{ActionKind(self.kind).value}{self.microbatch}"
+
+    @staticmethod
+    def parse(label: str) -> Action:
+        """The action ``str(action)`` printed, e.g. "3F1"."""
+        stage, kind, microbatch = re.fullmatch(r"(\d+)([FBIW])(\d+)", label).groups()
+        return Action(int(stage), ActionKind(kind), int(microbatch))
 
 
 @dataclass(frozen=True)
@@ -56,7 +85,7 @@ class Stage:
 class Block:
     """One action of the simulated schedule: what the report draws."""
     rank: int
-    action: str  # e.g. "3F1": stage 3, forward, micro-batch 1
+    action: Action
     start_s: float
     end_s: float
 
@@ -86,7 +115,7 @@ class Pipeline:
     candidates: tuple[Candidate, ...] = ()  # every (schedule, micro-batches, virtual) weighed, best first
     # call node -> its unit's index in the chain (the stages' units, in order): where it runs
     node_units: dict = field(default_factory=dict)
-    fill: Optional[BubbleFill] = None  # the optimizer's deferred work placed in the bubbles (K-FAC)
+    fill: BubbleFill | None = None  # the optimizer's deferred work placed in the bubbles (K-FAC)
 
     def node_stages(self) -> dict[str, int]:
         """Call node -> the index of the stage that runs it."""
@@ -94,14 +123,16 @@ class Pipeline:
         return {node: stage_of_unit[unit] for node, unit in self.node_units.items()}
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        body = dataclasses.asdict(self)
+        body["timeline"] = [{**b, "action": str(block.action)} for b, block in zip(body["timeline"], self.timeline)]
+        return body
 
     @staticmethod
-    def from_json(d: dict) -> "Pipeline":
+    def from_json(d: dict) -> Pipeline:
         d = dict(d)
         d["stages"] = tuple(Stage(**{**s, "units": tuple(s["units"])}) for s in d["stages"])
         d["rank_peak_bytes"] = tuple(d["rank_peak_bytes"])
-        d["timeline"] = tuple(Block(**b) for b in d["timeline"])
+        d["timeline"] = tuple(Block(**{**b, "action": Action.parse(b["action"])}) for b in d["timeline"])
         d["candidates"] = tuple(Candidate(**c) for c in d.get("candidates", ()))
         d["fill"] = BubbleFill.from_json(d["fill"]) if d.get("fill") else None
         return Pipeline(**d)

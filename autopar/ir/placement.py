@@ -1,8 +1,8 @@
 """Placements in DTensor's words, and sharding specs (one placement per mesh axis)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 from autopar.ir.mesh import Mesh
 
@@ -31,7 +31,7 @@ class Partial:
         return "P"
 
 
-Placement = Union[Shard, Replicate, Partial]
+Placement = Shard | Replicate | Partial
 R = Replicate()
 P = Partial()
 
@@ -68,7 +68,7 @@ class Spec:
         return Spec, (self.placements,)
 
     @staticmethod
-    def replicated(ndim_mesh: int) -> "Spec":
+    def replicated(ndim_mesh: int) -> Spec:
         return Spec((R,) * ndim_mesh)
 
     def local_shape(self, global_shape: Sequence[int], mesh: Mesh) -> tuple[int, ...]:
@@ -111,5 +111,5 @@ class Spec:
         return ",".join(str(p) for p in self.placements)
 
     @staticmethod
-    def from_json(text: str) -> "Spec":
+    def from_json(text: str) -> Spec:
         return Spec(tuple(parse_placement(t) for t in text.split(",")))

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import sympy
 
@@ -26,7 +26,7 @@ _EMITTERS: dict[str, Callable] = {}
 _VIEWS: dict[str, Callable] = {}
 
 
-def register_emitter(backend: str, emit: Callable[["Plan"], str]) -> None:
+def register_emitter(backend: str, emit: Callable[[Plan], str]) -> None:
     _EMITTERS[backend] = emit
 
 
@@ -52,15 +52,15 @@ class Plan:
     solver: SolverStats
     history: tuple[PassRecord, ...] = field(default=())
     fallback_modules: dict = field(default_factory=dict)  # fallback node -> module path it sits in
-    formula: Optional[CostFormula] = None  # present when planned with symbolic_dims
+    formula: CostFormula | None = None  # present when planned with symbolic_dims
     recompute: tuple[str, ...] = ()  # forward variables the program computes again in backward
     prefetch: bool = False  # parameter all-gathers start a layer ahead (ZeRO-3 / FSDP prefetch)
     modules: dict = field(default_factory=dict)  # call node -> module path it comes from ("" = the model)
     # on a mesh with a pp axis: the stages, schedule and micro-batches; ``mesh`` is then one
     # stage's devices and the layouts are those of every stage
-    pipeline: Optional[Pipeline] = None
+    pipeline: Pipeline | None = None
     # parameters and optimizer state in host memory, in chunks moved as the program needs them
-    offload: Optional[Offload] = None
+    offload: Offload | None = None
     format_version: int = FORMAT_VERSION
 
     # ---- queries -------------------------------------------------------------------
@@ -186,7 +186,7 @@ class Plan:
         return json.dumps(body, indent=1)
 
     @staticmethod
-    def from_json(text: str) -> "Plan":
+    def from_json(text: str) -> Plan:
         try:
             d = json.loads(text)
         except (json.JSONDecodeError, TypeError) as exc:

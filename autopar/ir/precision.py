@@ -10,7 +10,6 @@ and is summed across ranks in ``reduce``. float16's narrow range needs loss scal
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -54,7 +53,7 @@ class MixedPrecision:
         return text if self.reduces_in_float32 else f"{text} (gradients reduced in {short[self.reduce]})"
 
 
-def parse_precision(precision) -> Optional[MixedPrecision]:
+def parse_precision(precision) -> MixedPrecision | None:
     """None (the model's own dtypes), "bf16-mixed", "fp16-mixed" or a MixedPrecision."""
     if precision is None or isinstance(precision, MixedPrecision):
         return precision

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import fx
@@ -41,7 +41,7 @@ class TensorMeta:
         return getattr(torch, self.dtype).is_floating_point
 
     @staticmethod
-    def of(value: Any) -> Optional["TensorMeta"]:
+    def of(value: Any) -> TensorMeta | None:
         if isinstance(value, torch.Tensor):
             return TensorMeta(tuple(int(d) for d in value.shape), str(value.dtype).removeprefix("torch."))
         return None
@@ -53,25 +53,25 @@ class Program:
     params: dict[str, str]  # placeholder name -> parameter FQN
     buffers: dict[str, str]  # placeholder name -> buffer FQN
     user_inputs: list[str]  # placeholder names of the model's own inputs, in order
-    loss: Optional[str]  # node name of the scalar loss (None: a forward alone whose output holds none)
+    loss: str | None  # node name of the scalar loss (None: a forward alone whose output holds none)
     grads: dict[str, str]  # node name of a gradient -> parameter FQN
-    outputs: list[Optional[str]]  # the graph's outputs in order: buffer updates, loss, values, gradients
+    outputs: list[str | None]  # the graph's outputs in order: buffer updates, loss, values, gradients
     values: list[str] = field(default_factory=list)  # the model's other output tensors, as forward returns them
     mutated: dict[str, str] = field(default_factory=dict)  # node -> the buffer it is forward's new value of
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # get_attr node -> small real tensor
     tables: dict[str, dict] = field(default_factory=dict)
-    expanded_from: Optional[str] = None  # how capture copied repeated layers (layer_expansion)
+    expanded_from: str | None = None  # how capture copied repeated layers (layer_expansion)
     input_names: list[str] = field(default_factory=list)  # forward's argument name of each user input
     training: bool = True  # the model's mode when captured (dropout on, ...)
     kind: str = STEP  # STEP: forward and backward; FORWARD: forward alone
     modes: str = ""  # each module's training flag when captured, in model.modules() order ("1": training)
     frozen: tuple[str, ...] = ()  # the parameters that took no gradient (requires_grad False)
     input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call.FlatCall)
-    output_tree: Optional[OutputTree] = None  # how the programs' results become the model's output
-    autocast: Optional[str] = None  # the low-precision dtype forward was captured under (mixed precision)
+    output_tree: OutputTree | None = None  # how the programs' results become the model's output
+    autocast: str | None = None  # the low-precision dtype forward was captured under (mixed precision)
     # while a pass runs, the side tables it declared (requires, provides, optional): the only ones
     # it may read; None outside the PassManager
-    readable: Optional[frozenset] = field(default=None, repr=False, compare=False)
+    readable: frozenset | None = field(default=None, repr=False, compare=False)
     _by_name: dict = field(default_factory=dict, repr=False, compare=False)
 
     def nodes(self) -> list[fx.Node]:
@@ -98,7 +98,7 @@ class Program:
             raise KeyError(f"side table {name!r} is missing: a pass that provides it must run first")
         return self.tables[name]
 
-    def table_if_present(self, name: str) -> Optional[dict]:
+    def table_if_present(self, name: str) -> dict | None:
         """A side table an earlier pass may have written (declared in the pass's ``optional``)."""
         self._check_declared(name)
         return self.tables.get(name)
@@ -116,14 +116,14 @@ def tensor_inputs(node: fx.Node) -> list[fx.Node]:
     return found
 
 
-def output_metas(node: fx.Node) -> tuple[Optional[TensorMeta], ...]:
+def output_metas(node: fx.Node) -> tuple[TensorMeta | None, ...]:
     val = node.meta.get("val")
     if isinstance(val, (tuple, list)):
         return tuple(TensorMeta.of(v) for v in val)
     return (TensorMeta.of(val),)
 
 
-def shape_table(program: "Program") -> dict[str, tuple[Optional[TensorMeta], ...]]:
+def shape_table(program: Program) -> dict[str, tuple[TensorMeta | None, ...]]:
     """node name -> its global output shapes and dtypes, from the fake-tensor trace."""
     return {node.name: output_metas(node) for node in program.nodes() if node.op != "output"}
 

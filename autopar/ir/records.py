@@ -3,7 +3,6 @@ the solver's outcome. Pure data with JSON round trips."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from autopar.ir.placement import Spec
 from autopar.ir.redistribute import ASYNC_KINDS, COMMUNICATING, Step
@@ -41,7 +40,7 @@ class Redistribution:
     step_bytes: tuple[float, ...]
     phase: str  # forward | backward
     consumers: tuple[str, ...]  # nodes reading the moved value; "output" for a final gradient, UPDATE for a buffer
-    wire_dtype: Optional[str] = None  # the dtype its collectives move (a gradient reduced in bf16), None: the value's
+    wire_dtype: str | None = None  # the dtype its collectives move (a gradient reduced in bf16), None: the value's
 
     @property
     def seconds(self) -> float:
@@ -67,7 +66,7 @@ class Redistribution:
                 "phase": self.phase, "consumers": list(self.consumers), "wire_dtype": self.wire_dtype}
 
     @staticmethod
-    def from_json(d: dict) -> "Redistribution":
+    def from_json(d: dict) -> Redistribution:
         return Redistribution(d["id"], d["value"], Spec.from_json(d["src"]), Spec.from_json(d["dst"]),
                               tuple(Step(*s) for s in d["steps"]), tuple(d["step_seconds"]),
                               tuple(d["step_bytes"]), d["phase"], tuple(d["consumers"]), d.get("wire_dtype"))

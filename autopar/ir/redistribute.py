@@ -8,7 +8,6 @@ axis still splits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from autopar.ir.placement import Partial, Placement, R, Replicate, Shard, Spec
 
@@ -23,8 +22,8 @@ ASYNC_KINDS = ("all_reduce", "reduce_scatter")
 class Step:
     kind: str  # all_reduce | reduce_scatter | all_gather | all_to_all | shard | zero_partial
     axis: int
-    dim: Optional[int] = None  # gather/scatter/shard dim; for all_to_all the dim that becomes sharded
-    src_dim: Optional[int] = None  # all_to_all: the dim that was sharded
+    dim: int | None = None  # gather/scatter/shard dim; for all_to_all the dim that becomes sharded
+    src_dim: int | None = None  # all_to_all: the dim that was sharded
 
     def describe(self, axis_names) -> str:
         name = axis_names[self.axis]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from autopar.ir.hardware import Hardware
 from autopar.ir.mesh import Mesh
@@ -35,17 +34,17 @@ class PlanRequest:
     recompute: str = DEFAULT_RECOMPUTE  # "auto" | "full" | "none"
     cluster_layers: bool = True
     pin: tuple[tuple[str, str], ...] = ()  # (parameter, module or glob; placements text such as "S(0),R")
-    symbolic_dims: Optional[tuple[tuple[str, int], ...]] = None  # (size name, dim index in the inputs)
+    symbolic_dims: tuple[tuple[str, int], ...] | None = None  # (size name, dim index in the inputs)
     solver: str = DEFAULT_SOLVER
     solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     # on a 2-D mesh, run the full integer program after the axis-by-axis descent (mesh search
     # runs it only on its finalists)
     full_program: bool = True
-    precision: Optional[MixedPrecision] = None  # None: the model's own dtypes
+    precision: MixedPrecision | None = None  # None: the model's own dtypes
     # on a mesh with a pp axis: the schedule (torch's class name without "Schedule") and the
     # micro-batch count; None: searched
-    schedule: Optional[str] = None
-    microbatches: Optional[int] = None
+    schedule: str | None = None
+    microbatches: int | None = None
     # how layers are split into stages: "balanced" (the least predicted time under memory) or
     # "even" (equal runs of layers, as Megatron-LM splits them)
     partition: str = "balanced"
@@ -54,16 +53,16 @@ class PlanRequest:
     sync_share: float = 1.0
     # optimizer="kfac": the steps between curvature refreshes (its factors and inverses); None:
     # chosen by the planner (autopar.planning.bubbles._refresh_period)
-    inv_every: Optional[int] = None
+    inv_every: int | None = None
     # parameters and optimizer state in host memory (autopar.passes.offload): "auto" where the
     # memory budget needs it, True always (every chunk), False never
-    offload: "str | bool" = DEFAULT_OFFLOAD
+    offload: str | bool = DEFAULT_OFFLOAD
 
     @property
     def pins(self) -> dict[str, str]:
         return dict(self.pin)
 
-    def on(self, mesh: Mesh, *, full_program: Optional[bool] = None) -> "PlanRequest":
+    def on(self, mesh: Mesh, *, full_program: bool | None = None) -> PlanRequest:
         """This request for one of its meshes."""
         full = self.full_program if full_program is None else full_program
         return dataclasses.replace(self, meshes=(mesh,), full_program=full)

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Placement, Shard, Spec
@@ -31,7 +31,7 @@ class Strategy:
     compute_s: float = 0.0
 
 
-def spec_fits(spec: Spec, meta: Optional[TensorMeta], mesh: Mesh) -> bool:
+def spec_fits(spec: Spec, meta: TensorMeta | None, mesh: Mesh) -> bool:
     """Whether a tensor of ``meta`` can lie on ``mesh`` as ``spec`` says: each dim split by one
     axis at most, into equal blocks; a partial sum only of floating-point values."""
     if meta is None:
@@ -48,8 +48,8 @@ def spec_fits(spec: Spec, meta: Optional[TensorMeta], mesh: Mesh) -> bool:
     return True
 
 
-def combine(options: Sequence[Option], in_metas: Sequence[Optional[TensorMeta]],
-            out_metas: Sequence[Optional[TensorMeta]], mesh: Mesh) -> list[tuple[tuple[Spec, ...], tuple[Spec, ...]]]:
+def combine(options: Sequence[Option], in_metas: Sequence[TensorMeta | None],
+            out_metas: Sequence[TensorMeta | None], mesh: Mesh) -> list[tuple[tuple[Spec, ...], tuple[Spec, ...]]]:
     """Every (input specs, output specs) that picks one of an op's 1-D ``options`` per mesh
     axis and fits its tensors, each once, in the order the options give them."""
     found: dict = {}

@@ -3,9 +3,10 @@
 Parameters and buffers are named by their path (``blocks.0.attn.q.weight`` ->
 ``blocks_0_attn_q_weight``), the model's inputs by forward's argument names, its other
 outputs by their place in its output (``logits``), each gradient ``grad_<parameter>``, and
-CPU flash attention's values ``attention`` (the program calls the device's kernel); every
-other value keeps its graph name. The plan's own
-node names (what plans, pins and explain use) do not change.
+CPU flash attention's values ``attention`` (the program calls the device's kernel). Every
+other value computed inside a submodule is named by the module and its op
+(``blocks_0_attn_bmm``, then ``blocks_0_attn_bmm_1``); the model's own values keep their
+graph name. The plan's own node names (what plans, pins and explain use) do not change.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ _CPU_ATTENTION = "_scaled_dot_product_flash_attention_for_cpu"
 
 def readable(plan):
     """``plan`` with its nodes renamed for printing (its hash and fingerprint are the original's)."""
-    names = readable_names(plan.graph)
+    names = readable_names(plan.graph, plan.modules)
     new = names.get
     # a recomputed variable can be a moved value (``<node>__<redistribution>``)
     moved = {moved_name(r.value, r.id): moved_name(new(r.value, r.value), r.id) for r in plan.redistributions}
@@ -48,8 +49,9 @@ def readable(plan):
     )
 
 
-def readable_names(graph) -> dict[str, str]:
-    """graph node name -> the name to print, for the nodes that get one."""
+def readable_names(graph, modules: dict[str, str] | None = None) -> dict[str, str]:
+    """graph node name -> the name to print, for the nodes that get one (``modules``: node ->
+    the path of the module it was computed in, ``Plan.modules``)."""
     wanted = {}
     for ph, fqn in list(graph.params.items()) + list(graph.buffers.items()):
         wanted[ph] = identifier(fqn)
@@ -64,6 +66,7 @@ def readable_names(graph) -> dict[str, str]:
     for node in graph.nodes:  # named by what it computes: the program runs the device's own kernel
         if node.name.startswith(_CPU_ATTENTION):
             wanted.setdefault(node.name, "attention" + node.name.removeprefix(_CPU_ATTENTION))
+    _name_by_module(graph, modules or {}, wanted)
     taken = {n.name for n in graph.nodes if n.name not in wanted} | _RESERVED
     names = {}
     for node, name in wanted.items():
@@ -80,3 +83,17 @@ def identifier(text: str) -> str:
     if not name or name[0].isdigit() or keyword.iskeyword(name):
         name = "_" + name
     return name
+
+
+def _name_by_module(graph, modules: dict[str, str], wanted: dict[str, str]) -> None:
+    """``<module>_<op>`` (numbered from the second on) for each value computed in a submodule
+    that has no name yet: the op is the graph name without its counter (``addmm_1`` -> ``addmm``)."""
+    seen: dict[str, int] = {}
+    for node in graph.nodes:
+        module = modules.get(node.name)
+        if node.op != "call" or not module or node.name in wanted:
+            continue
+        stem = identifier(module) + "_" + re.sub(r"_\d+$", "", node.name)
+        count = seen.get(stem, 0)
+        seen[stem] = count + 1
+        wanted[node.name] = stem if count == 0 else f"{stem}_{count}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Optional
 
 from autopar.ir.graph import GraphIR, IRNode, resolve_target
 from autopar.ir.mesh import Mesh
@@ -36,14 +35,14 @@ RETURNS = ("forward_output", "output")  # the statements that hand values back t
 @dataclass
 class Statement:
     kind: str  # placeholder | constant | call | getitem | move | start | wait | forward_output | output
-    defines: Optional[str]  # the variable it binds
+    defines: str | None  # the variable it binds
     uses: tuple[str, ...] = ()  # variables it reads, in order
-    node: Optional[IRNode] = None
+    node: IRNode | None = None
     redistribution: object = None  # for move / start / wait
     step: int = 0  # which step of the redistribution
     nbytes: float = 0.0  # new storage it allocates (0 for a view of an input)
     scratch: float = 0.0  # bytes held only while it runs
-    alias_of: Optional[str] = None  # a view: the variable whose storage it shares
+    alias_of: str | None = None  # a view: the variable whose storage it shares
     frees: list[str] = field(default_factory=list)  # variables dead after it: the program deletes them
     recomputed: bool = False  # a forward statement run again in backward (autopar.passes.recompute)
     prefetch: bool = False  # a parameter gather started a layer ahead (prefetch_parameter_gathers)
@@ -158,7 +157,7 @@ class _Scheduler:
             self.copies[var] = copy
         return self.copies[var]
 
-    def local_bytes(self, name: str, index: Optional[int] = None) -> float:
+    def local_bytes(self, name: str, index: int | None = None) -> float:
         node = self.graph.node(name)
         specs = self.strategies[name].out_specs
         total = 0.0
@@ -253,7 +252,7 @@ def prefetch_parameter_gathers(statements: list[Statement], graph: GraphIR) -> l
             else:
                 runs.append((layer, [(i, found[1])]))
     starts: dict[int, list[Statement]] = {}  # statement index -> the statements issued right before it
-    replaced: dict[int, Optional[Statement]] = {}  # index -> its wait, or None for a view moved up
+    replaced: dict[int, Statement | None] = {}  # index -> its wait, or None for a view moved up
     for j, (_, run) in enumerate(runs):
         anchor = runs[max(j - 1, 0)][1][0][0]
         if (anchor < boundary) != (run[0][0] < boundary):  # no gather runs from forward into backward
@@ -278,7 +277,7 @@ def prefetch_parameter_gathers(statements: list[Statement], graph: GraphIR) -> l
 
 
 def _parameter_view_chain(var: str, statements: list[Statement], defined_at: dict,
-                          graph: GraphIR) -> Optional[tuple[str, list[int]]]:
+                          graph: GraphIR) -> tuple[str, list[int]] | None:
     """(the parameter placeholder ``var`` is, or is a chain of views of, the indices of those
     views in program order), or None where ``var`` is computed otherwise."""
     chain = []

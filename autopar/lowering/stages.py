@@ -18,7 +18,6 @@ dtype (usually it is that value's gradient); where none is free, stage k sends a
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
 
 from autopar.errors import AutoparError
 from autopar.lowering.schedule import RETURNS, Statement, backward_start, schedule, with_frees
@@ -30,7 +29,7 @@ class Slot:
     var: str
     shape: tuple[int, ...]
     dtype: str
-    carries: Optional[str] = None  # the backward value that comes back in its gradient's place
+    carries: str | None = None  # the backward value that comes back in its gradient's place
     carrier: bool = False  # a zero tensor sent only for its gradient slot
 
     @property
@@ -53,7 +52,7 @@ class StageProgram:
     saved: tuple[str, ...]  # forward values its backward reads, in the order forward defines them
     kept: tuple[str, ...]  # what the weight-gradient program reads of the input-gradient one's and its inputs
     gradients: tuple[str, ...]  # the gradient nodes of its parameters, in GraphIR.gradients' order
-    loss: Optional[str]  # the loss, on the last stage
+    loss: str | None  # the loss, on the last stage
     # of ``saved``: the counts of labelled targets a mean loss divides by (nll_loss's total
     # weight), which must be alike in every micro-batch for their mean to be the batch's
     normalizers: tuple[str, ...] = ()

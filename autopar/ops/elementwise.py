@@ -3,7 +3,6 @@ of a partial sum), copy, and the rule every op PyTorch tags pointwise gets by de
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import torch
 
@@ -12,7 +11,7 @@ from autopar.ops.kinds import LetterRule, Letters, OpCall, broadcast_letters, po
 aten = torch.ops.aten
 
 
-def _narrows(source: Optional[str], target: Optional[str]) -> bool:
+def _narrows(source: str | None, target: str | None) -> bool:
     """Whether a cast from dtype ``source`` to ``target`` keeps fewer significant bits."""
     if source is None or target is None:
         return False
@@ -44,7 +43,7 @@ COPY = LetterRule(_copy)
 TAGGED_POINTWISE = pointwise("none")  # no partial sum through an op nothing says is linear
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def is_tagged_pointwise(op) -> bool:
     """An op PyTorch tags pointwise that returns new tensors (not a bool: ``equal``) and draws no
     random numbers."""

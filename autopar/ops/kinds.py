@@ -9,8 +9,9 @@ without the letter holds a partial sum.
 from __future__ import annotations
 
 import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -28,10 +29,10 @@ class OpCall:
     args: tuple
     kwargs: dict
     in_shapes: tuple[tuple[int, ...], ...]  # one per tensor input, in flattened argument order
-    out_shapes: tuple[Optional[tuple[int, ...]], ...]  # None where an output is not a tensor
+    out_shapes: tuple[tuple[int, ...] | None, ...]  # None where an output is not a tensor
     in_floating: tuple[bool, ...] = ()
-    in_dtypes: tuple[Optional[str], ...] = ()  # "float32", ... per tensor input (empty: not known)
-    out_dtypes: tuple[Optional[str], ...] = ()  # per output, None where it is not a tensor
+    in_dtypes: tuple[str | None, ...] = ()  # "float32", ... per tensor input (empty: not known)
+    out_dtypes: tuple[str | None, ...] = ()  # per output, None where it is not a tensor
     # the plan's precision lets partial sums be rounded to a lower precision before they are summed
     # (MixedPrecision(reduce=<the compute dtype>)); otherwise a cast down never takes a partial sum
     low_precision_partials: bool = False
@@ -48,15 +49,15 @@ class LocalShapes:
     rewrites size-like arguments from (``Rule.local_args``)."""
 
     inputs: tuple[tuple[int, ...], ...]
-    outputs: tuple[Optional[tuple[int, ...]], ...]
+    outputs: tuple[tuple[int, ...] | None, ...]
 
 
 @dataclass(frozen=True)
 class Letters:
     """Einsum-style description of one op call."""
 
-    inputs: tuple[Optional[str], ...]
-    outputs: tuple[Optional[str], ...]
+    inputs: tuple[str | None, ...]
+    outputs: tuple[str | None, ...]
     fixed: frozenset = frozenset()  # letters that must stay whole (normalised, sliced, max-reduced...)
     additive: frozenset = frozenset()  # inputs added to the result (a bias): Partial when the sum is split
     partial_inputs: tuple[frozenset, ...] = ()  # input sets that may be Partial (rest Replicate) -> Partial out
@@ -91,7 +92,7 @@ class Rule:
     """Base: a rule produces options; ``follower`` ops take their single input's layout."""
 
     follower: bool = False
-    shape_arg: Optional[int] = None  # argument holding the output size: rewritten to the local size
+    shape_arg: int | None = None  # argument holding the output size: rewritten to the local size
     free: bool = False  # metadata-only (a view): no kernel runs, so no compute time
 
     def options(self, call: OpCall) -> list[Option]:
@@ -134,9 +135,9 @@ class LetterRule(Rule):
 
     make: Callable[[OpCall], Letters]
     follower: bool = False
-    shape_arg: Optional[int] = None
+    shape_arg: int | None = None
     contraction: bool = False  # flops = 2 * prod(letter sizes), as for matmuls
-    flop_fn: Optional[Callable] = None
+    flop_fn: Callable | None = None
     free: bool = False
 
     def options(self, call: OpCall) -> list[Option]:
@@ -155,7 +156,7 @@ class LetterRule(Rule):
         return super().flops(call, in_shapes, out_shapes)
 
 
-def einsum(equation: str, bias: Optional[str] = None) -> LetterRule:
+def einsum(equation: str, bias: str | None = None) -> LetterRule:
     """``einsum("mk,kn->mn", bias="n")``: a contraction, optionally with an added bias first."""
     lhs, rhs = equation.split("->")
     operands = tuple(lhs.split(","))
@@ -239,7 +240,7 @@ def _dims(value, rank: int) -> list[int]:
     return sorted(d % rank if rank else 0 for d in value)
 
 
-def reduction(dims_arg: Optional[int], keepdim_arg: Optional[int], kind: str) -> LetterRule:
+def reduction(dims_arg: int | None, keepdim_arg: int | None, kind: str) -> LetterRule:
     """A reduction over ``dims_arg`` (None: every dim), keeping them as size 1 where the
     ``keepdim`` argument (position ``keepdim_arg``, or keyword) says. ``kind`` is "sum" (a
     split sum gives a partial sum), "mean" (linear, but the reduced dims stay whole) or
@@ -276,7 +277,7 @@ def normalize(dim_arg: int) -> LetterRule:
     return LetterRule(make, follower=True)
 
 
-def letters(ins: Sequence[Optional[str]], outs: Sequence[Optional[str]], fixed: str = "", additive=(),
+def letters(ins: Sequence[str | None], outs: Sequence[str | None], fixed: str = "", additive=(),
             flop_fn=None, contraction=False) -> LetterRule:
     """A fixed-rank op written out by hand, e.g. embedding ``("vh", "bt") -> "bth"``."""
     lt = Letters(tuple(ins), tuple(outs), fixed=frozenset(fixed), additive=frozenset(additive))
@@ -303,7 +304,7 @@ class ViewRule(Rule):
 
     follower: bool = True
     free: bool = True
-    shape_arg: Optional[int] = 1
+    shape_arg: int | None = 1
     reshape_locally: bool = True  # unsqueeze's own call is right on any block
 
     def local_call(self, call: OpCall, local: LocalShapes) -> tuple[Any, list]:
@@ -352,7 +353,7 @@ class ExpandRule(Rule):
 
     follower: bool = True
     free: bool = True
-    shape_arg: Optional[int] = 1
+    shape_arg: int | None = 1
 
     def options(self, call: OpCall) -> list[Option]:
         src, dst = call.in_shapes[0], call.out_shapes[0]
@@ -395,10 +396,10 @@ class PermuteRule(Rule):
 class FactoryRule(Rule):
     """full/zeros/ones/empty: each rank makes its local block directly."""
 
-    shape_arg: Optional[int] = 0
+    shape_arg: int | None = 0
     shardable: bool = True
 
-    stride_arg: Optional[int] = None  # empty_strided's strides: rewritten to the local block's
+    stride_arg: int | None = None  # empty_strided's strides: rewritten to the local block's
 
     def options(self, call: OpCall) -> list[Option]:
         opts = [Option((), (R,))]
@@ -418,7 +419,7 @@ class NewFactoryRule(FactoryRule):
     """new_empty / new_zeros / new_full / new_empty_strided(self, size, ...): a factory that
     reads only its input's dtype and device, so the input may lie in any layout."""
 
-    shape_arg: Optional[int] = 1
+    shape_arg: int | None = 1
 
     def options(self, call: OpCall) -> list[Option]:
         rank = len(call.in_shapes[0])

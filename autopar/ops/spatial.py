@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import string
-from typing import Optional
 
 import torch
 
@@ -54,7 +53,7 @@ def _col2im(call: OpCall) -> Letters:
     return Letters((batch + "cL",), (batch + "cHW",), fixed=frozenset("LHW"), partial_inputs=(frozenset({0}),))
 
 
-def _batch_norm(training_arg: Optional[int], name: str = "training", backward: bool = False) -> LetterRule:
+def _batch_norm(training_arg: int | None, name: str = "training", backward: bool = False) -> LetterRule:
     """Batch norm's channels shard; its statistics span the batch and spatial dims, which stay
     whole in training (SyncBatchNorm's numbers, not each rank's own). In evaluation (running
     statistics) every dim shards. Every 1-D tensor (weight, bias, running and saved statistics)

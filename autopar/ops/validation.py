@@ -14,8 +14,9 @@ honest the same way; here it is what stands between a rule and a plan with wrong
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import torch
 
@@ -70,7 +71,7 @@ class RuleReport:
         return "\n".join([head] + [f"  {f.strategy} on {f.sample}: {f.problem}" for f in self.failures])
 
 
-def validate_rule(op, samples: Iterable, *, rule: Optional[Rule] = None, mesh: Mesh = MESH,
+def validate_rule(op, samples: Iterable, *, rule: Rule | None = None, mesh: Mesh = MESH,
                   low_precision_partials: bool = False) -> RuleReport:
     """Run every strategy ``rule`` (default: the table's rule of ``op``) offers for each of
     ``samples`` on the simulated ranks of ``mesh`` and compare with ``op`` on whole tensors.
@@ -141,7 +142,7 @@ def _op_call(op, args, kwargs, tensors, outputs, low_precision_partials: bool) -
 
 
 def _run_strategy(op, rule: Rule, call: OpCall, tensors: list, expected: list, in_specs, out_specs,
-                  mesh: Mesh) -> Optional[str]:
+                  mesh: Mesh) -> str | None:
     """None where the strategy computes the op, else what goes wrong."""
     coords_list = list(itertools.product(*(range(n) for n in mesh.shape)))
     local = LocalShapes(tuple(s.local_shape(t.shape, mesh) for s, t in zip(in_specs, tensors)),
@@ -225,7 +226,7 @@ def assemble(pieces: dict, spec: Spec, mesh: Mesh, tolerance: float, check_repli
     return pieces[()], None
 
 
-def _compare(got: torch.Tensor, want: torch.Tensor, tolerance: float, values: bool = True) -> Optional[str]:
+def _compare(got: torch.Tensor, want: torch.Tensor, tolerance: float, values: bool = True) -> str | None:
     if tuple(got.shape) != tuple(want.shape):
         return f"shape {list(got.shape)}, expected {list(want.shape)}"
     if got.dtype != want.dtype:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from autopar.cost_models.model import CostModel
 from autopar.errors import AutoparError
@@ -28,7 +28,7 @@ class PassContext:
     from it, the constraints that passes add for the sharding solve, and a progress sink."""
 
     request: PlanRequest
-    progress: Optional[Callable[[str], None]] = None
+    progress: Callable[[str], None] | None = None
     constraints: Constraints = field(default_factory=Constraints)
     cost: CostModel = field(init=False)
 
@@ -58,8 +58,8 @@ class Pass:
     requires: tuple[str, ...] = ()
     provides: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()  # tables it reads when an earlier pass wrote them
-    before: Optional[str] = None
-    after: Optional[str] = None
+    before: str | None = None
+    after: str | None = None
 
     def run(self, program: Program, ctx: PassContext) -> str:
         raise NotImplementedError

@@ -8,6 +8,7 @@ import math
 
 from autopar.ir.program import STEP
 from autopar.passes.base import PassContext
+from autopar.passes.budget_layout import Layout
 from autopar.passes.collectives import find_redistributions
 from autopar.passes.offload import best_offload, host_bytes_of_everything
 from autopar.passes.recompute import Fit, fit
@@ -18,41 +19,42 @@ class OffloadLever:
     def __init__(self, search):  # search: autopar.passes.budget_search.BudgetSearch
         self.search = search
 
-    def best(self, chosen):
-        """(result, fit) of the fastest offload among the layouts tried (the fastest, the
-        search's pick ``chosen`` with its recomputation, the leanest), or None: with offload
-        off, for a forward alone, or (offload "auto") where the fastest layout fits as it is."""
+    def best(self, chosen: Layout | None) -> Layout | None:
+        """The fastest offload among the layouts tried (the fastest, the search's pick ``chosen``
+        with its recomputation, the leanest), or None: with offload off, for a forward alone, or
+        (offload "auto") where the fastest layout fits as it is."""
         search = self.search
         request = search.ctx.request
         if request.offload is False or search.graph.kind != STEP:
             return None
-        if request.offload == "auto" and search.fastest is not None and \
-                search.fastest[1].plain.peak_bytes <= search.budget:
+        fastest = search.fastest
+        if request.offload == "auto" and fastest is not None and fastest.fit.plain.peak_bytes <= search.budget:
             return None
-        layouts = [(search.fastest[0], None) if search.fastest is not None else None,
-                   (chosen[0], chosen[1]) if chosen is not None else None, (search.lean.result, None)]
+        # the fastest and the leanest layouts are tried without their own recomputation
+        layouts = [Layout(fastest.result) if fastest is not None else None, chosen, Layout(search.lean.result)]
         # offload only adds to a layout's step: one no faster than the device-only pick cannot win
         # (with offload=True something must be offloaded, so every layout is tried)
-        to_beat = step_seconds(*chosen) if chosen is not None and request.offload is not True else math.inf
+        to_beat = chosen.step_s if chosen is not None and request.offload is not True else math.inf
         best, seen = None, set()
-        for result, fitted in filter(None, layouts):
-            key = (tuple(result.choice), fitted is not None)
-            if key in seen or result.objective >= min(to_beat, step_seconds(*best) if best else math.inf):
+        for layout in filter(None, layouts):
+            key = (tuple(layout.result.choice), layout.fit is not None)
+            if key in seen or layout.result.objective >= min(to_beat, best.step_s if best else math.inf):
                 continue
             seen.add(key)
-            found = self.offload(result, fitted)
-            if found is not None and (best is None or step_seconds(*found) < step_seconds(*best)):
+            found = self.offload(layout)
+            if found is not None and (best is None or found.step_s < best.step_s):
                 best = found
         return best
 
-    def offload(self, result, fitted):
-        """(result, fit) of the fastest offload of ``result``'s layout, with the recomputation of
-        ``fitted`` (its fit on the device) where given, or None. Where its activations leave too
-        little room beside even one chunk, recomputation for the least memory comes with it (with
-        recompute="auto"): offload frees the parameters' and optimizer state's room, recomputation
-        the activations'."""
+    def offload(self, layout: Layout) -> Layout | None:
+        """The fastest offload of ``layout``'s solution, with the recomputation of its fit on the
+        device where it has one, or None. Where its activations leave too little room beside
+        even one chunk, recomputation for the least memory comes with it (with
+        recompute="auto"): offload frees the parameters' and optimizer state's room,
+        recomputation the activations'."""
         search = self.search
         ctx = search.ctx
+        result, fitted = layout.result, layout.fit
         strategies = search.problem.choice_of(result.choice)
         moves = find_redistributions(search.program, strategies, ctx.cost, ctx.request.precision)
         recompute = fitted.recompute if fitted is not None else None
@@ -68,22 +70,17 @@ class OffloadLever:
             return None
         plain = fitted.plain if fitted is not None else \
             fit(search.graph, strategies, moves, ctx, search.budget, "none").plain
-        return result, Fit(plain, found)
+        return Layout(result, Fit(plain, found))
 
 
-def because(chosen, why: str, ctx: PassContext):
-    """``chosen`` (result, fit with offload), its offload's reason starting with ``why``."""
-    result, fitted = chosen
+def because(chosen: Layout, why: str, ctx: PassContext) -> Layout:
+    """``chosen`` (its fit with offload), its offload's reason starting with ``why``."""
+    fitted = chosen.fit
     offload = fitted.recompute.offload
     ctx.report(f"offloading to host memory: {why}")
     offload = dataclasses.replace(offload, reason=f"offloaded because {why}; {offload.reason}")
-    return result, dataclasses.replace(fitted, recompute=dataclasses.replace(fitted.recompute, offload=offload))
-
-
-def step_seconds(result, fitted) -> float:
-    """A layout's step time with the recomputation (and offload) its fit takes."""
-    extra = fitted.recompute.offload.added_s if fitted.recompute.offload is not None else 0.0
-    return result.objective + fitted.recompute.seconds + extra
+    return Layout(chosen.result, dataclasses.replace(fitted, recompute=dataclasses.replace(fitted.recompute,
+                                                                                           offload=offload)))
 
 
 def offload_limits(search) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Optional
 
 from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
@@ -27,7 +26,8 @@ from autopar.ir.program import STEP, Program, forward_nodes, tensor_inputs
 from autopar.lowering.memory import optimizer_bytes_per_element
 from autopar.ops.table import rule_for
 from autopar.passes.base import PassContext
-from autopar.passes.budget_offload import OffloadLever, because, offload_limits, step_seconds
+from autopar.passes.budget_layout import BUDGETED, HELD, MEMORY, TIME, Layout
+from autopar.passes.budget_offload import OffloadLever, because, offload_limits
 from autopar.passes.collectives import find_redistributions
 from autopar.passes.recompute import fit, memory_budget
 from autopar.passes.sharding_problem import ShardingProblem
@@ -53,14 +53,13 @@ class BudgetSearch:
         self.graph = to_ir(program)
         self.budget = memory_budget(ctx)
         self.rows, self.held = _memory_rows(program, problem, ctx)
-        self.steps = _StepMemo(self.held, self.rows)
+        self.steps = _StepMemo()
         self.lean = _Lean(self, problem.node_costs, self.rows)
         self.attempts: list = []  # (smallest peak, its breakdown) of each layout tried
-        self.fastest = None  # (result, fit) of the fastest layout, solved with no limit of the stand-in
+        self.fastest: Layout | None = None  # the fastest layout, solved with no limit of the stand-in
 
-    def run(self):
-        """(solver result, its fit) of the layout the search picks, offloading or not; an
-        AutoparError when none fits."""
+    def run(self) -> Layout:
+        """The layout the search picks, with its fit, offloading or not; an AutoparError when none fits."""
         try:
             chosen = self._on_device()
         except AutoparError as refusal:
@@ -75,7 +74,7 @@ class BudgetSearch:
         offloaded = OffloadLever(self).best(chosen)
         if offloaded is None:
             return chosen
-        device_only, with_offload = step_seconds(*chosen), step_seconds(*offloaded)
+        device_only, with_offload = chosen.step_s, offloaded.step_s
         if self.ctx.request.offload is True:
             return because(offloaded, "offload=True", self.ctx)
         if with_offload >= device_only:
@@ -83,28 +82,28 @@ class BudgetSearch:
         return because(offloaded, f"it is faster ({human_seconds(with_offload)} a step) than the fastest layout that "
                                    f"fits on the device alone ({human_seconds(device_only)})", self.ctx)
 
-    def _on_device(self):
+    def _on_device(self) -> Layout:
         best = self._within_budget()
         if best is not None:  # on a 1-D mesh, or LP first, every solve was the full program already
             # mesh search sets full_program False while it compares meshes, and runs it on the finalists
             polish = self._descends() and self.ctx.request.full_program and self._solvable()
-            return self._polished(*best) if polish else best[:2]
+            return self._polished(best) if polish else best
         return self._leanest_that_fits()
 
     # ---- one solve ----------------------------------------------------------------
-    def solve(self, limit: Optional[MemoryLimit], costs=None, start=None, bounded=True, descend=True,
+    def solve(self, limit: MemoryLimit | None, objective: str = TIME, start=None, bounded=True, descend=True,
               polish=True):
-        """``limit`` None: only what every rank holds all step must fit (never cuts off a plan that
+        """The solver's result for ``objective`` (TIME: the step; MEMORY: the bytes held).
+        ``limit`` None: only what every rank holds all step must fit (never cuts off a plan that
         fits, and spares the solver layouts that cannot); ``bounded`` False: not even that.
         ``polish`` False: on an N-D mesh, the axis-by-axis descent's layout without the full
         integer program after it; ``descend`` False: the full program from ``start`` alone."""
         begin = time.perf_counter()
-        costs = self.problem.node_costs if costs is None else costs
         start = self.problem.hint if start is None else start
         if limit is None and bounded:
-            limit = MemoryLimit(self.held, self.budget)
+            limit = MemoryLimit(self.held, self.budget, HELD)
         try:
-            result = self._solve_from(start, costs, limit, descend, polish)
+            result = self._solve_from(start, objective, limit, descend, polish)
         except SolverError:
             # from a start over the limit (data parallel, for a model one mesh axis cannot shard
             # small enough) every one-axis step can be infeasible, and the full solve may find
@@ -113,7 +112,7 @@ class BudgetSearch:
                 raise
             self.ctx.report("no one-axis step from data parallel fits the memory limit; "
                             "starting from the leanest layout")
-            result = self._solve_from(list(self.lean.choice), costs, limit, descend, polish)
+            result = self._solve_from(list(self.lean.choice), objective, limit, descend, polish)
         return dataclasses.replace(result, seconds=time.perf_counter() - begin)
 
     def _descends(self) -> bool:
@@ -121,12 +120,13 @@ class BudgetSearch:
         whole integer program at once ("lp-first" solves it exactly in seconds)."""
         return self.ctx.mesh.ndim > 1 and self.ctx.request.solver != "lp-first"
 
-    def _solve_from(self, first, costs, limit, descend: bool, polish: bool):
+    def _solve_from(self, first, objective: str, limit, descend: bool, polish: bool):
+        costs = self.problem.node_costs if objective == TIME else self.lean.costs
         if not self._descends() or None in first or not descend:
             return self._solve_full(costs, first, limit)
 
         def solve_step(restricted_costs, warm, step):
-            return self.steps.solve((id(costs), step), limit, lambda: self._solve_full(restricted_costs, warm, limit))
+            return self.steps.solve((objective, step), limit, lambda: self._solve_full(restricted_costs, warm, limit))
 
         warm = descend_axes(solve_step, costs, self.problem.options, self.ctx.mesh.ndim, first, self.ctx.report)
         if warm is None and limit is not None and limit.used(first) > limit.limit:
@@ -141,7 +141,7 @@ class BudgetSearch:
                      hint=warm if None not in warm else None, progress=self.ctx.progress,
                      overlap=self.problem.overlap, memory=limit)
 
-    def fit(self, result, mode: Optional[str] = None):
+    def fit(self, result, mode: str | None = None):
         """The recompute pass's fit of ``result``'s layout under the budget."""
         chosen = self.problem.choice_of(result.choice)
         moves = find_redistributions(self.program, chosen, self.ctx.cost, self.ctx.request.precision)
@@ -151,25 +151,25 @@ class BudgetSearch:
         return evaluate(self.problem.node_costs, self.problem.edges, choice, self.problem.overlap)
 
     # ---- the search ---------------------------------------------------------------
-    def _within_budget(self):
-        """(the solution that fits the budget, with recomputation if it needs it, for the least
-        step time among those tried; its fit; the stand-in's limit it was solved under) or None."""
-        stand_in = MemoryLimit(self.rows, 0)
+    def _within_budget(self) -> Layout | None:
+        """The layout that fits the budget, with recomputation if it needs it, for the least step
+        time among those tried (with its fit and the stand-in's limit it was solved under), or None."""
+        stand_in = MemoryLimit(self.rows, 0, BUDGETED)
         limit, best, best_time = None, None, math.inf
         for _ in range(_BUDGET_ATTEMPTS):
             try:
                 result = self.solve(None, polish=False) if limit is None else \
-                    self.solve(MemoryLimit(self.rows, limit), start=list(self.lean.choice), polish=False)
+                    self.solve(MemoryLimit(self.rows, limit, BUDGETED), start=list(self.lean.choice), polish=False)
             except SolverError:
                 break
             if result.objective >= best_time:
                 break  # tighter limits only slow the layout further: recomputing is the better answer
             fitted = self.fit(result)
             if limit is None:
-                self.fastest = (result, fitted)
+                self.fastest = Layout(result, fitted)
             self.attempts.append((fitted.least.peak_bytes, fitted.least.breakdown))
             if fitted.recompute is not None and result.objective + fitted.recompute.seconds < best_time:
-                best = (result, fitted, None if limit is None else MemoryLimit(self.rows, limit))
+                best = Layout(result, fitted, None if limit is None else MemoryLimit(self.rows, limit, BUDGETED))
                 best_time = result.objective + fitted.recompute.seconds
             if self._settled(result, fitted, best is not None):
                 break
@@ -214,26 +214,27 @@ class BudgetSearch:
                         "the axis-by-axis layout stands, with no proven bound")
         return False
 
-    def _polished(self, result, fitted, limit):
-        """(result, fit) of the search's pick after the full integer program from it, under the
-        same limit: kept if it is faster and still fits, and otherwise the pick with the full
-        program's bound (the search's own bound only held for one axis)."""
+    def _polished(self, pick: Layout) -> Layout:
+        """The search's pick after the full integer program from it, under the same limit: kept if
+        it is faster and still fits, and otherwise the pick with the full program's bound (the
+        search's own bound only held for one axis)."""
+        result, fitted = pick.result, pick.fit
         try:
-            polished = self.solve(limit, start=list(result.choice), descend=False)
+            polished = self.solve(pick.limit, start=list(result.choice), descend=False)
         except SolverError:
-            return result, fitted
+            return pick
         if polished.choice == result.choice:
-            return polished, fitted
+            return Layout(polished, fitted)
         if polished.objective < result.objective:
             refitted = self.fit(polished)
             if refitted.recompute is not None and polished.objective + refitted.recompute.seconds \
                     <= result.objective + fitted.recompute.seconds:
-                return polished, refitted
+                return Layout(polished, refitted)
         proven = polished.status == "optimal" and result.objective <= polished.objective * (1 + 1e-9)
-        return dataclasses.replace(result, bound=min(polished.bound, result.objective),
-                                   status="optimal" if proven else "feasible"), fitted
+        return Layout(dataclasses.replace(result, bound=min(polished.bound, result.objective),
+                                          status="optimal" if proven else "feasible"), fitted)
 
-    def _leanest_that_fits(self):
+    def _leanest_that_fits(self) -> Layout:
         """The leanest layout, as it is or with as much recomputation as helps: the search may
         have missed it (its recomputation solves can time out on deep models); it fits, or
         nothing found does. Recomputing everything can also raise the peak, hence "none" first."""
@@ -245,7 +246,7 @@ class BudgetSearch:
                 fastest = self.fit(self.solve(None, bounded=False))
                 self.attempts.append((fastest.least.peak_bytes, fastest.least.breakdown))
             raise _infeasible(self.budget, self.attempts, lean_fit.least, self.ctx.mesh)
-        return self.lean.result, lean_fit
+        return Layout(self.lean.result, lean_fit)
 
 
 class _Lean:
@@ -269,22 +270,21 @@ class _Lean:
     @property
     def result(self):
         if self._result is None:
-            leanest = self.search.solve(None, self.costs, start=self.choice, bounded=False, polish=False)
+            leanest = self.search.solve(None, MEMORY, start=self.choice, bounded=False, polish=False)
             self._result = dataclasses.replace(leanest, objective=self.search.step_time(leanest.choice), bound=0.0,
                                                status="least-memory")
         return self._result
 
 
 class _StepMemo:
-    """The axis descent's steps solved so far, by (node costs, step). A step's proven optimum
+    """The axis descent's steps solved so far, by (objective, step). A step's proven optimum
     that meets a tighter memory limit is that limit's optimum too (the limit only removes
     layouts), so a budget attempt skips the steps it shares with the attempts before it."""
 
-    def __init__(self, held_rows, budgeted_rows):
-        self.held_rows, self.budgeted_rows = held_rows, budgeted_rows  # see _memory_rows
+    def __init__(self):
         self.solved: dict = {}
 
-    def solve(self, key, limit: "MemoryLimit | None", solve_now):
+    def solve(self, key, limit: MemoryLimit | None, solve_now):
         found = self.solved.get(key)
         if found is not None:
             result, solved_under = found
@@ -302,7 +302,7 @@ class _StepMemo:
         if limit is None:
             return False
         # the budgeted stand-in's rows hold at least what a rank holds all step, row by row
-        nested = limit.bytes is wider.bytes or (limit.bytes is self.budgeted_rows and wider.bytes is self.held_rows)
+        nested = limit.rows == wider.rows or (limit.rows, wider.rows) == (BUDGETED, HELD)
         return nested and limit.limit <= wider.limit
 
 

@@ -5,7 +5,6 @@ in it; for each buffer's new value, into the buffer's)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from autopar.ir.placement import Spec
 from autopar.ir.precision import MixedPrecision
@@ -31,7 +30,7 @@ class CollectivesPass(Pass):
 
 
 def find_redistributions(program: Program, choice: dict, cost,
-                         precision: Optional[MixedPrecision] = None) -> list[Redistribution]:
+                         precision: MixedPrecision | None = None) -> list[Redistribution]:
     """Every (value, layout) move the chosen strategies need, with its steps priced; under a
     mixed ``precision`` that reduces gradients in the compute dtype, their syncs move them in it."""
     meta = program.table("meta")

@@ -14,9 +14,9 @@ A forbidden collective forbids every pair of layouts whose move needs it on that
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Callable, Optional
+from functools import cache
 
 from torch import fx
 
@@ -34,7 +34,7 @@ class Constraints:
     pins: list[tuple[str, object]] = field(default_factory=list)  # (target, placement text or Spec)
     forbidden: list[Callable[[fx.Node, Strategy], bool]] = field(default_factory=list)
     forbidden_collectives: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (axis, kinds)
-    memory_cap: Optional[float] = None
+    memory_cap: float | None = None
 
     # ---- what passes call ------------------------------------------------------------
     def pin(self, target: str, placement) -> None:
@@ -54,7 +54,7 @@ class Constraints:
             raise AutoparError(f"cannot forbid collective {unknown}: the kinds are {', '.join(COMMUNICATING)}")
         self.forbidden_collectives.append((axis, tuple(kinds)))
 
-    def cap_memory(self, budget: "str | float") -> None:
+    def cap_memory(self, budget: str | float) -> None:
         """Per-device memory at most ``budget`` (bytes or text such as "40GiB")."""
         cap = parse_bytes(budget)
         self.memory_cap = cap if self.memory_cap is None else min(self.memory_cap, cap)
@@ -85,7 +85,7 @@ class Constraints:
                                    f"or a forbid that applies to it")
         return out
 
-    def move_checker(self, mesh: Mesh) -> Optional[Callable[[Spec, Spec], bool]]:
+    def move_checker(self, mesh: Mesh) -> Callable[[Spec, Spec], bool] | None:
         """A function (src, dst) -> True when moving src to dst needs a forbidden collective,
         or None when no collective is forbidden."""
         if not self.forbidden_collectives:
@@ -97,7 +97,7 @@ class Constraints:
                                    f"{', '.join(mesh.axis_names)}")
             rules.append((mesh.axis_names.index(axis), kinds))
 
-        @lru_cache(maxsize=None)
+        @cache
         def forbidden(src: Spec, dst: Spec) -> bool:
             return any(step.axis == axis and step.kind in kinds for step in plan_steps(src, dst)
                        for axis, kinds in rules)
@@ -105,7 +105,7 @@ class Constraints:
         return forbidden
 
 
-def from_options(pin: Optional[dict], restrict: Optional[Callable]) -> Constraints:
+def from_options(pin: dict | None, restrict: Callable | None) -> Constraints:
     """The constraints of plan()'s ``pin`` and ``restrict`` arguments."""
     constraints = Constraints()
     for fqn, placement in (pin or {}).items():

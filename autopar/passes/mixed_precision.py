@@ -16,8 +16,6 @@ The sharding solve forbids a reduction on the edges the policy rules out
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from autopar.ir.precision import LOW_PRECISION, MixedPrecision
@@ -34,7 +32,7 @@ _GRADIENT_PASSTHROUGH = frozenset({
 })
 
 
-def partial_sums_to_keep(program: Program, meta: dict, precision: Optional[MixedPrecision]) -> frozenset:
+def partial_sums_to_keep(program: Program, meta: dict, precision: MixedPrecision | None) -> frozenset:
     """(source, destination) edges on which a gradient's partial sums must stay partial: the
     low-precision edges before its cast up when reduced in float32, the float32 ones after it
     when reduced in the compute dtype (then its sync reduces it)."""
@@ -44,7 +42,7 @@ def partial_sums_to_keep(program: Program, meta: dict, precision: Optional[Mixed
                      for src, dst, dtype in chain if (dtype in LOW_PRECISION) == precision.reduces_in_float32)
 
 
-def gradients_to_reduce_on_the_wire(program: Program, meta: dict, precision: Optional[MixedPrecision]) -> list[str]:
+def gradients_to_reduce_on_the_wire(program: Program, meta: dict, precision: MixedPrecision | None) -> list[str]:
     """The gradients whose syncs move them in the compute dtype."""
     if precision is None or precision.reduces_in_float32:
         return []

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 from autopar.ir.offload import Chunk, Move, Offload, OptimizerChoice
 from autopar.lowering.memory import optimizer_bytes_per_element, simulate
@@ -73,7 +72,7 @@ class _Program:
 
 
 def best_offload(graph, strategies, redistributions, ctx: PassContext, budget: float, recomputed=(),
-                 recompute_s: float = 0.0) -> Optional[Recompute]:
+                 recompute_s: float = 0.0) -> Recompute | None:
     """The fastest offload of this layout (with ``recomputed`` forward values, adding
     ``recompute_s``) that fits ``budget`` and the host's memory; None when none does."""
     program = _Program(graph, strategies, redistributions, ctx, recomputed)
@@ -95,7 +94,7 @@ class _Found:
     memory: object  # MemoryEstimate
 
 
-def _with_chunk_size(program: _Program, chunk_bytes: int, budget: float, ctx: PassContext) -> Optional[_Found]:
+def _with_chunk_size(program: _Program, chunk_bytes: int, budget: float, ctx: PassContext) -> _Found | None:
     """The fewest chunks on the host (of this size) that fit the budget: each further chunk offloaded
     adds its moves and its optimizer step, so the fewest that fit is the fastest. Offloading more
     holds less on the device and more on the host, so the counts that fit both are a range: the
@@ -128,7 +127,7 @@ def _most_on_host(program: _Program, order: list, chunk_bytes: int, ctx: PassCon
     return count
 
 
-def _offloading(program: _Program, offloaded: list, chunk_bytes: int, budget: float, ctx) -> Optional[_Found]:
+def _offloading(program: _Program, offloaded: list, chunk_bytes: int, budget: float, ctx) -> _Found | None:
     hw, request = ctx.cost.hardware, ctx.request
     chunks = [_chunk(k, params, chunk_bytes) for k, params in enumerate(sorted(
         offloaded, key=lambda c: program.first_read(c[0].placeholder)))]

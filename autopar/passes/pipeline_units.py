@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import Optional
 
 from autopar.capture.layer_blocks import layer_runs
 from autopar.capture.module_paths import module_paths
@@ -217,7 +216,7 @@ def _activation_bytes(program, meta, choice, mesh, unit_of, forward, recomputed,
             if base.name in unit_of and base.name not in kept:
                 kept.add(base.name)
                 saved[unit_of[base.name]] += _node_bytes(base, meta, choice, mesh)
-        last: Optional[int] = max((unit_of[r.name] for r in readers if r.name in forward), default=None)
+        last: int | None = max((unit_of[r.name] for r in readers if r.name in forward), default=None)
         for boundary in range(u, last if last is not None else u):
             sent[boundary] += _node_bytes(node, meta, choice, mesh)
     return saved, sent

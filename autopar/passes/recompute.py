@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
@@ -67,14 +66,14 @@ class Recompute:
     ahead: tuple[str, ...] = ()
     # parameters and optimizer state kept in host memory (autopar.passes.offload), with the time
     # it adds (``offload.added_s``, beside ``seconds``)
-    offload: Optional[Offload] = None
+    offload: Offload | None = None
 
 
 @dataclass(frozen=True)
 class Fit:
     plain: MemoryEstimate  # without recomputation
-    recompute: "Recompute | None"  # the cheapest recomputation under the budget; None if none fits
-    lowest: "MemoryEstimate | None" = None  # the smallest peak seen, when it is not ``plain``'s
+    recompute: Recompute | None  # the cheapest recomputation under the budget; None if none fits
+    lowest: MemoryEstimate | None = None  # the smallest peak seen, when it is not ``plain``'s
 
     @property
     def least(self) -> MemoryEstimate:
@@ -155,7 +154,7 @@ class _Fitter:
                                                  self.extra_points)
         return bool(self.names)
 
-    def prefetched(self) -> Optional[Recompute]:
+    def prefetched(self) -> Recompute | None:
         """The plain program with its parameter gathers started a layer ahead; None where it
         gathers no parameter."""
         prefetching = prefetch_parameter_gathers(self.plain_statements, self.graph)
@@ -241,30 +240,14 @@ def build_problem(statements: list[Statement], during, strategies: dict,
             defining.setdefault(s.defines, []).append(s)
     names = list(defining)
     index = {name: v for v, name in enumerate(names)}
-    reads: dict[int, list[int]] = {v: [] for v in range(len(names))}  # value -> backward statements reading it
-    for i, s in enumerate(statements[boundary:], boundary):
-        for u in s.uses:
-            if u in index:
-                reads[index[u]].append(i)
-    first = {v: min(r) for v, r in reads.items() if r}
-    last = {v: max(r) for v, r in reads.items() if r}
+    first, last = _backward_reads(statements, boundary, index)
     inputs = [sorted({index[u] for u in defining[name][0].uses if u in index and u != name}) for name in names]
-    consumers: dict[int, list[int]] = {v: [] for v in range(len(names))}
-    for v, ins in enumerate(inputs):
-        for w in ins:
-            consumers[w].append(v)
-    # the latest statement a recomputation of v can run at: its first backward read, or, for a
-    # value backward does not read, the latest such of the values computed from it (a kept input
-    # is held until then: a view or cast in between must not end its hold at forward's end)
-    latest_recompute = [-1] * len(names)
-    for v in reversed(range(len(names))):  # consumers are defined after what they read
-        latest_recompute[v] = first[v] if v in first else max([-1] + [latest_recompute[c] for c in consumers[v]])
-    held_until = {v: max([last.get(v, -1)] + [latest_recompute[c] for c in consumers[v]]) for v in range(len(names))}
+    held_until = _held_until(inputs, first, last)
 
     points = sorted(set(_points(boundary, sorted(set(first.values())), during)) | set(extra_points))
     storage, storage_bytes = _storages(names, defining)
     storage_last = {}
-    for v, name in enumerate(names):
+    for v in range(len(names)):
         if v in last:
             storage_last[storage[v]] = max(storage_last.get(storage[v], -1), last[v])
     fixed = [during[p] - sum(b for sid, b in enumerate(storage_bytes) if storage_last.get(sid, -1) >= p)
@@ -284,6 +267,32 @@ def build_problem(statements: list[Statement], during, strategies: dict,
         hold_until=[last_point(held_until[v]) if held_until[v] >= 0 else None for v in range(len(names))],
         fixed=fixed, at=tuple(points))
     return problem, names
+
+
+def _backward_reads(statements: list[Statement], boundary: int, index: dict) -> tuple[dict, dict]:
+    """(value -> the first backward statement that reads it, value -> the last)."""
+    reads: dict[int, list[int]] = {v: [] for v in index.values()}
+    for i, s in enumerate(statements[boundary:], boundary):
+        for u in s.uses:
+            if u in index:
+                reads[index[u]].append(i)
+    return {v: min(r) for v, r in reads.items() if r}, {v: max(r) for v, r in reads.items() if r}
+
+
+def _held_until(inputs: list[list[int]], first: dict, last: dict) -> dict:
+    """value -> the last statement that needs it kept: its last backward read, or the latest a
+    recomputation of a value computed from it can run. A recomputation of v runs at its first
+    backward read at the latest, or, for a value backward does not read, at the latest such of
+    the values computed from it (a kept input is held until then: a view or cast in between
+    must not end its hold at forward's end)."""
+    consumers: dict[int, list[int]] = {v: [] for v in range(len(inputs))}
+    for v, ins in enumerate(inputs):
+        for w in ins:
+            consumers[w].append(v)
+    latest_recompute = [-1] * len(inputs)
+    for v in reversed(range(len(inputs))):  # consumers are defined after what they read
+        latest_recompute[v] = first[v] if v in first else max([-1] + [latest_recompute[c] for c in consumers[v]])
+    return {v: max([last.get(v, -1)] + [latest_recompute[c] for c in consumers[v]]) for v in range(len(inputs))}
 
 
 def _storages(names: list[str], defining: dict) -> tuple[list[int], list[float]]:

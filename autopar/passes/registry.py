@@ -9,7 +9,7 @@ can add solver constraints (``ctx.constraints``) that clustering and the solve o
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from autopar.errors import AutoparError
 from autopar.passes.base import Pass
@@ -31,7 +31,7 @@ def default_passes() -> list[Pass]:
             RecomputePass(), PredictPass()]
 
 
-def register_pass(pass_: Pass, *, before: Optional[str] = None, after: Optional[str] = None) -> Pass:
+def register_pass(pass_: Pass, *, before: str | None = None, after: str | None = None) -> Pass:
     """Run ``pass_`` in every later plan, before or after the pass of that name."""
     _check_is_pass(pass_)
     _registered.append((pass_, _position(pass_, before, after)))
@@ -61,7 +61,7 @@ def pipeline(extra: Iterable[Pass] = ()) -> list[Pass]:
     return passes
 
 
-def _position(pass_: Pass, before: Optional[str], after: Optional[str]) -> dict:
+def _position(pass_: Pass, before: str | None, after: str | None) -> dict:
     before = before or getattr(pass_, "before", None)
     after = after or getattr(pass_, "after", None)
     if before and after:

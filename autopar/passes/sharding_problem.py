@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -35,7 +34,7 @@ class ShardingProblem:
     node_costs: list  # per group and strategy: seconds (inf: ruled out)
     edge_costs: dict  # (group, group) -> matrix of seconds between their strategies
     edges: list  # the same as the solver takes them: (group, group, rows of seconds)
-    overlap: Optional[Overlap]  # gradient syncs that can hide under backward, None where none can
+    overlap: Overlap | None  # gradient syncs that can hide under backward, None where none can
     hint: list  # per group, its replicated strategy (the data-parallel start), None where it has none
 
     @property
@@ -124,7 +123,7 @@ class _Builder:
             return math.inf
         return self.cost.reshard_time(meta, src, dst, bucketed)
 
-    def add_edge(self, src: str, dst: str, kind, price, into: Optional[dict] = None) -> None:
+    def add_edge(self, src: str, dst: str, kind, price, into: dict | None = None) -> None:
         """Add price(src strategy, dst strategy) to the edge between their groups (``into``: the
         hidden syncs instead of the edge costs). Edges of clustered layers repeat the template's
         (same strategies, same shapes): priced once."""
@@ -183,12 +182,12 @@ def _require_gradients_in_parameter_layouts(builder: _Builder, program: Program)
 
         hideable = builder.kappa > 0 and builder.group_of[grad] != builder.group_of[param]
         share = builder.sync_share
-        builder.add_edge(grad, param, ("sync", hideable), lambda a, b, layouts=layouts, hideable=hideable:
+        builder.add_edge(grad, param, ("sync", hideable), lambda a, b, layouts=layouts, hideable=hideable, share=share:
                          share * (builder.reshard_time(*layouts(a, b), bucketed=True)
                                   - (cost.async_time(*layouts(a, b)) if hideable else 0.0)))
         if hideable:
-            builder.add_edge(grad, param, "hidden sync",
-                             lambda a, b, layouts=layouts: share * cost.async_time(*layouts(a, b)), into=builder.hidden)
+            builder.add_edge(grad, param, "hidden sync", lambda a, b, layouts=layouts, share=share:
+                             share * cost.async_time(*layouts(a, b)), into=builder.hidden)
 
 
 def _require_buffer_updates_in_buffer_layouts(builder: _Builder, program: Program) -> None:

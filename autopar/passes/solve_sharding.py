@@ -31,7 +31,8 @@ class SolveShardingPass(Pass):
         _check_clustering_saw(allowed, program.table("allowed"), program.table("cluster_of"))
         problem = build_problem(program, ctx, allowed)
         search = BudgetSearch(program, problem, ctx)
-        result, program.tables["fit"] = search.run()  # the recompute pass takes this layout's fit as decided here
+        picked = search.run()
+        result, program.tables["fit"] = picked.result, picked.fit  # the recompute pass takes this fit as decided here
         program.tables["choice"] = problem.choice_of(result.choice)
         program.tables["solver"] = result
         return (f"{len(problem.groups)} variables groups, {len(problem.edge_costs)} edges, {result.n_variables} "

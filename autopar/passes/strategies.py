@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from typing import Optional
 
 from torch import fx
 
@@ -124,7 +123,7 @@ def call_signature(node: fx.Node, meta: dict) -> tuple:
     return signature
 
 
-def placeholder_strategies(meta: Optional[TensorMeta], mesh: Mesh) -> list[Strategy]:
+def placeholder_strategies(meta: TensorMeta | None, mesh: Mesh) -> list[Strategy]:
     if meta is None:
         return [Strategy((), (Spec.replicated(mesh.ndim),))]
     per_axis = [R] + [Shard(d) for d, n in enumerate(meta.shape) if n > 1]
@@ -180,7 +179,7 @@ def compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cos
     return cost.op_time(rule.flops(call, in_local, out_local), nbytes, itemsize)
 
 
-def follow(own: list[Strategy], src_spec: Spec, src_meta: Optional[TensorMeta], cost: CostModel) -> Strategy:
+def follow(own: list[Strategy], src_spec: Spec, src_meta: TensorMeta | None, cost: CostModel) -> Strategy:
     """The follower's best strategy given its producer's layout."""
     exact = [s for s in own if s.in_specs[0] == src_spec]
     if exact:

@@ -29,10 +29,10 @@ import dataclasses
 
 from autopar.cost_models.collectives import axis_placement, collective_time
 from autopar.cost_models.compute import roofline_time
-from autopar.cost_models.pipeline_schedules import Action
 from autopar.errors import AutoparError
 from autopar.ir.bubbles import END, FACTOR, INVERT, PRECONDITION, REDUCE, START, BubbleFill, Work
 from autopar.ir.mesh import Mesh
+from autopar.ir.pipeline import Action, ActionKind, Block
 from autopar.lowering.curvature import CurvatureLayer, curvature_layers
 from autopar.passes.predict import exposed
 from autopar.solvers.bubble_fill import Gap, Item, greedy
@@ -59,7 +59,7 @@ class PlacementProblem:
                       self.headroom_bytes)
 
 
-def placement_problem(plan, request, refresh: int) -> tuple[PlacementProblem, "_StageWork"]:
+def placement_problem(plan, request, refresh: int) -> tuple[PlacementProblem, _StageWork]:
     """The placement problem of ``plan``'s K-FAC work over a cycle of ``refresh`` steps."""
     work = _StageWork(plan, request)
     return work.problem(refresh), work
@@ -86,7 +86,7 @@ def fill_bubbles(plan, request, into_bubbles: bool = True) -> BubbleFill:
         max(work.factor_bytes(r) for r in range(pipeline.pp)))
 
 
-def _refresh_period(work: "_StageWork") -> int:
+def _refresh_period(work: _StageWork) -> int:
     """The fewest steps per curvature refresh whose filled step, amortized over the cycle, is
     within ``REFRESH_TOLERANCE`` of the least any cycle up to ``MAX_REFRESH`` steps reaches: a
     longer cycle spreads the curvature work over more steps' bubbles, and refreshes it less often."""
@@ -100,58 +100,57 @@ def _idle(busy_s: float, ranks: int, step_s) -> float:
     return 1.0 - busy_s / span if span else 0.0
 
 
-def _blocks(pipeline, hw) -> list[tuple[int, str, float, float]]:
-    """(rank, action, start, end) of the simulated step; a stage's last weight gradients end
-    after its gradient syncs, which run inside them and which the pipeline left exposed."""
-    last = {}
+def _blocks(pipeline, hw) -> list[Block]:
+    """The simulated step's actions; a stage's last weight gradients end after its gradient
+    syncs, which run inside them and which the pipeline left exposed."""
+    last: dict = {}
     for b in pipeline.timeline:
-        action = Action.parse(b.action)
-        if action.kind in ("B", "W") and b.end_s >= getattr(last.get(action.stage), "end_s", 0.0):
-            last[action.stage] = b
+        if b.action.kind in (ActionKind.B, ActionKind.W) and \
+                b.end_s >= getattr(last.get(b.action.stage), "end_s", 0.0):
+            last[b.action.stage] = b
     out = []
     for b in pipeline.timeline:
-        end = b.end_s
-        if last.get(Action.parse(b.action).stage) is b:
-            stage = pipeline.stages[Action.parse(b.action).stage]
-            end += exposed(stage.sync_s, stage.backward_s, hw.gradient_overlap)
-        out.append((b.rank, b.action, b.start_s, end))
+        if last.get(b.action.stage) is b:
+            stage = pipeline.stages[b.action.stage]
+            b = dataclasses.replace(b, end_s=b.end_s + exposed(stage.sync_s, stage.backward_s, hw.gradient_overlap))
+        out.append(b)
     return out
 
 
-def _gaps(blocks, ranks: int, stages: int, step_end_s: float) -> list[Gap]:
+def _gaps(blocks: list[Block], ranks: int, stages: int, step_end_s: float) -> list[Gap]:
     """The idle intervals after each quiet action, before each rank's first, and from when a
-    rank's schedule returns to the step's end, per rank."""
+    rank's schedule returns to the step's end, per rank (a gap after an action is named by the
+    action's label, as the runtime names the work it runs after it)."""
     gaps = []
-    starts = {b[1]: b[2] for b in blocks}
+    starts = {b.action: b.start_s for b in blocks}
     for r in range(ranks):
-        mine = sorted((b for b in blocks if b[0] == r), key=lambda b: b[2])
-        if mine and mine[0][2] > 0:
-            gaps.append(Gap(r, START, 0.0, mine[0][2]))
+        mine = sorted((b for b in blocks if b.rank == r), key=lambda b: b.start_s)
+        if mine and mine[0].start_s > 0:
+            gaps.append(Gap(r, START, 0.0, mine[0].start_s))
         for b, following in zip(mine, mine[1:] + [None]):
-            if following is not None and following[2] > b[3] and _quiet(b[1], stages):
-                gaps.append(Gap(r, b[1], b[3], following[2]))
+            if following is not None and following.start_s > b.end_s and _quiet(b.action, stages):
+                gaps.append(Gap(r, str(b.action), b.end_s, following.start_s))
         done = _returns(mine[-1], starts, stages) if mine else step_end_s
         if done < step_end_s:
             gaps.append(Gap(r, END, done, step_end_s))
     return gaps
 
 
-def _returns(last, starts: dict, stages: int) -> float:
+def _returns(last: Block, starts: dict, stages: int) -> float:
     """When a rank's schedule returns: after its last action, once what that action sends has
     been taken (its receiver's action starts)."""
-    action, end = last[1], last[3]
-    if _quiet(action, stages):
-        return end
-    a = Action.parse(action)
-    receivers = [f"{a.stage + 1}F{a.microbatch}"] if a.kind == "F" else [f"{a.stage - 1}{k}{a.microbatch}"
-                                                                          for k in "BI"]
-    return max([end] + [starts[a] for a in receivers if a in starts])
+    a = last.action
+    if _quiet(a, stages):
+        return last.end_s
+    receivers = [Action(a.stage + 1, ActionKind.F, a.microbatch)] if a.kind == ActionKind.F else \
+        [Action(a.stage - 1, kind, a.microbatch) for kind in (ActionKind.B, ActionKind.I)]
+    return max([last.end_s] + [starts[r] for r in receivers if r in starts])
 
 
-def _quiet(action: str, stages: int) -> bool:
-    """Whether no other stage waits on what ``action`` sends (it sends nothing)."""
-    a = Action.parse(action)
-    return a.kind == "W" or (a.kind == "F" and a.stage == stages - 1) or (a.kind in ("B", "I") and a.stage == 0)
+def _quiet(a: Action, stages: int) -> bool:
+    """Whether no other stage waits on what ``a`` sends (it sends nothing)."""
+    return a.kind == ActionKind.W or (a.kind == ActionKind.F and a.stage == stages - 1) or \
+        (a.kind in (ActionKind.B, ActionKind.I) and a.stage == 0)
 
 
 class _StageWork:
@@ -201,14 +200,14 @@ class _StageWork:
 
     def items(self, refresh: int) -> dict[str, Item]:
         """name -> item, in an order where every dependency comes first."""
-        ends = {b[1]: b[3] for b in self.blocks}
+        ends = {b.action: b.end_s for b in self.blocks}
         out: dict[str, Item] = {}
         self.meta = {}
         for s, layers in sorted(self.by_stage.items()):
             rank, weights = self.pipeline.stages[s].rank, tuple(la.weight for la in layers)
             factors: dict[str, list[str]] = {w: [] for w in weights}  # weight -> its factors' items
             for i in range(self.pipeline.microbatches):
-                done = ends.get(f"{s}W{i}", ends.get(f"{s}B{i}"))
+                done = ends.get(Action(s, ActionKind.W, i), ends.get(Action(s, ActionKind.B, i)))
                 for la in layers:
                     factors[la.weight].append(f"{FACTOR} {la.weight} mb{i}")
                     self._add(out, Item(factors[la.weight][-1], rank, self.factor_s[la.weight],
@@ -222,7 +221,7 @@ class _StageWork:
                 own = (reduced,) if reduced else tuple(factors[la.weight])
                 self._add(out, Item(f"{INVERT} {la.weight}", rank, self.invert_s[la.weight], deps=own),
                           INVERT, s, (la.weight,))
-            synced = max(end for a, end in ends.items() if Action.parse(a).stage == s and Action.parse(a).kind in "BW")
+            synced = max(end for a, end in ends.items() if a.stage == s and a.kind in (ActionKind.B, ActionKind.W))
             inverted = tuple(f"{INVERT} {w}" for w in weights)
             for p in range(refresh):
                 self._add(out, Item(f"{PRECONDITION} stage {s} step {p}", rank, self.precondition_s[s],

@@ -22,7 +22,6 @@ import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
 
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.plan import Plan
@@ -71,7 +70,7 @@ def plan_key(program: Program, request: PlanRequest) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def load(key: str, directory: Optional[str] = None) -> Optional[Plan]:
+def load(key: str, directory: str | None = None) -> Plan | None:
     """The cached plan, its history ending with where it came from; None on a miss. An entry
     another user could have written is ignored with a warning, as ssh ignores such keys."""
     path = os.path.join(directory or default_dir(), f"{key}.json")
@@ -91,7 +90,7 @@ def load(key: str, directory: Optional[str] = None) -> Optional[Plan]:
     return replace(plan, history=plan.history + (record,))
 
 
-def store(key: str, plan: Plan, directory: Optional[str] = None) -> None:
+def store(key: str, plan: Plan, directory: str | None = None) -> None:
     """Write atomically (a reader never sees half an entry); a failure warns, since the plan is made."""
     directory = directory or default_dir()
     tmp = None
@@ -114,7 +113,7 @@ def store(key: str, plan: Plan, directory: Optional[str] = None) -> None:
             os.remove(tmp)
 
 
-def _untrusted(status: os.stat_result) -> Optional[str]:
+def _untrusted(status: os.stat_result) -> str | None:
     """Why a file or directory with ``status`` may hold another user's writing (None: only ours)."""
     if hasattr(os, "getuid") and status.st_uid != os.getuid():
         return f"belongs to user id {status.st_uid}, not to this user ({os.getuid()})"

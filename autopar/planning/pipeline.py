@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 from torch import nn
 
@@ -37,8 +37,8 @@ FINALIST_MARGIN = 0.05
 
 
 def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware=DEFAULT_HARDWARE,
-                  restrict: Optional[Callable] = None, passes: Sequence[Pass] = (),
-                  progress: Optional[Callable[[str], None]] = None, **options) -> Plan:
+                  restrict: Callable | None = None, passes: Sequence[Pass] = (),
+                  progress: Callable[[str], None] | None = None, **options) -> Plan:
     """autopar.plan for a step already captured (autopar.capture.capture), so that several plans
     of one model (baselines, meshes) share the capture; ``options`` as autopar.plan takes them.
     The program is not modified."""
@@ -63,7 +63,7 @@ def run(program, request: PlanRequest, model: nn.Module, example_inputs, *, loss
     return _search_meshes(planner, request)
 
 
-def _sizes(request: PlanRequest, example_inputs) -> Optional[SizeSymbols]:
+def _sizes(request: PlanRequest, example_inputs) -> SizeSymbols | None:
     if request.symbolic_dims is None:
         return None
     return size_symbols(program_inputs(example_inputs), dict(request.symbolic_dims))
@@ -76,12 +76,12 @@ class _MeshPlanner:
     program: object  # the captured Program; each mesh plans a copy with empty side tables
     model: nn.Module
     example_inputs: object
-    loss_fn: Optional[Callable]
+    loss_fn: Callable | None
     modules: dict  # call node -> module path (the same on every mesh)
     passes: tuple  # the user's passes for this plan
-    restrict: Optional[Callable]
-    progress: Optional[Callable[[str], None]]
-    sizes: Optional[SizeSymbols]
+    restrict: Callable | None
+    progress: Callable[[str], None] | None
+    sizes: SizeSymbols | None
     # micro-batch size -> the step captured at it: a pipeline's candidate meshes share them
     microbatch_captures: dict = field(default_factory=dict, compare=False)
 

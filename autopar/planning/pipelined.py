@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -206,7 +206,7 @@ def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, 
     ends = [timeline.rank_end_s(r) + exposed(sum(st.sync_s for st in stages if st.rank == r),
                                              sum(st.backward_s for st in stages if st.rank == r), overlap)
             for r in range(pp)]
-    blocks = tuple(Block(iv.rank, str(iv.action), iv.start_s, iv.end_s) for iv in timeline.intervals)
+    blocks = tuple(Block(iv.rank, iv.action, iv.start_s, iv.end_s) for iv in timeline.intervals)
     return Pipeline(pp, schedule, m, virtual, stages, max(ends), timeline.bubble_fraction, peaks, blocks)
 
 

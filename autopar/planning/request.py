@@ -2,21 +2,17 @@
 a PlanRequest, so that a bad option fails before any work and no pass re-reads raw options."""
 from __future__ import annotations
 
-from typing import Optional
+import types
 
 from autopar.cost_models.hardware import get_hardware
 from autopar.cost_models.pipeline_schedules import check_schedule
 from autopar.errors import AutoparError
 from autopar.ir.hardware import Hardware
+from autopar.ir.options import OPTIONS
 from autopar.ir.precision import parse_precision
 from autopar.ir.request import (
     DEFAULT_BUDGET_SHARE,
     DEFAULT_HARDWARE,
-    DEFAULT_OFFLOAD,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_RECOMPUTE,
-    DEFAULT_SOLVER,
-    DEFAULT_TIME_LIMIT_S,
     OFFLOAD_MODES,
     PARTITIONS,
     SOLVERS,
@@ -27,27 +23,29 @@ from autopar.passes.recompute import check_mode
 from autopar.planning.meshes import candidate_meshes, has_pipeline, split_mesh
 from autopar.units import parse_bytes
 
+PLANNING_DEFAULTS = {o.name: o.default for o in OPTIONS if o.planning}
 
-def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str = DEFAULT_SOLVER,
-            solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S, pin: Optional[dict] = None,
-            memory_budget: "str | float | None" = None, optimizer: str = DEFAULT_OPTIMIZER,
-            recompute: str = DEFAULT_RECOMPUTE, symbolic_dims: Optional[dict[str, int]] = None,
-            cluster_layers: bool = True, precision=None, schedule: Optional[str] = None,
-            microbatches: Optional[int] = None, partition: str = "balanced", pipelines: bool = True,
-            inv_every: Optional[int] = None, offload: "str | bool" = DEFAULT_OFFLOAD) -> PlanRequest:
-    """The request autopar.plan's options stand for (see its docstring for each); ``pipelines``:
+
+def resolve(mesh, hardware: str | Hardware = DEFAULT_HARDWARE, *, pipelines: bool = True,
+            **planning) -> PlanRequest:
+    """The request that ``mesh``, ``hardware`` and the planning options (autopar.ir.options:
+    those marked ``planning``; the rest keep their declared defaults) stand for; ``pipelines``:
     whether a device count's candidates include meshes with a pp axis."""
+    unknown = sorted(set(planning) - set(PLANNING_DEFAULTS))
+    if unknown:
+        raise TypeError(f"resolve() got an unexpected planning option {unknown[0]!r}")
+    o = types.SimpleNamespace(**{**PLANNING_DEFAULTS, **planning})
     hw = get_hardware(hardware)
     meshes = tuple(candidate_meshes(mesh, hw, pipelines=pipelines))
-    _check_pipeline_options(meshes, schedule, microbatches, partition)
-    if solver not in SOLVERS:
-        raise AutoparError(f"unknown solver {solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
-    optimizer_bytes_per_element(optimizer, 4)  # an unknown optimizer fails here
-    _check_kfac_options(meshes, optimizer, inv_every)
-    _check_offload(meshes, offload)
-    budget = parse_bytes(memory_budget)
-    mixed = parse_precision(precision)
-    if mixed is not None and optimizer == "adam-mixed":
+    _check_pipeline_options(meshes, o.schedule, o.microbatches, o.partition)
+    if o.solver not in SOLVERS:
+        raise AutoparError(f"unknown solver {o.solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
+    optimizer_bytes_per_element(o.optimizer, 4)  # an unknown optimizer fails here
+    _check_kfac_options(meshes, o.optimizer, o.inv_every)
+    _check_offload(meshes, o.offload)
+    budget = parse_bytes(o.memory_budget)
+    mixed = parse_precision(o.precision)
+    if mixed is not None and o.optimizer == "adam-mixed":
         raise AutoparError(f"optimizer='adam-mixed' counts a float32 master copy beside low-precision parameters; "
                            f"under precision={str(mixed)!r} the parameters are the float32 masters: use "
                            f"optimizer='adam'")
@@ -55,19 +53,19 @@ def resolve(mesh, hardware: "str | Hardware" = DEFAULT_HARDWARE, *, solver: str 
         meshes=meshes,
         hardware=hw,
         memory_budget_bytes=DEFAULT_BUDGET_SHARE * hw.memory_bytes if budget is None else float(budget),
-        optimizer=optimizer,
-        recompute=check_mode(recompute),
-        cluster_layers=cluster_layers,
-        pin=tuple((pin or {}).items()),
-        symbolic_dims=None if symbolic_dims is None else tuple(symbolic_dims.items()),
-        solver=solver,
-        solver_time_limit_s=float(solver_time_limit_s),
+        optimizer=o.optimizer,
+        recompute=check_mode(o.recompute),
+        cluster_layers=o.cluster_layers,
+        pin=tuple((o.pin or {}).items()),
+        symbolic_dims=None if o.symbolic_dims is None else tuple(o.symbolic_dims.items()),
+        solver=o.solver,
+        solver_time_limit_s=float(o.solver_time_limit_s),
         precision=mixed,
-        schedule=schedule,
-        microbatches=microbatches,
-        partition=partition,
-        inv_every=inv_every,
-        offload=offload,
+        schedule=o.schedule,
+        microbatches=o.microbatches,
+        partition=o.partition,
+        inv_every=o.inv_every,
+        offload=o.offload,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 from autopar.capture.export import capture
 from autopar.errors import AutoparError, PlanMismatchError
@@ -52,7 +52,7 @@ def state_from_program(plan, program, request: PlanRequest):
     return program, ctx
 
 
-def rebuild_state(plan, model, example_inputs, hardware: "str | Hardware | None" = None):
+def rebuild_state(plan, model, example_inputs, hardware: str | Hardware | None = None):
     try:
         request = resolve(plan.mesh, hardware or plan.hardware)
     except AutoparError as exc:

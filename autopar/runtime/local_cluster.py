@@ -8,6 +8,7 @@ the job and the results come back as a list ordered by rank.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import queue
 import socket
@@ -107,10 +108,8 @@ class LocalCluster:
     def close(self) -> None:
         for q, p in zip(self.tasks, self.procs):
             if p.is_alive():
-                try:
+                with contextlib.suppress(OSError, ValueError):  # a queue the worker's death broke
                     q.put(None)
-                except (OSError, ValueError):
-                    pass
         for p in self.procs:
             p.join(timeout=5)
             if p.is_alive():

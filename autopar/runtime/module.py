@@ -22,7 +22,7 @@ without a planner it is refused.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -58,7 +58,7 @@ class _Step(torch.autograd.Function):
     """A training step's forward program now, its backward program when autograd reaches the loss."""
 
     @staticmethod
-    def forward(ctx, parallel: "ParallelModule", program: RankProgram, args: list, results: dict, *params):
+    def forward(ctx, parallel: ParallelModule, program: RankProgram, args: list, results: dict, *params):
         # ``params``: the parameters that get gradients, in program.grad_fqns' order
         # autograd sees the loss alone; the other values and the buffers' new values, which need no
         # gradient, come back through ``results``
@@ -95,8 +95,8 @@ class _Step(torch.autograd.Function):
 
 class ParallelModule(nn.Module):
     def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str, *,
-                 planner: Optional[Planner] = None, replan: bool = True, local_inputs: bool = False,
-                 init: Optional[Callable[[nn.Module], None]] = None, compile: bool = False):
+                 planner: Planner | None = None, replan: bool = True, local_inputs: bool = False,
+                 init: Callable[[nn.Module], None] | None = None, compile: bool = False):
         """``local_inputs``: each rank passes its block of the batch (dim 0, split over the mesh's
         "dp" axes: autopar.ir.mesh.Mesh.data_parallel), not the whole batch. ``init``: how rank
         0 initializes a module of a model on the meta device (autopar.runtime.state.distribute).
@@ -124,7 +124,7 @@ class ParallelModule(nn.Module):
         self.require_gradient_sync = True  # False inside no_sync()
         self._lossless: set = set()  # step keys whose calls hold no loss: their forward programs serve them
         self.unsynced: dict = {}  # parameter -> local gradient summed over the micro-batches under no_sync()
-        self._unsynced_program: Optional[tuple] = None  # the program whose layouts those gradients are in
+        self._unsynced_program: tuple | None = None  # the program whose layouts those gradients are in
         distribute(model, params, buffers, plan.mesh, rank_mesh, init,
                    host=self.chunks.host_block if self.chunks is not None else None)
         if self.chunks is not None and plan.offload.optimizer.place == "device":
@@ -235,6 +235,6 @@ def check_plan_matches(plan: Plan, model: nn.Module) -> None:
             raise PlanMismatchError(
                 f"plan {plan.hash} (graph {plan.fingerprint}) expects parameter {fqn!r} of shape {list(shape)}, "
                 f"but the model has {'none' if p is None else list(p.shape)}; re-plan this model with autopar.plan")
-    for ph, fqn in plan.graph.buffers.items():
+    for fqn in plan.graph.buffers.values():
         if fqn not in named_buffers:
             raise PlanMismatchError(f"plan {plan.hash} expects buffer {fqn!r}, which the model lacks; re-plan it")

@@ -46,7 +46,7 @@ class ChunkStore:
         self.stepped: dict[int, str] = {}  # id of a parameter stepped on the device -> its name
         self.device_steps = 0  # chunks stepped on the device so far
 
-    def host_block(self, name: str, shape) -> "torch.Tensor | None":
+    def host_block(self, name: str, shape) -> torch.Tensor | None:
         """The host view that holds parameter ``name``'s block of ``shape`` (None: not offloaded)."""
         if name not in self.slices:
             return None
@@ -128,7 +128,7 @@ class ChunkStore:
 # (parameters, gradients and state copied up, stepped, copied back), then hides those
 # parameters' gradients from the optimizer's own step, which so skips them, and gives them back
 # after it. Other optimizers step the host copies themselves (correct, at the host's speed).
-_DEVICE_STEPPED: "weakref.WeakSet[ChunkStore]" = weakref.WeakSet()
+_DEVICE_STEPPED: weakref.WeakSet[ChunkStore] = weakref.WeakSet()
 _HIDDEN: dict[int, list] = {}  # id(optimizer) -> (parameter, gradient) hidden during its step
 _WARNED: set[int] = set()
 
@@ -205,7 +205,7 @@ def _up(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return copy
 
 
-def _unsupported(optimizer) -> "str | None":
+def _unsupported(optimizer) -> str | None:
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         return f"{type(optimizer).__name__} is not torch's Adam or AdamW"
     for group in optimizer.param_groups:

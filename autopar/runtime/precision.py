@@ -12,7 +12,6 @@ makes every rank see one when any rank has one.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -29,7 +28,7 @@ def autocast_off(device: torch.device):
         yield
 
 
-def check_autocast(planned: Optional[str], device: torch.device) -> None:
+def check_autocast(planned: str | None, device: torch.device) -> None:
     """Refuse a call under a torch.autocast that the plan's precision (``planned``: the dtype the
     step was captured under, None for the model's own dtypes) does not match."""
     for device_type in dict.fromkeys(("cpu", device.type)):

@@ -13,7 +13,6 @@ import linecache
 import math
 import types
 import warnings
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -74,7 +73,7 @@ class RankProgram:
     graph holds the communication; compiled once per program, at its first call."""
 
     def __init__(self, plan: Plan, source: str, rank_mesh: RankMesh, compiled: bool = False,
-                 chunks: Optional[ChunkStore] = None):
+                 chunks: ChunkStore | None = None):
         """``chunks``: an offloading plan's host chunks, which its programs read parameters from."""
         self.plan, self.rt, self.chunks = plan, rank_mesh, chunks
         self.module = load_program(source, f"autopar_plan_{plan.hash}")
@@ -113,7 +112,7 @@ class RankProgram:
     def is_step(self) -> bool:
         return self.plan.graph.kind == STEP
 
-    def arguments(self, model: nn.Module, params: dict, call: FlatCall, given: Optional[Spec] = None) -> list:
+    def arguments(self, model: nn.Module, params: dict, call: FlatCall, given: Spec | None = None) -> list:
         """The programs' arguments: parameters (``params``: the model's named_parameters), buffers and
         this rank's block of each input, in the plan's placeholder order. ``given``: the layout the
         call's tensors are in, where they are this rank's blocks (autoparallelize's

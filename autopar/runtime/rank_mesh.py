@@ -20,7 +20,6 @@ import datetime
 import os
 import traceback
 from collections import Counter
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -54,7 +53,7 @@ def collective_timeout_s() -> float:
 class RankMesh:
     def __init__(self, mesh: Mesh, rank: int | None = None, device: torch.device | str = "cpu",
                  bucket_bytes: float = GRADIENT_BUCKET_BYTES, pipeline_stages: int = 1,
-                 timeout_s: Optional[float] = None):
+                 timeout_s: float | None = None):
         """``pipeline_stages`` > 1: the world is that many copies of ``mesh``, one per pipeline
         rank (the mesh ``pp`` x ``mesh``, pp first); this rank's collectives run within its
         own copy, and ``pipeline_group`` joins it with the ranks of the same place in the others.
@@ -122,29 +121,29 @@ class RankMesh:
 
     # Asynchronous forms, for gradient syncs (on their own groups): the program goes on computing
     # and calls .wait() at the end.
-    def start_all_reduce(self, x: torch.Tensor, axis: str) -> "Pending":
+    def start_all_reduce(self, x: torch.Tensor, axis: str) -> Pending:
         self.bytes_moved["all_reduce"] += x.numel() * x.element_size()
         return self._join_bucket(x, axis)
 
-    def start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
+    def start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> Pending:
         """A parameter's gather started a layer ahead (ZeRO-3 prefetch), on the axis's own group
         in program order: every rank starts the same gathers in the same order."""
         self.bytes_moved["all_gather"] += x.numel() * x.element_size() * self._axis(axis)[1]
         return self._start_all_gather(x, axis, dim)
 
-    def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
+    def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> Pending:
         if self._gloo:  # composed from an all-reduce, which joins a bucket
             self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
             return self._join_bucket(x, axis, then=lambda t: self.shard(t, axis, dim))
         return self._start_reduce_scatter(x, axis, dim, self.sync_groups[axis])
 
     @staticmethod
-    def wait(pending: "Pending") -> torch.Tensor:
+    def wait(pending: Pending) -> torch.Tensor:
         """A started collective's result: a gradient sync's, or a prefetched parameter gather's
         (the program calls ``rt.wait``, which a compiled program's runtime answers without a handle)."""
         return pending.wait()
 
-    def _join_bucket(self, x: torch.Tensor, axis: str, then=None) -> "Pending":
+    def _join_bucket(self, x: torch.Tensor, axis: str, then=None) -> Pending:
         key = (axis, x.dtype)
         bucket = self._buckets.setdefault(key, _Bucket())
         pending = Pending(None, None, then, send=self.send_buckets, what=("gradient all_reduce", axis),
@@ -160,7 +159,7 @@ class RankMesh:
         for (axis, _), bucket in buckets.items():
             self._send(bucket, axis)
 
-    def _send(self, bucket: "_Bucket", axis: str) -> None:
+    def _send(self, bucket: _Bucket, axis: str) -> None:
         # a copy into the bucket's buffer: the gradients stay as they were
         flat = torch.cat([x.reshape(-1) for x in bucket.tensors], out=self._bucket_buffer(bucket))
         self.calls["gradient bucket"] += 1
@@ -170,7 +169,7 @@ class RankMesh:
             pending.work, pending.out = work, flat[offset:offset + x.numel()].view(x.shape)
             offset += x.numel()
 
-    def _bucket_buffer(self, bucket: "_Bucket") -> torch.Tensor:
+    def _bucket_buffer(self, bucket: _Bucket) -> torch.Tensor:
         """A flat buffer for ``bucket``, reused from an earlier step where no tensor shares its
         memory any more (no gradient handed out from it is alive, in ``.grad`` say), as DDP keeps
         its buckets: allocating tens of MB anew costs its page faults on every step, four times
@@ -183,7 +182,7 @@ class RankMesh:
             buffers.append(free)
         return free
 
-    def _start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, group, in_place: bool = False) -> "Pending":
+    def _start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, group, in_place: bool = False) -> Pending:
         coord, p, _ = self._axis(axis)
         self.bytes_moved["reduce_scatter"] += x.numel() * x.element_size()
         what = ("reduce_scatter", axis)
@@ -197,7 +196,7 @@ class RankMesh:
         return Pending(dist.reduce_scatter(out, parts, group=group, async_op=True), out, what=what,
                        timeout_s=self.timeout_s)
 
-    def _start_all_reduce(self, x: torch.Tensor, group, in_place: bool = False, axis: str = "") -> "Pending":
+    def _start_all_reduce(self, x: torch.Tensor, group, in_place: bool = False, axis: str = "") -> Pending:
         out = x if in_place else x.detach().clone()
         self.calls["all_reduce"] += 1
         return Pending(dist.all_reduce(out, group=group, async_op=True), out, what=("all_reduce", axis),
@@ -206,7 +205,7 @@ class RankMesh:
     def _all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         return self._start_all_gather(x, axis, dim).wait()
 
-    def _start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> "Pending":
+    def _start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> Pending:
         _, p, group = self._axis(axis)
         x = x.contiguous()
         self.calls["all_gather"] += 1
@@ -302,7 +301,7 @@ class _Bucket:
         self.pendings: list[Pending] = []
         self.nbytes = 0
 
-    def add(self, x: torch.Tensor, pending: "Pending") -> None:
+    def add(self, x: torch.Tensor, pending: Pending) -> None:
         self.tensors.append(x)
         self.pendings.append(pending)
         self.nbytes += x.numel() * x.element_size()
@@ -314,7 +313,7 @@ class Pending:
     CollectiveTimeoutError once ``timeout_s`` has passed, naming ``what`` ((collective, mesh
     axis)) and the statement of the emitted program that waits for it."""
 
-    def __init__(self, work, out: Optional[torch.Tensor], then=None, send=None, what=("collective", ""),
+    def __init__(self, work, out: torch.Tensor | None, then=None, send=None, what=("collective", ""),
                  timeout_s: float = DEFAULT_TIMEOUT_S):
         self.work, self.out, self.then, self.send = work, out, then, send
         self.what, self.timeout_s = what, timeout_s
@@ -338,7 +337,7 @@ def _timeout_message(kind: str, axis: str, seconds: float) -> str:
             f"step, or runs another plan or other input shapes); set {TIMEOUT_VARIABLE} to wait longer")
 
 
-def program_statement() -> Optional[str]:
+def program_statement() -> str | None:
     """``<program>:<line>: <statement>`` of the innermost emitted program on the stack, if any."""
     for frame in reversed(traceback.extract_stack()):
         if frame.filename.startswith("<autopar_"):

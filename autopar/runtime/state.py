@@ -13,7 +13,7 @@ first step, naming the parameters.
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,8 +31,8 @@ _REPLACED: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
-               init: "Callable[[nn.Module], None] | None" = None, own_copy: bool = False,
-               host: "Callable[[str, tuple], torch.Tensor] | None" = None) -> None:
+               init: Callable[[nn.Module], None] | None = None, own_copy: bool = False,
+               host: Callable[[str, tuple], torch.Tensor] | None = None) -> None:
     """Each parameter (``params``: name -> Spec) and buffer (``buffers``: name -> Spec) of
     ``model`` becomes a DTensor holding this rank's block, module by module. The values are
     rank 0's, as its model holds them: rank 0 sends each rank its block alone (a replicated
@@ -95,7 +95,7 @@ def _rank0_source(model: nn.Module, init, rank_mesh: RankMesh) -> str:
     return source
 
 
-def _unloadable_buffers(model: nn.Module) -> "str | None":
+def _unloadable_buffers(model: nn.Module) -> str | None:
     """A meta model left uninitialized takes its values from a state dict, which holds no
     non-persistent buffer (a rotary embedding's inv_freq): those would stay garbage."""
     missing = [_join(path, name) for path, m in model.named_modules() for name in m._non_persistent_buffers_set
@@ -147,7 +147,7 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _block(values: "torch.Tensor | None", like: torch.Tensor, spec: Spec, mesh: Mesh, rank_mesh: RankMesh,
+def _block(values: torch.Tensor | None, like: torch.Tensor, spec: Spec, mesh: Mesh, rank_mesh: RankMesh,
            own: bool = False) -> DTensor:
     """The DTensor of this rank's block of a tensor shaped as ``like``, with the values of rank
     0's ``values`` (None on every rank: left uninitialized)."""
@@ -169,7 +169,7 @@ def _block(values: "torch.Tensor | None", like: torch.Tensor, spec: Spec, mesh: 
     return as_dtensor(block, rank_mesh.device_mesh, spec.to_dtensor(), like.shape)
 
 
-def _in_host_memory(block: DTensor, where: "torch.Tensor | None") -> DTensor:
+def _in_host_memory(block: DTensor, where: torch.Tensor | None) -> DTensor:
     """``block``'s DTensor with its values in the host memory ``where`` (None: as it is)."""
     if where is None:
         return block

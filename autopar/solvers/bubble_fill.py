@@ -45,8 +45,8 @@ period is the planner's: autopar.planning.bubbles tries cycles of growing length
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
 
 from autopar.errors import AutoparError
 from autopar.ir.bubbles import TAIL  # Placed.after for work that runs after the step's end
@@ -70,7 +70,7 @@ class Item:
     bytes: float = 0.0  # memory held from its release until it starts (deferred inputs)
     release_s: float = 0.0  # earliest start within a step (the end of the action whose outputs it reads)
     deps: tuple[str, ...] = ()  # items that must finish before it starts (same phase and earlier, or an earlier phase)
-    phase: Optional[int] = None  # None: refresh-cycle work, any phase 0..R-1; an int: pinned there (per-step work)
+    phase: int | None = None  # None: refresh-cycle work, any phase 0..R-1; an int: pinned there (per-step work)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def _le(a: float, b: float) -> bool:
 
 
 def _problem(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, refresh: int, margin_s: float,
-             headroom_bytes: Optional[Mapping[int, float]]) -> _Problem:
+             headroom_bytes: Mapping[int, float] | None) -> _Problem:
     if refresh < 1:
         raise AutoparError(f"refresh must be at least 1 (one step per cycle), got {refresh}")
     if margin_s < 0:
@@ -205,7 +205,7 @@ def _deps_done(done: Mapping[str, Placed], item: Item, phase: int, start_s: floa
     return all(done[d].phase < phase or (done[d].phase == phase and _le(done[d].end_s, start_s)) for d in item.deps)
 
 
-def _in_gap(prob: _Problem, done: Mapping[str, Placed], item: Item, phase: int, gap: Gap) -> Optional[Placed]:
+def _in_gap(prob: _Problem, done: Mapping[str, Placed], item: Item, phase: int, gap: Gap) -> Placed | None:
     """The item's placement at the end of what is already in ``gap`` in ``phase``, or None where it does not fit."""
     start = max((p.end_s for p in done.values() if p.phase == phase and p.rank == gap.rank and p.after == gap.after),
                 default=gap.start_s)
@@ -244,7 +244,7 @@ def _steps(prob: _Problem, placed: tuple[Placed, ...]) -> tuple[float, ...]:
 
 
 def greedy(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, refresh: int, margin_s: float = 0.0,
-           headroom_bytes: Optional[Mapping[int, float]] = None) -> Fill:
+           headroom_bytes: Mapping[int, float] | None = None) -> Fill:
     """PipeFisher's first fit: each item in the given order goes into the first gap it fits (earliest phase
     first, then in time order), else into the tail of the phase whose step that lengthens least (among the
     tails within the headroom when there are any; ties: the lowest phase). The given order is kept, not sorted
@@ -293,7 +293,7 @@ class _Search:
 
 
 def exact(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, refresh: int, margin_s: float = 0.0,
-          headroom_bytes: Optional[Mapping[int, float]] = None, limit: int = 200_000) -> Fill:
+          headroom_bytes: Mapping[int, float] | None = None, limit: int = 200_000) -> Fill:
     """The least mean step time the model allows (ties: the fewest bytes·seconds held, then the first found),
     by depth-first search over every item's phase and gap or tail, items taken in the given order.
     ``limit`` bounds the partial assignments the search visits."""
@@ -304,7 +304,7 @@ def exact(items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, refresh
 
 
 def verify(fill: Fill, items: Sequence[Item], gaps: Sequence[Gap], step_end_s: float, margin_s: float,
-           headroom_bytes: Optional[Mapping[int, float]] = None) -> None:
+           headroom_bytes: Mapping[int, float] | None = None) -> None:
     """Check ``fill`` against the model from the placements alone; raise AutoparError naming the first
     violation. The headroom is checked for gap placements (a tail placement may be forced past it)."""
     by_name = _check_items(tuple(items), fill.refresh)

@@ -24,7 +24,6 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -49,7 +48,7 @@ class LocalPolytope:
     rows: list  # of Row
     x: list  # per node: the variable index of each strategy
     pairs: list  # per edge of the problem: {(a, b): variable index}, or None where it prices nothing
-    memory_row: Optional[int]  # the memory limit's row, None without one
+    memory_row: int | None  # the memory limit's row, None without one
     memory_unit: float  # bytes per unit of the memory row
 
     @property
@@ -57,7 +56,7 @@ class LocalPolytope:
         return len(self.objective)
 
     @classmethod
-    def build(cls, node_costs, edges, overlap=None, memory=None) -> "LocalPolytope":
+    def build(cls, node_costs, edges, overlap=None, memory=None) -> LocalPolytope:
         builder = _Builder(node_costs)
         shared = {}
         for i, j, m in edges:
@@ -91,7 +90,7 @@ class LocalPolytope:
             model.solution_hint.var_value.extend([1.0] * len(hint))
         return model
 
-    def relaxation(self) -> "Relaxation":
+    def relaxation(self) -> Relaxation:
         return Relaxation(self)
 
     def choice(self, values) -> tuple[int, ...]:
@@ -111,7 +110,7 @@ class LocalPolytope:
                 np.concatenate([row.index for row in self.rows]),
                 np.concatenate([row.coefficient for row in self.rows]))
 
-    def dual_bound(self, duals, upper: Optional[np.ndarray] = None) -> tuple[float, np.ndarray]:
+    def dual_bound(self, duals, upper: np.ndarray | None = None) -> tuple[float, np.ndarray]:
         """(a lower bound on every integer solution's objective, in SCALE units; each variable's
         reduced cost) for row prices ``duals``. For prices π and reduced costs d = c − Aᵀπ, any
         feasible v has c·v = π·Av + d·v ≥ Σ_rows min(π·lower, π·upper) + Σ_vars min(0, d)·upper.
@@ -130,16 +129,16 @@ class LocalPolytope:
 
 @dataclass(frozen=True)
 class Solution:
-    status: Optional[str]  # "optimal" | "feasible" | "infeasible" | None: nothing found in time
-    values: Optional[np.ndarray]  # per variable
-    duals: Optional[np.ndarray]  # per row, from an LP
+    status: str | None  # "optimal" | "feasible" | "infeasible" | None: nothing found in time
+    values: np.ndarray | None  # per variable
+    duals: np.ndarray | None  # per row, from an LP
     bound: float  # the solver's own best bound, SCALE units
 
 
 SOLVER_TYPES = {"scip": "SCIP_MIXED_INTEGER_PROGRAMMING"}
 
 
-def solve_proto(model, kind: str, time_limit_s: float, relative_gap: Optional[float] = None) -> Solution:
+def solve_proto(model, kind: str, time_limit_s: float, relative_gap: float | None = None) -> Solution:
     """Solve an MPModelProto with ``kind`` (a key of SOLVER_TYPES). ``relative_gap``: SCIP stops
     at a solution proven within it (pywraplp's default is 1e-4; the proto's own, 0, solves large
     problems slower)."""

@@ -29,8 +29,8 @@ import dataclasses
 import heapq
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -92,7 +92,7 @@ class _Relaxed:
         return tuple(int(np.argmax(v)) for v in self.values)
 
 
-def solve_lp_first(reduced, relaxation: Relaxation, time_limit_s: float, hint: Optional[Sequence[int]],
+def solve_lp_first(reduced, relaxation: Relaxation, time_limit_s: float, hint: Sequence[int] | None,
                    exact: Callable, evaluate: Callable, relative_gap: float, report: Callable[[str], None]):
     """(choice, status, bound in seconds, variables) of ``reduced`` (a ReducedProblem), like the
     integer program's backends. ``relaxation``: its LP, as the last solve left it (it is reset

@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from autopar.errors import SolverError
 from autopar.solvers.sharding import linear_constraint, run_scip
@@ -38,9 +38,9 @@ class RecomputeProblem:
     inputs: Sequence[Sequence[int]]  # per value: the values its computation reads (never-freed inputs left out)
     storage: Sequence[int]  # per value: the storage it lives in (views share their base's)
     storage_bytes: Sequence[float]  # per storage
-    first_use: Sequence[Optional[int]]  # per value: the first backward point index it is read at (None: never)
-    last_use: Sequence[Optional[int]]  # per value: the last backward point index it is read at
-    hold_until: Sequence[Optional[int]]  # per value: the last point a kept copy is held (its last use, or a
+    first_use: Sequence[int | None]  # per value: the first backward point index it is read at (None: never)
+    last_use: Sequence[int | None]  # per value: the last backward point index it is read at
+    hold_until: Sequence[int | None]  # per value: the last point a kept copy is held (its last use, or a
     # recomputation that reads it)
     fixed: Sequence[float]  # per point: bytes held regardless of the choice
     at: Sequence[int] = ()  # per point, for the caller: the program statement it stands for
@@ -100,9 +100,8 @@ def memory_of(problem: RecomputeProblem, recomputed: set) -> list[float]:
         held = set()
         for v in range(problem.n):
             s = problem.storage[v]
-            if kept[v] and problem.hold_until[v] is not None and problem.hold_until[v] >= t:
-                held.add(s)
-            elif v in recomputed and started(v) <= t <= last[s]:
+            kept_here = kept[v] and problem.hold_until[v] is not None and problem.hold_until[v] >= t
+            if kept_here or (v in recomputed and started(v) <= t <= last[s]):
                 held.add(s)
         out.append(problem.fixed[t] + sum(problem.storage_bytes[s] for s in held))
     return out
@@ -122,8 +121,8 @@ def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[i
     return best
 
 
-def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limit_s: float = 30.0,
-          horizon: Optional[int] = None, relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
+def solve(problem: RecomputeProblem, limit: float | None = None, *, time_limit_s: float = 30.0,
+          horizon: int | None = None, relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
     """Least added time with the model's memory ≤ ``limit`` at every point; ``limit=None`` asks
     for the least memory instead (and the least time among plans with that memory).
 
@@ -140,7 +139,7 @@ def solve(problem: RecomputeProblem, limit: Optional[float] = None, *, time_limi
     return _unfolded(problem, _solve(target, limit, time_limit_s, horizon, relative_gap), group_of)
 
 
-def least_memory(problem: RecomputeProblem, *, time_limit_s: float = 30.0, horizon: Optional[int] = None,
+def least_memory(problem: RecomputeProblem, *, time_limit_s: float = 30.0, horizon: int | None = None,
                  relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
     """A set with the least memory (within ``relative_gap``), not the least time among such sets:
     ``solve(problem, None)`` without its second solve, for a caller that only needs to know how
@@ -199,8 +198,8 @@ def _fold_free_views(problem: RecomputeProblem) -> tuple[RecomputeProblem, list[
         hold_until=merged("hold_until", max), fixed=problem.fixed, at=problem.at), group_of
 
 
-def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: float,
-           horizon: Optional[int], relative_gap: float) -> RecomputeChoice:
+def _solve(problem: RecomputeProblem, limit: float | None, time_limit_s: float,
+           horizon: int | None, relative_gap: float) -> RecomputeChoice:
     model = _Model(problem)
     model.require_kept_or_recomputed()
     earliest, needed = _start_window(problem, horizon, model.recomputable)
@@ -220,7 +219,7 @@ def _solve(problem: RecomputeProblem, limit: Optional[float], time_limit_s: floa
                            "optimal" if status == "optimal" and not relative_gap else "feasible")
 
 
-def _start_window(problem: RecomputeProblem, horizon: Optional[int], recomputable: list) -> tuple[list, list]:
+def _start_window(problem: RecomputeProblem, horizon: int | None, recomputable: list) -> tuple[list, list]:
     """Per value, the first and the last point its recomputed copy can be started at. None before
     the first point any recomputation that reads it (directly or down a chain) could run (with a
     ``horizon``: at most that many points before the use it serves); none after the last point it
@@ -305,7 +304,7 @@ class _Model:
                 if c in self.started and t in self.started[c]:
                     self.row(-self.inf, 1, [(self.started[c][t], 1), (self.recomputed[v], 1)])
 
-    def add_memory_rows(self, limit: Optional[float]):
+    def add_memory_rows(self, limit: float | None):
         """At every point, the fixed bytes plus each storage some holder keeps alive: under
         ``limit``, or under the ``peak`` variable returned (to minimise) when there is none."""
         problem, inf, started = self.problem, self.inf, self.started
@@ -336,7 +335,7 @@ class _Model:
             self.row(0, self.inf, [(held, 1), (h, -1)])
         return held
 
-    def set_objective(self, limit: Optional[float], peak) -> None:
+    def set_objective(self, limit: float | None, peak) -> None:
         """The least peak without a limit; under one, the least added time (in nanoseconds)."""
         objective = self.solver.Objective()
         if limit is None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class ReducedProblem:
     def expand(self, choice: Sequence[int]) -> tuple[int, ...]:
         return tuple(self.keep[i][k] for i, k in enumerate(choice))
 
-    def reduce_choice(self, original: Sequence[int]) -> Optional[list[int]]:
+    def reduce_choice(self, original: Sequence[int]) -> list[int] | None:
         """A warm start in reduced indices (a removed strategy maps to one that is no worse);
         None where it took a forbidden strategy."""
         out = []

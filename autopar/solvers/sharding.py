@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
 
 from autopar.errors import SolverError
 from autopar.solvers.local_polytope import SCALE, LocalPolytope, allowed_pairs, priced_edges, solve_proto
@@ -66,17 +66,19 @@ class Overlap:
 
 @dataclass(frozen=True)
 class MemoryLimit:
-    """Σ bytes[i][choice_i] ≤ limit: a linear stand-in for the per-device memory budget."""
+    """Σ bytes[i][choice_i] ≤ limit: a linear stand-in for the per-device memory budget;
+    ``rows`` names what ``bytes`` counts (its caller's word for it)."""
 
     bytes: list
     limit: float
+    rows: str = ""
 
     def used(self, choice: Sequence[int]) -> float:
         return sum(self.bytes[i][k] for i, k in enumerate(choice))
 
 
 def evaluate(node_costs: Sequence[Sequence[float]], edges, choice: Sequence[int],
-             overlap: Optional[Overlap] = None) -> float:
+             overlap: Overlap | None = None) -> float:
     total = sum(node_costs[i][k] for i, k in enumerate(choice))
     total += sum(m[choice[i]][choice[j]] for i, j, m in edges)
     if overlap is not None:
@@ -85,7 +87,7 @@ def evaluate(node_costs: Sequence[Sequence[float]], edges, choice: Sequence[int]
     return total
 
 
-def brute_force(node_costs, edges, overlap: Optional[Overlap] = None) -> tuple[tuple[int, ...], float]:
+def brute_force(node_costs, edges, overlap: Overlap | None = None) -> tuple[tuple[int, ...], float]:
     best, best_choice = math.inf, None
     for choice in itertools.product(*(range(len(c)) for c in node_costs)):
         value = evaluate(node_costs, edges, choice, overlap)
@@ -101,8 +103,8 @@ _RELAXATIONS = Relaxations()
 
 
 def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float = 60.0,
-          hint: Optional[Sequence[int]] = None, progress: Optional[Callable[[str], None]] = None,
-          overlap: Optional[Overlap] = None, memory: Optional[MemoryLimit] = None,
+          hint: Sequence[int] | None = None, progress: Callable[[str], None] | None = None,
+          overlap: Overlap | None = None, memory: MemoryLimit | None = None,
           relative_gap: float = RELATIVE_GAP) -> SolverResult:
     """``relative_gap``: SCIP stops at a solution proven within this share of its objective.
     ``backend``: "lp-first" (the LP relaxation, then SCIP on what it leaves open:
@@ -207,37 +209,10 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, overlap, memory, relativ
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
-    x, terms = [], []
-    for costs in node_costs:
-        row = [model.NewBoolVar("") for _ in costs]
-        model.AddExactlyOne(row)
-        for var, c in zip(row, costs):
-            if math.isinf(c):
-                model.Add(var == 0)
-            elif c:
-                terms.append(_ns(c) * var)
-        x.append(row)
-    n_vars = sum(len(r) for r in x)
-    for i, j, m in priced_edges(edges):
-        y = {}
-        for a, b, c in allowed_pairs(m):
-            y[a, b] = model.NewBoolVar("")
-            if c:
-                terms.append(_ns(c) * y[a, b])
-        _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
-        n_vars += len(y)
+    terms: list = []
+    x, n_vars = _cpsat_choices(model, node_costs, edges, terms)
     if overlap is not None:
-        hidden = []
-        for i, j, m in priced_edges(overlap.edges):
-            y = {(a, b): model.NewBoolVar("") for a, b, _ in allowed_pairs(m)}
-            _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
-            hidden += [_ns(c) * y[a, b] for a, b, c in allowed_pairs(m) if c]
-            n_vars += len(y)
-        cover = [_ns(c) * x[i][k] for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
-        excess = model.NewIntVar(0, sum(_ns(c) for _, _, m in overlap.edges for r in m for c in r
-                                        if not math.isinf(c)), "excess")
-        model.Add(excess >= sum(hidden) - sum(cover))
-        terms.append(excess)
+        n_vars += _cpsat_overlap(model, x, overlap, terms)
     if memory is not None:  # whole bytes: CP-SAT is integer
         model.Add(sum(math.ceil(b) * x[i][k] for i, row in enumerate(memory.bytes) for k, b in enumerate(row) if b)
                   <= math.floor(memory.limit))
@@ -262,6 +237,48 @@ def _marginals(add, xi, xj, y, n_a, n_b) -> None:
         add(sum(y[a, b] for b in range(n_b) if (a, b) in y) == xi[a])
     for b in range(n_b):
         add(sum(y[a, b] for a in range(n_a) if (a, b) in y) == xj[b])
+
+
+def _cpsat_choices(model, node_costs, edges, terms: list) -> tuple[list, int]:
+    """(a boolean per node and strategy, one true per node; how many variables) with the edges'
+    marginals; adds their costs to ``terms``."""
+    x = []
+    for costs in node_costs:
+        row = [model.NewBoolVar("") for _ in costs]
+        model.AddExactlyOne(row)
+        for var, c in zip(row, costs):
+            if math.isinf(c):
+                model.Add(var == 0)
+            elif c:
+                terms.append(_ns(c) * var)
+        x.append(row)
+    n_vars = sum(len(r) for r in x)
+    for i, j, m in priced_edges(edges):
+        y = {}
+        for a, b, c in allowed_pairs(m):
+            y[a, b] = model.NewBoolVar("")
+            if c:
+                terms.append(_ns(c) * y[a, b])
+        _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
+        n_vars += len(y)
+    return x, n_vars
+
+
+def _cpsat_overlap(model, x: list, overlap: Overlap, terms: list) -> int:
+    """Adds the hidden communication's excess over the compute that covers it to ``terms``;
+    returns the variables it added."""
+    hidden, added = [], 0
+    for i, j, m in priced_edges(overlap.edges):
+        y = {(a, b): model.NewBoolVar("") for a, b, _ in allowed_pairs(m)}
+        _marginals(model.Add, x[i], x[j], y, len(m), len(m[0]))
+        hidden += [_ns(c) * y[a, b] for a, b, c in allowed_pairs(m) if c]
+        added += len(y)
+    cover = [_ns(c) * x[i][k] for i, row in enumerate(overlap.cover) for k, c in enumerate(row) if c]
+    excess = model.NewIntVar(0, sum(_ns(c) for _, _, m in overlap.edges for r in m for c in r
+                                    if not math.isinf(c)), "excess")
+    model.Add(excess >= sum(hidden) - sum(cover))
+    terms.append(excess)
+    return added
 
 
 def _ns(seconds: float) -> int:

@@ -16,9 +16,9 @@ order, until ``(m - 1) * T`` alone exceeds the best objective, finds it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def pipeline_time(stage_s: Sequence[float], microbatches: int) -> float:
 
 
 def partition(chain: Chain, stages: int, microbatches: int, in_flight: Sequence[int],
-              budget_bytes: Sequence[float]) -> Optional[Partition]:
+              budget_bytes: Sequence[float]) -> Partition | None:
     """The best split of ``chain`` into ``stages`` non-empty contiguous ranges, stage s holding
     ``in_flight[s]`` micro-batches' activations within ``budget_bytes[s]``; None when no split fits."""
     n = len(chain)
@@ -59,7 +59,7 @@ def partition(chain: Chain, stages: int, microbatches: int, in_flight: Sequence[
         return None  # no split fits the memory, whatever its times
     lowest = _first_feasible(cost, stages, caps, in_flight, budget_bytes)
     floor = sum(chain.seconds)  # every split's total is at least the layers' own time
-    best: Optional[Partition] = None
+    best: Partition | None = None
     for T in caps[lowest:]:
         if best is not None and floor + (microbatches - 1) * T >= best.objective_s:
             break
@@ -73,7 +73,7 @@ def partition(chain: Chain, stages: int, microbatches: int, in_flight: Sequence[
     return best
 
 
-def _first_feasible(cost: "_RangeCosts", stages: int, caps: list, in_flight, budget_bytes) -> int:
+def _first_feasible(cost: _RangeCosts, stages: int, caps: list, in_flight, budget_bytes) -> int:
     """The index of the least cap some split fits under (fitting is monotone in the cap)."""
     lo, hi = 0, len(caps) - 1
     while lo < hi:
@@ -102,7 +102,7 @@ class _RangeCosts:
         return self._static[j] - self._static[i] + in_flight * (self._act[j] - self._act[i])
 
 
-def _solve(cost: _RangeCosts, stages: int, cap: float, in_flight, budget_bytes) -> Optional[list]:
+def _solve(cost: _RangeCosts, stages: int, cap: float, in_flight, budget_bytes) -> list | None:
     """The split of least total time whose stages each take at most ``cap`` and fit, or None."""
     n, inf = cost.n, math.inf
     # best[k][j]: least total time of k stages covering layers [0, j); back[k][j]: where stage k starts
@@ -131,7 +131,7 @@ def _solve(cost: _RangeCosts, stages: int, cap: float, in_flight, budget_bytes) 
 
 
 
-def even_partition(chain: Chain, stages: int, microbatches: int) -> Optional[Partition]:
+def even_partition(chain: Chain, stages: int, microbatches: int) -> Partition | None:
     """Megatron-LM's split: the layers (all units but the first and last, the parts before and
     after them) in equal runs, earlier stages taking one fewer where they do not divide; the
     part before on the first stage, the part after on the last. None with more stages than layers."""

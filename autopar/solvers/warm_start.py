@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from autopar.errors import SolverError
 
@@ -43,7 +43,7 @@ def descend_axes(solve_restricted: Callable, node_costs: list, options: Sequence
         if len(settled) == ndim:
             break
 
-        def others(g: int, k: int) -> list:  # what strategy k of group g does on the fixed axes
+        def others(g: int, k: int, axis: int = axis) -> list:  # what strategy k of group g does on the fixed axes
             return per_axis[g][k][:axis] + per_axis[g][k][axis + 1:]
 
         costs = [[c if others(g, k) == others(g, current[g]) else math.inf for k, c in enumerate(node_costs[g])]

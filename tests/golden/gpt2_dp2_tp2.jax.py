@@ -1,14 +1,52 @@
 # autopar: training step as a sharded JAX program (generated; do not edit)
-# plan f6a976a7bf90 | graph 6d97ab77c17ffb6f | mesh (dp=2, tp=2) | hardware h100-sxm
-# predicted step 0.1920 ms = compute 0.1920 ms + communication 0.0000 ms
+# plan 99882b62c030 | graph f9c235857f9b1ca1 | mesh (dp=2, tp=2) | hardware h100-sxm
+# predicted step 0.5905 ms = compute 0.4483 ms + communication 0.1421 ms
+# parameter layouts (S(d): split along dim d; R: replicated):
+#   wte.weight                 [256, 2048]   R on dp, R on tp
+#   wpe.weight                 [64, 2048]    R on dp, R on tp
+#   blocks.0.ln1.weight        [2048]        R on dp, R on tp
+#   blocks.0.ln1.bias          [2048]        R on dp, R on tp
+#   blocks.0.attn.q.weight     [2048, 2048]  R on dp, S(0) on tp
+#   blocks.0.attn.q.bias       [2048]        R on dp, S(0) on tp
+#   blocks.0.attn.k.weight     [2048, 2048]  R on dp, S(0) on tp
+#   blocks.0.attn.k.bias       [2048]        R on dp, S(0) on tp
+#   blocks.0.attn.v.weight     [2048, 2048]  R on dp, S(0) on tp
+#   blocks.0.attn.v.bias       [2048]        R on dp, S(0) on tp
+#   blocks.0.attn.proj.weight  [2048, 2048]  R on dp, S(1) on tp
+#   blocks.0.attn.proj.bias    [2048]        R on dp, R on tp
+#   blocks.0.ln2.weight        [2048]        R on dp, R on tp
+#   blocks.0.ln2.bias          [2048]        R on dp, R on tp
+#   blocks.0.fc.weight         [8192, 2048]  R on dp, S(0) on tp
+#   blocks.0.fc.bias           [8192]        R on dp, S(0) on tp
+#   blocks.0.out.weight        [2048, 8192]  R on dp, S(1) on tp
+#   blocks.0.out.bias          [2048]        R on dp, R on tp
+#   blocks.1.ln1.weight        [2048]        R on dp, R on tp
+#   blocks.1.ln1.bias          [2048]        R on dp, R on tp
+#   blocks.1.attn.q.weight     [2048, 2048]  R on dp, S(0) on tp
+#   blocks.1.attn.q.bias       [2048]        R on dp, S(0) on tp
+#   blocks.1.attn.k.weight     [2048, 2048]  R on dp, S(0) on tp
+#   blocks.1.attn.k.bias       [2048]        R on dp, S(0) on tp
+#   blocks.1.attn.v.weight     [2048, 2048]  R on dp, S(0) on tp
+#   blocks.1.attn.v.bias       [2048]        R on dp, S(0) on tp
+#   blocks.1.attn.proj.weight  [2048, 2048]  R on dp, S(1) on tp
+#   blocks.1.attn.proj.bias    [2048]        R on dp, R on tp
+#   blocks.1.ln2.weight        [2048]        R on dp, R on tp
+#   blocks.1.ln2.bias          [2048]        R on dp, R on tp
+#   blocks.1.fc.weight         [8192, 2048]  R on dp, S(0) on tp
+#   blocks.1.fc.bias           [8192]        R on dp, S(0) on tp
+#   blocks.1.out.weight        [2048, 8192]  R on dp, S(1) on tp
+#   blocks.1.out.bias          [2048]        R on dp, R on tp
+#   ln_f.weight                [2048]        R on dp, R on tp
+#   ln_f.bias                  [2048]        R on dp, R on tp
+#   head.weight                [256, 2048]   R on dp, R on tp
 # passes:
 #   shapes: 309 nodes
 #   strategies: 309 nodes, 116 free, 1174 strategies, 0 fallbacks
 #   cluster_layers: no repeated layers
-#   solve_sharding: 116 variables groups, 220 edges, 27349 booleans, optimal, objective 0.1920 ms, gap 0.00%
-#   collectives: 0 redistributions, 0 collectives
-#   recompute: peak 10.9 MB per device at _log_softmax_backward_data
-#   predict: step 0.1920 ms (compute 0.1920, communication 0.0000 + 0.0000 hidden), 0% of FLOPs sharded
+#   solve_sharding: 116 variables groups, 220 edges, 27349 booleans, optimal, objective 0.5905 ms, gap 0.00%
+#   collectives: 56 redistributions, 50 collectives
+#   recompute: peak 844.3 MB per device at mm_26__r55_pending
+#   predict: step 0.5905 ms (compute 0.4483, communication 0.1421 + 0.2438 hidden), 100% of FLOPs sharded
 """Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz] [--seed N]
 (one step; prints the loss; dropout masks are drawn from jax.random.key(N), or read from --masks masks.npz).
 On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
@@ -23,7 +61,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-PLAN_HASH = 'f6a976a7bf90'
+PLAN_HASH = '99882b62c030'
 AXES = ('dp', 'tp')
 SHAPE = (2, 2)
 PLACEHOLDERS = [
@@ -64,18 +102,18 @@ BUFFERS = {}
 INPUTS = ['idx', 'targets']
 SPECS = {
     'wte_weight': P(None, None), 'wpe_weight': P(None, None), 'blocks_0_ln1_weight': P(None),
-    'blocks_0_ln1_bias': P(None), 'blocks_0_attn_q_weight': P(None, None), 'blocks_0_attn_q_bias': P(None),
-    'blocks_0_attn_k_weight': P(None, None), 'blocks_0_attn_k_bias': P(None), 'blocks_0_attn_v_weight': P(None, None),
-    'blocks_0_attn_v_bias': P(None), 'blocks_0_attn_proj_weight': P(None, None), 'blocks_0_attn_proj_bias': P(None),
-    'blocks_0_ln2_weight': P(None), 'blocks_0_ln2_bias': P(None), 'blocks_0_fc_weight': P(None, None),
-    'blocks_0_fc_bias': P(None), 'blocks_0_out_weight': P(None, None), 'blocks_0_out_bias': P(None),
-    'blocks_1_ln1_weight': P(None), 'blocks_1_ln1_bias': P(None), 'blocks_1_attn_q_weight': P(None, None),
-    'blocks_1_attn_q_bias': P(None), 'blocks_1_attn_k_weight': P(None, None), 'blocks_1_attn_k_bias': P(None),
-    'blocks_1_attn_v_weight': P(None, None), 'blocks_1_attn_v_bias': P(None),
-    'blocks_1_attn_proj_weight': P(None, None), 'blocks_1_attn_proj_bias': P(None), 'blocks_1_ln2_weight': P(None),
-    'blocks_1_ln2_bias': P(None), 'blocks_1_fc_weight': P(None, None), 'blocks_1_fc_bias': P(None),
-    'blocks_1_out_weight': P(None, None), 'blocks_1_out_bias': P(None), 'ln_f_weight': P(None), 'ln_f_bias': P(None),
-    'head_weight': P(None, None), 'idx': P(None, None), 'targets': P(None, None),
+    'blocks_0_ln1_bias': P(None), 'blocks_0_attn_q_weight': P('tp', None), 'blocks_0_attn_q_bias': P('tp'),
+    'blocks_0_attn_k_weight': P('tp', None), 'blocks_0_attn_k_bias': P('tp'), 'blocks_0_attn_v_weight': P('tp', None),
+    'blocks_0_attn_v_bias': P('tp'), 'blocks_0_attn_proj_weight': P(None, 'tp'), 'blocks_0_attn_proj_bias': P(None),
+    'blocks_0_ln2_weight': P(None), 'blocks_0_ln2_bias': P(None), 'blocks_0_fc_weight': P('tp', None),
+    'blocks_0_fc_bias': P('tp'), 'blocks_0_out_weight': P(None, 'tp'), 'blocks_0_out_bias': P(None),
+    'blocks_1_ln1_weight': P(None), 'blocks_1_ln1_bias': P(None), 'blocks_1_attn_q_weight': P('tp', None),
+    'blocks_1_attn_q_bias': P('tp'), 'blocks_1_attn_k_weight': P('tp', None), 'blocks_1_attn_k_bias': P('tp'),
+    'blocks_1_attn_v_weight': P('tp', None), 'blocks_1_attn_v_bias': P('tp'),
+    'blocks_1_attn_proj_weight': P(None, 'tp'), 'blocks_1_attn_proj_bias': P(None), 'blocks_1_ln2_weight': P(None),
+    'blocks_1_ln2_bias': P(None), 'blocks_1_fc_weight': P('tp', None), 'blocks_1_fc_bias': P('tp'),
+    'blocks_1_out_weight': P(None, 'tp'), 'blocks_1_out_bias': P(None), 'ln_f_weight': P(None), 'ln_f_bias': P(None),
+    'head_weight': P(None, None), 'idx': P('dp', None), 'targets': P(None, None),
 }
 # dropout mask -> (global shape, probability of a zero), in the order forward draws them
 MASKS = {}
@@ -96,10 +134,10 @@ OUTPUTS = [
     ('grad', 'blocks.1.out.bias'), ('grad', 'ln_f.weight'), ('grad', 'ln_f.bias'), ('grad', 'head.weight'),
 ]
 OUTPUT_SPECS = (
-    P(), P(None, None), P(None, None), P(None), P(None), P(None, None), P(None), P(None, None), P(None), P(None, None),
-    P(None), P(None, None), P(None), P(None), P(None), P(None, None), P(None), P(None, None), P(None), P(None), P(None),
-    P(None, None), P(None), P(None, None), P(None), P(None, None), P(None), P(None, None), P(None), P(None), P(None),
-    P(None, None), P(None), P(None, None), P(None), P(None), P(None), P(None, None),
+    P(), P(None, None), P(None, None), P(None), P(None), P('tp', None), P('tp'), P('tp', None), P('tp'), P('tp', None),
+    P('tp'), P(None, 'tp'), P(None), P(None), P(None), P('tp', None), P('tp'), P(None, 'tp'), P(None), P(None), P(None),
+    P('tp', None), P('tp'), P('tp', None), P('tp'), P('tp', None), P('tp'), P(None, 'tp'), P(None), P(None), P(None),
+    P('tp', None), P('tp'), P(None, 'tp'), P(None), P(None), P(None), P(None, None),
 )
 
 
@@ -334,161 +372,175 @@ def forward_local(
 
     # ---- forward ----
     # <model>
-    arange = aten_arange(32, device=None, pin_memory=False)
+    arange = aten_arange(64, device=None, pin_memory=False)
     # wte
-    embedding = aten_embedding(wte_weight, idx)
+    wte_embedding = aten_embedding(wte_weight, idx)
     # wpe
-    embedding_1 = aten_embedding(wpe_weight, arange)
+    wpe_embedding = aten_embedding(wpe_weight, arange)
     # <model>
-    add = aten_add(embedding, embedding_1)
+    add = aten_add(wte_embedding, wpe_embedding)
     # blocks.0.ln1
-    native_layer_norm = aten_native_layer_norm(add, [128], blocks_0_ln1_weight, blocks_0_ln1_bias, 1e-05)
-    getitem = native_layer_norm[0]
-    getitem_1 = native_layer_norm[1]
-    getitem_2 = native_layer_norm[2]
+    blocks_0_ln1_native_layer_norm = aten_native_layer_norm(add, [2048], blocks_0_ln1_weight, blocks_0_ln1_bias, 1e-05)
+    blocks_0_ln1_getitem = blocks_0_ln1_native_layer_norm[0]
+    blocks_0_ln1_getitem_1 = blocks_0_ln1_native_layer_norm[1]
+    blocks_0_ln1_getitem_2 = blocks_0_ln1_native_layer_norm[2]
     # blocks.0.attn.q
-    view = aten_view(getitem, [256, 128])
-    t = aten_t(blocks_0_attn_q_weight)
-    addmm = aten_addmm(blocks_0_attn_q_bias, view, t)
-    view_1 = aten_view(addmm, [8, 32, 128])
+    blocks_0_attn_q_view = aten_view(blocks_0_ln1_getitem, [256, 2048])
+    blocks_0_attn_q_t = aten_t(blocks_0_attn_q_weight)
+    blocks_0_attn_q_addmm = aten_addmm(blocks_0_attn_q_bias, blocks_0_attn_q_view, blocks_0_attn_q_t)
+    blocks_0_attn_q_view_1 = aten_view(blocks_0_attn_q_addmm, [4, 64, 1024])
     # blocks.0.attn
-    view_2 = aten_view(view_1, [8, 32, 4, 32])
-    transpose = aten_transpose(view_2, 1, 2)
+    blocks_0_attn_view = aten_view(blocks_0_attn_q_view_1, [4, 64, 16, 64])
+    blocks_0_attn_transpose = aten_transpose(blocks_0_attn_view, 1, 2)
     # blocks.0.attn.k
-    view_3 = aten_view(getitem, [256, 128])
-    t_1 = aten_t(blocks_0_attn_k_weight)
-    addmm_1 = aten_addmm(blocks_0_attn_k_bias, view_3, t_1)
-    view_4 = aten_view(addmm_1, [8, 32, 128])
+    blocks_0_attn_k_view = aten_view(blocks_0_ln1_getitem, [256, 2048])
+    blocks_0_attn_k_t = aten_t(blocks_0_attn_k_weight)
+    blocks_0_attn_k_addmm = aten_addmm(blocks_0_attn_k_bias, blocks_0_attn_k_view, blocks_0_attn_k_t)
+    blocks_0_attn_k_view_1 = aten_view(blocks_0_attn_k_addmm, [4, 64, 1024])
     # blocks.0.attn
-    view_5 = aten_view(view_4, [8, 32, 4, 32])
-    transpose_1 = aten_transpose(view_5, 1, 2)
+    blocks_0_attn_view_1 = aten_view(blocks_0_attn_k_view_1, [4, 64, 16, 64])
+    blocks_0_attn_transpose_1 = aten_transpose(blocks_0_attn_view_1, 1, 2)
     # blocks.0.attn.v
-    view_6 = aten_view(getitem, [256, 128])
-    t_2 = aten_t(blocks_0_attn_v_weight)
-    addmm_2 = aten_addmm(blocks_0_attn_v_bias, view_6, t_2)
-    view_7 = aten_view(addmm_2, [8, 32, 128])
+    blocks_0_attn_v_view = aten_view(blocks_0_ln1_getitem, [256, 2048])
+    blocks_0_attn_v_t = aten_t(blocks_0_attn_v_weight)
+    blocks_0_attn_v_addmm = aten_addmm(blocks_0_attn_v_bias, blocks_0_attn_v_view, blocks_0_attn_v_t)
+    blocks_0_attn_v_view_1 = aten_view(blocks_0_attn_v_addmm, [4, 64, 1024])
     # blocks.0.attn
-    view_8 = aten_view(view_7, [8, 32, 4, 32])
-    transpose_2 = aten_transpose(view_8, 1, 2)
-    attention = aten_sdpa_flash_cpu(transpose, transpose_1, transpose_2, 0.0, True)
-    getitem_3 = attention[0]
-    getitem_4 = attention[1]
-    detach = aten_identity(getitem_3)
-    transpose_3 = aten_transpose(getitem_3, 1, 2)
-    view_9 = aten_view(transpose_3, [8, 32, 128])
+    blocks_0_attn_view_2 = aten_view(blocks_0_attn_v_view_1, [4, 64, 16, 64])
+    blocks_0_attn_transpose_2 = aten_transpose(blocks_0_attn_view_2, 1, 2)
+    attention = aten_sdpa_flash_cpu(blocks_0_attn_transpose, blocks_0_attn_transpose_1, blocks_0_attn_transpose_2, 0.0, True)
+    blocks_0_attn_getitem = attention[0]
+    blocks_0_attn_getitem_1 = attention[1]
+    blocks_0_attn_detach = aten_identity(blocks_0_attn_getitem)
+    blocks_0_attn_transpose_3 = aten_transpose(blocks_0_attn_getitem, 1, 2)
+    blocks_0_attn_view_3 = aten_view(blocks_0_attn_transpose_3, [4, 64, 1024])
     # blocks.0.attn.proj
-    view_10 = aten_view(view_9, [256, 128])
-    t_3 = aten_t(blocks_0_attn_proj_weight)
-    addmm_3 = aten_addmm(blocks_0_attn_proj_bias, view_10, t_3)
-    view_11 = aten_view(addmm_3, [8, 32, 128])
+    blocks_0_attn_proj_view = aten_view(blocks_0_attn_view_3, [256, 1024])
+    blocks_0_attn_proj_t = aten_t(blocks_0_attn_proj_weight)
+    blocks_0_attn_proj_bias__r0 = jnp.where(lax.axis_index('tp') == 0, blocks_0_attn_proj_bias, jnp.zeros_like(blocks_0_attn_proj_bias))  # r0: (R, R) -> (R, P)
+    blocks_0_attn_proj_addmm = aten_addmm(blocks_0_attn_proj_bias__r0, blocks_0_attn_proj_view, blocks_0_attn_proj_t)
+    blocks_0_attn_proj_view_1 = aten_view(blocks_0_attn_proj_addmm, [4, 64, 2048])
+    blocks_0_attn_proj_view_1__r1 = lax.psum(blocks_0_attn_proj_view_1, 'tp')  # r1: (S(0), P) -> (S(0), R)
     # blocks.0
-    add_1 = aten_add(add, view_11)
+    blocks_0_add = aten_add(add, blocks_0_attn_proj_view_1__r1)
     # blocks.0.ln2
-    native_layer_norm_1 = aten_native_layer_norm(add_1, [128], blocks_0_ln2_weight, blocks_0_ln2_bias, 1e-05)
-    getitem_5 = native_layer_norm_1[0]
-    getitem_6 = native_layer_norm_1[1]
-    getitem_7 = native_layer_norm_1[2]
+    blocks_0_ln2_native_layer_norm = aten_native_layer_norm(blocks_0_add, [2048], blocks_0_ln2_weight, blocks_0_ln2_bias, 1e-05)
+    blocks_0_ln2_getitem = blocks_0_ln2_native_layer_norm[0]
+    blocks_0_ln2_getitem_1 = blocks_0_ln2_native_layer_norm[1]
+    blocks_0_ln2_getitem_2 = blocks_0_ln2_native_layer_norm[2]
     # blocks.0.fc
-    view_12 = aten_view(getitem_5, [256, 128])
-    t_4 = aten_t(blocks_0_fc_weight)
-    addmm_4 = aten_addmm(blocks_0_fc_bias, view_12, t_4)
-    view_13 = aten_view(addmm_4, [8, 32, 512])
+    blocks_0_fc_view = aten_view(blocks_0_ln2_getitem, [256, 2048])
+    blocks_0_fc_t = aten_t(blocks_0_fc_weight)
+    blocks_0_fc_addmm = aten_addmm(blocks_0_fc_bias, blocks_0_fc_view, blocks_0_fc_t)
+    blocks_0_fc_view_1 = aten_view(blocks_0_fc_addmm, [4, 64, 4096])
     # blocks.0
-    gelu = aten_gelu(view_13)
+    blocks_0_gelu = aten_gelu(blocks_0_fc_view_1)
     # blocks.0.out
-    view_14 = aten_view(gelu, [256, 512])
-    t_5 = aten_t(blocks_0_out_weight)
-    addmm_5 = aten_addmm(blocks_0_out_bias, view_14, t_5)
-    view_15 = aten_view(addmm_5, [8, 32, 128])
+    blocks_0_out_view = aten_view(blocks_0_gelu, [256, 4096])
+    blocks_0_out_t = aten_t(blocks_0_out_weight)
+    blocks_0_out_bias__r2 = jnp.where(lax.axis_index('tp') == 0, blocks_0_out_bias, jnp.zeros_like(blocks_0_out_bias))  # r2: (R, R) -> (R, P)
+    blocks_0_out_addmm = aten_addmm(blocks_0_out_bias__r2, blocks_0_out_view, blocks_0_out_t)
+    blocks_0_out_view_1 = aten_view(blocks_0_out_addmm, [4, 64, 2048])
     # blocks.0
-    clone = aten_identity(view_15)
-    add_2 = aten_add(add_1, clone)
+    blocks_0_clone = aten_identity(blocks_0_out_view_1)
+    blocks_0_clone__r3 = lax.psum(blocks_0_clone, 'tp')  # r3: (S(0), P) -> (S(0), R)
+    blocks_0_add_1 = aten_add(blocks_0_add, blocks_0_clone__r3)
     # blocks.1.ln1
-    native_layer_norm_2 = aten_native_layer_norm(add_2, [128], blocks_1_ln1_weight, blocks_1_ln1_bias, 1e-05)
-    getitem_8 = native_layer_norm_2[0]
-    getitem_9 = native_layer_norm_2[1]
-    getitem_10 = native_layer_norm_2[2]
+    blocks_1_ln1_native_layer_norm = aten_native_layer_norm(blocks_0_add_1, [2048], blocks_1_ln1_weight, blocks_1_ln1_bias, 1e-05)
+    blocks_1_ln1_getitem = blocks_1_ln1_native_layer_norm[0]
+    blocks_1_ln1_getitem_1 = blocks_1_ln1_native_layer_norm[1]
+    blocks_1_ln1_getitem_2 = blocks_1_ln1_native_layer_norm[2]
     # blocks.1.attn.q
-    view_16 = aten_view(getitem_8, [256, 128])
-    t_6 = aten_t(blocks_1_attn_q_weight)
-    addmm_6 = aten_addmm(blocks_1_attn_q_bias, view_16, t_6)
-    view_17 = aten_view(addmm_6, [8, 32, 128])
+    blocks_1_attn_q_view = aten_view(blocks_1_ln1_getitem, [256, 2048])
+    blocks_1_attn_q_t = aten_t(blocks_1_attn_q_weight)
+    blocks_1_attn_q_addmm = aten_addmm(blocks_1_attn_q_bias, blocks_1_attn_q_view, blocks_1_attn_q_t)
+    blocks_1_attn_q_view_1 = aten_view(blocks_1_attn_q_addmm, [4, 64, 1024])
     # blocks.1.attn
-    view_18 = aten_view(view_17, [8, 32, 4, 32])
-    transpose_4 = aten_transpose(view_18, 1, 2)
+    blocks_1_attn_view = aten_view(blocks_1_attn_q_view_1, [4, 64, 16, 64])
+    blocks_1_attn_transpose = aten_transpose(blocks_1_attn_view, 1, 2)
     # blocks.1.attn.k
-    view_19 = aten_view(getitem_8, [256, 128])
-    t_7 = aten_t(blocks_1_attn_k_weight)
-    addmm_7 = aten_addmm(blocks_1_attn_k_bias, view_19, t_7)
-    view_20 = aten_view(addmm_7, [8, 32, 128])
+    blocks_1_attn_k_view = aten_view(blocks_1_ln1_getitem, [256, 2048])
+    blocks_1_attn_k_t = aten_t(blocks_1_attn_k_weight)
+    blocks_1_attn_k_addmm = aten_addmm(blocks_1_attn_k_bias, blocks_1_attn_k_view, blocks_1_attn_k_t)
+    blocks_1_attn_k_view_1 = aten_view(blocks_1_attn_k_addmm, [4, 64, 1024])
     # blocks.1.attn
-    view_21 = aten_view(view_20, [8, 32, 4, 32])
-    transpose_5 = aten_transpose(view_21, 1, 2)
+    blocks_1_attn_view_1 = aten_view(blocks_1_attn_k_view_1, [4, 64, 16, 64])
+    blocks_1_attn_transpose_1 = aten_transpose(blocks_1_attn_view_1, 1, 2)
     # blocks.1.attn.v
-    view_22 = aten_view(getitem_8, [256, 128])
-    t_8 = aten_t(blocks_1_attn_v_weight)
-    addmm_8 = aten_addmm(blocks_1_attn_v_bias, view_22, t_8)
-    view_23 = aten_view(addmm_8, [8, 32, 128])
+    blocks_1_attn_v_view = aten_view(blocks_1_ln1_getitem, [256, 2048])
+    blocks_1_attn_v_t = aten_t(blocks_1_attn_v_weight)
+    blocks_1_attn_v_addmm = aten_addmm(blocks_1_attn_v_bias, blocks_1_attn_v_view, blocks_1_attn_v_t)
+    blocks_1_attn_v_view_1 = aten_view(blocks_1_attn_v_addmm, [4, 64, 1024])
     # blocks.1.attn
-    view_24 = aten_view(view_23, [8, 32, 4, 32])
-    transpose_6 = aten_transpose(view_24, 1, 2)
-    attention_1 = aten_sdpa_flash_cpu(transpose_4, transpose_5, transpose_6, 0.0, True)
-    getitem_11 = attention_1[0]
-    getitem_12 = attention_1[1]
-    detach_1 = aten_identity(getitem_11)
-    transpose_7 = aten_transpose(getitem_11, 1, 2)
-    view_25 = aten_view(transpose_7, [8, 32, 128])
+    blocks_1_attn_view_2 = aten_view(blocks_1_attn_v_view_1, [4, 64, 16, 64])
+    blocks_1_attn_transpose_2 = aten_transpose(blocks_1_attn_view_2, 1, 2)
+    attention_1 = aten_sdpa_flash_cpu(blocks_1_attn_transpose, blocks_1_attn_transpose_1, blocks_1_attn_transpose_2, 0.0, True)
+    blocks_1_attn_getitem = attention_1[0]
+    blocks_1_attn_getitem_1 = attention_1[1]
+    blocks_1_attn_detach = aten_identity(blocks_1_attn_getitem)
+    blocks_1_attn_transpose_3 = aten_transpose(blocks_1_attn_getitem, 1, 2)
+    blocks_1_attn_view_3 = aten_view(blocks_1_attn_transpose_3, [4, 64, 1024])
     # blocks.1.attn.proj
-    view_26 = aten_view(view_25, [256, 128])
-    t_9 = aten_t(blocks_1_attn_proj_weight)
-    addmm_9 = aten_addmm(blocks_1_attn_proj_bias, view_26, t_9)
-    view_27 = aten_view(addmm_9, [8, 32, 128])
+    blocks_1_attn_proj_view = aten_view(blocks_1_attn_view_3, [256, 1024])
+    blocks_1_attn_proj_t = aten_t(blocks_1_attn_proj_weight)
+    blocks_1_attn_proj_bias__r4 = jnp.where(lax.axis_index('tp') == 0, blocks_1_attn_proj_bias, jnp.zeros_like(blocks_1_attn_proj_bias))  # r4: (R, R) -> (R, P)
+    blocks_1_attn_proj_addmm = aten_addmm(blocks_1_attn_proj_bias__r4, blocks_1_attn_proj_view, blocks_1_attn_proj_t)
+    blocks_1_attn_proj_view_1 = aten_view(blocks_1_attn_proj_addmm, [4, 64, 2048])
+    blocks_1_attn_proj_view_1__r5 = lax.psum(blocks_1_attn_proj_view_1, 'tp')  # r5: (S(0), P) -> (S(0), R)
     # blocks.1
-    add_3 = aten_add(add_2, view_27)
+    blocks_1_add = aten_add(blocks_0_add_1, blocks_1_attn_proj_view_1__r5)
     # blocks.1.ln2
-    native_layer_norm_3 = aten_native_layer_norm(add_3, [128], blocks_1_ln2_weight, blocks_1_ln2_bias, 1e-05)
-    getitem_13 = native_layer_norm_3[0]
-    getitem_14 = native_layer_norm_3[1]
-    getitem_15 = native_layer_norm_3[2]
+    blocks_1_ln2_native_layer_norm = aten_native_layer_norm(blocks_1_add, [2048], blocks_1_ln2_weight, blocks_1_ln2_bias, 1e-05)
+    blocks_1_ln2_getitem = blocks_1_ln2_native_layer_norm[0]
+    blocks_1_ln2_getitem_1 = blocks_1_ln2_native_layer_norm[1]
+    blocks_1_ln2_getitem_2 = blocks_1_ln2_native_layer_norm[2]
     # blocks.1.fc
-    view_28 = aten_view(getitem_13, [256, 128])
-    t_10 = aten_t(blocks_1_fc_weight)
-    addmm_10 = aten_addmm(blocks_1_fc_bias, view_28, t_10)
-    view_29 = aten_view(addmm_10, [8, 32, 512])
+    blocks_1_fc_view = aten_view(blocks_1_ln2_getitem, [256, 2048])
+    blocks_1_fc_t = aten_t(blocks_1_fc_weight)
+    blocks_1_fc_addmm = aten_addmm(blocks_1_fc_bias, blocks_1_fc_view, blocks_1_fc_t)
+    blocks_1_fc_view_1 = aten_view(blocks_1_fc_addmm, [4, 64, 4096])
     # blocks.1
-    gelu_1 = aten_gelu(view_29)
+    blocks_1_gelu = aten_gelu(blocks_1_fc_view_1)
     # blocks.1.out
-    view_30 = aten_view(gelu_1, [256, 512])
-    t_11 = aten_t(blocks_1_out_weight)
-    addmm_11 = aten_addmm(blocks_1_out_bias, view_30, t_11)
-    view_31 = aten_view(addmm_11, [8, 32, 128])
+    blocks_1_out_view = aten_view(blocks_1_gelu, [256, 4096])
+    blocks_1_out_t = aten_t(blocks_1_out_weight)
+    blocks_1_out_bias__r6 = jnp.where(lax.axis_index('tp') == 0, blocks_1_out_bias, jnp.zeros_like(blocks_1_out_bias))  # r6: (R, R) -> (R, P)
+    blocks_1_out_addmm = aten_addmm(blocks_1_out_bias__r6, blocks_1_out_view, blocks_1_out_t)
+    blocks_1_out_view_1 = aten_view(blocks_1_out_addmm, [4, 64, 2048])
     # blocks.1
-    clone_1 = aten_identity(view_31)
-    add_4 = aten_add(add_3, clone_1)
+    blocks_1_clone = aten_identity(blocks_1_out_view_1)
+    blocks_1_clone__r7 = lax.psum(blocks_1_clone, 'tp')  # r7: (S(0), P) -> (S(0), R)
+    blocks_1_add_1 = aten_add(blocks_1_add, blocks_1_clone__r7)
     # ln_f
-    native_layer_norm_4 = aten_native_layer_norm(add_4, [128], ln_f_weight, ln_f_bias, 1e-05)
-    getitem_16 = native_layer_norm_4[0]
-    getitem_17 = native_layer_norm_4[1]
-    getitem_18 = native_layer_norm_4[2]
+    ln_f_native_layer_norm = aten_native_layer_norm(blocks_1_add_1, [2048], ln_f_weight, ln_f_bias, 1e-05)
+    ln_f_getitem = ln_f_native_layer_norm[0]
+    ln_f_getitem_1 = ln_f_native_layer_norm[1]
+    ln_f_getitem_2 = ln_f_native_layer_norm[2]
     # head
-    t_12 = aten_t(head_weight)
-    view_32 = aten_view(getitem_16, [256, 128])
-    mm = aten_mm(view_32, t_12)
-    _unsafe_view = aten_view(mm, [8, 32, 256])
+    head_t = aten_t(head_weight)
+    head_view = aten_view(ln_f_getitem, [256, 2048])
+    head_mm = aten_mm(head_view, head_t)
+    head__unsafe_view = aten_view(head_mm, [4, 64, 256])
     # <model>
-    view_33 = aten_view(_unsafe_view, [256, 256])
-    view_34 = aten_view(targets, [256])
+    view_33 = aten_view(head__unsafe_view, [256, 256])
+    view_34 = aten_view(targets, [512])
     _log_softmax = aten_log_softmax(view_33, 1, False)
     detach_2 = aten_identity(_log_softmax)
-    nll_loss_forward_default = aten_nll_loss_forward(_log_softmax, view_34, None, 2, -100)
+    _log_softmax__r8 = lax.all_gather(_log_softmax, 'dp', axis=0, tiled=True)  # r8: (S(0), R) -> (R, R)
+    nll_loss_forward_default = aten_nll_loss_forward(_log_softmax__r8, view_34, None, 2, -100)
     getitem_42 = nll_loss_forward_default[0]
     getitem_43 = nll_loss_forward_default[1]
     div_tensor = aten_div(getitem_42, getitem_43)
     return div_tensor, [
-        arange, add, getitem_1, getitem_2, view, transpose, view_3, transpose_1, view_6, transpose_2, getitem_4, detach,
-        view_10, add_1, getitem_6, getitem_7, view_12, view_13, view_14, add_2, getitem_9, getitem_10, view_16, transpose_4,
-        view_19, transpose_5, view_22, transpose_6, getitem_12, detach_1, view_26, add_3, getitem_14, getitem_15, view_28,
-        view_29, view_30, add_4, getitem_17, getitem_18, view_32, view_34, _log_softmax, detach_2, getitem_43, div_tensor,
+        arange, add, blocks_0_ln1_getitem_1, blocks_0_ln1_getitem_2, blocks_0_attn_q_view, blocks_0_attn_transpose,
+        blocks_0_attn_k_view, blocks_0_attn_transpose_1, blocks_0_attn_v_view, blocks_0_attn_transpose_2,
+        blocks_0_attn_getitem_1, blocks_0_attn_detach, blocks_0_attn_proj_view, blocks_0_add, blocks_0_ln2_getitem_1,
+        blocks_0_ln2_getitem_2, blocks_0_fc_view, blocks_0_fc_view_1, blocks_0_out_view, blocks_0_add_1,
+        blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_attn_q_view, blocks_1_attn_transpose, blocks_1_attn_k_view,
+        blocks_1_attn_transpose_1, blocks_1_attn_v_view, blocks_1_attn_transpose_2, blocks_1_attn_getitem_1,
+        blocks_1_attn_detach, blocks_1_attn_proj_view, blocks_1_add, blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2,
+        blocks_1_fc_view, blocks_1_fc_view_1, blocks_1_out_view, blocks_1_add_1, ln_f_getitem_1, ln_f_getitem_2, head_view,
+        view_34, _log_softmax, detach_2, getitem_43, div_tensor,
     ]
 
 
@@ -504,242 +556,291 @@ def backward_local(
 ):
     """One rank's backward program: the gradients, in OUTPUTS' order after the loss."""
     [
-        arange, add, getitem_1, getitem_2, view, transpose, view_3, transpose_1, view_6, transpose_2, getitem_4, detach,
-        view_10, add_1, getitem_6, getitem_7, view_12, view_13, view_14, add_2, getitem_9, getitem_10, view_16, transpose_4,
-        view_19, transpose_5, view_22, transpose_6, getitem_12, detach_1, view_26, add_3, getitem_14, getitem_15, view_28,
-        view_29, view_30, add_4, getitem_17, getitem_18, view_32, view_34, _log_softmax, detach_2, getitem_43, div_tensor,
+        arange, add, blocks_0_ln1_getitem_1, blocks_0_ln1_getitem_2, blocks_0_attn_q_view, blocks_0_attn_transpose,
+        blocks_0_attn_k_view, blocks_0_attn_transpose_1, blocks_0_attn_v_view, blocks_0_attn_transpose_2,
+        blocks_0_attn_getitem_1, blocks_0_attn_detach, blocks_0_attn_proj_view, blocks_0_add, blocks_0_ln2_getitem_1,
+        blocks_0_ln2_getitem_2, blocks_0_fc_view, blocks_0_fc_view_1, blocks_0_out_view, blocks_0_add_1,
+        blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_attn_q_view, blocks_1_attn_transpose, blocks_1_attn_k_view,
+        blocks_1_attn_transpose_1, blocks_1_attn_v_view, blocks_1_attn_transpose_2, blocks_1_attn_getitem_1,
+        blocks_1_attn_detach, blocks_1_attn_proj_view, blocks_1_add, blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2,
+        blocks_1_fc_view, blocks_1_fc_view_1, blocks_1_out_view, blocks_1_add_1, ln_f_getitem_1, ln_f_getitem_2, head_view,
+        view_34, _log_softmax, detach_2, getitem_43, div_tensor,
     ] = saved
 
     # ---- backward ----
     # <model>
     ones_like_default = aten_ones_like(div_tensor, pin_memory=False)
-    nll_loss_backward = aten_nll_loss_backward(ones_like_default, _log_softmax, view_34, None, 1, -100, getitem_43)
+    view_34__r9 = block(view_34, 'dp', 2, 0)  # r9: (R, R) -> (S(0), R)
+    nll_loss_backward = aten_nll_loss_backward(ones_like_default, _log_softmax, view_34__r9, None, 1, -100, getitem_43)
     detach_3 = aten_identity(detach_2)
     _log_softmax_backward_data = aten_log_softmax_backward_data(nll_loss_backward, detach_3, 1, jnp.float32)
-    view_35 = aten_view(_log_softmax_backward_data, [8, 32, 256])
-    view_36 = aten_view(view_35, [256, 256])
-    t_13 = aten_t(view_36)
+    view_35 = aten_view(_log_softmax_backward_data, [4, 64, 256])
     # head
-    grad_head_weight = aten_mm(t_13, view_32)
-    mm_2 = aten_mm(view_36, head_weight)
-    view_37 = aten_view(mm_2, [8, 32, 128])
-    # blocks.1
-    native_layer_norm_backward = aten_native_layer_norm_backward(view_37, add_4, [128], getitem_17, getitem_18, ln_f_weight, ln_f_bias, [True, True, True])
-    getitem_21 = native_layer_norm_backward[0]
-    grad_ln_f_weight = native_layer_norm_backward[1]
-    grad_ln_f_bias = native_layer_norm_backward[2]
-    view_38 = aten_view(getitem_21, [256, 128])
+    head_view_1 = aten_view(view_35, [256, 256])
+    head_t_1 = aten_t(head_view_1)
+    grad_head_weight = aten_mm(head_t_1, head_view)
+    grad_head_weight__r46_pending = lax.psum(grad_head_weight, 'dp')  # r46: (P, R) -> (R, R)
+    head_mm_1 = aten_mm(head_view_1, head_weight)
+    head_view_2 = aten_view(head_mm_1, [4, 64, 2048])
+    # ln_f
+    ln_f_native_layer_norm_backward = aten_native_layer_norm_backward(head_view_2, blocks_1_add_1, [2048], ln_f_getitem_1, ln_f_getitem_2, ln_f_weight, ln_f_bias, [True, True, True])
+    ln_f_getitem_3 = ln_f_native_layer_norm_backward[0]
+    grad_ln_f_weight = ln_f_native_layer_norm_backward[1]
+    grad_ln_f_weight__r44_pending = lax.psum(grad_ln_f_weight, 'dp')  # r44: (P, R) -> (R, R)
+    grad_ln_f_bias = ln_f_native_layer_norm_backward[2]
+    grad_ln_f_bias__r45_pending = lax.psum(grad_ln_f_bias, 'dp')  # r45: (P, R) -> (R, R)
     # blocks.1.out
-    mm_3 = aten_mm(view_38, blocks_1_out_weight)
+    blocks_1_out_view_2 = aten_view(ln_f_getitem_3, [256, 2048])
+    blocks_1_out_mm = aten_mm(blocks_1_out_view_2, blocks_1_out_weight)
+    blocks_1_out_t_1 = aten_t(blocks_1_out_view_2)
+    blocks_1_out_t_1__r10 = lax.all_gather(blocks_1_out_t_1, 'dp', axis=1, tiled=True)  # r10: (S(1), R) -> (R, R)
+    blocks_1_out_view__r11 = lax.all_gather(blocks_1_out_view, 'dp', axis=0, tiled=True)  # r11: (S(0), S(1)) -> (R, S(1))
+    grad_blocks_1_out_weight = aten_mm(blocks_1_out_t_1__r10, blocks_1_out_view__r11)
+    blocks_1_out_sum = aten_sum(blocks_1_out_view_2, [0], True)
+    grad_blocks_1_out_bias = aten_view(blocks_1_out_sum, [2048])
+    grad_blocks_1_out_bias__r43_pending = lax.psum(grad_blocks_1_out_bias, 'dp')  # r43: (P, R) -> (R, R)
+    blocks_1_out_view_3 = aten_view(blocks_1_out_mm, [4, 64, 4096])
     # blocks.1
-    t_18 = aten_t(view_38)
-    # blocks.1.out
-    grad_blocks_1_out_weight = aten_mm(t_18, view_30)
-    # blocks.1
-    sum_1 = aten_sum(view_38, [0], True)
-    grad_blocks_1_out_bias = aten_view(sum_1, [128])
-    # blocks.1.out
-    view_40 = aten_view(mm_3, [8, 32, 512])
+    blocks_1_gelu_backward = aten_gelu_backward(blocks_1_out_view_3, blocks_1_fc_view_1)
     # blocks.1.fc
-    gelu_backward = aten_gelu_backward(view_40, view_29)
-    view_41 = aten_view(gelu_backward, [256, 512])
-    mm_5 = aten_mm(view_41, blocks_1_fc_weight)
-    t_22 = aten_t(view_41)
-    grad_blocks_1_fc_weight = aten_mm(t_22, view_28)
-    sum_2 = aten_sum(view_41, [0], True)
-    grad_blocks_1_fc_bias = aten_view(sum_2, [512])
-    view_43 = aten_view(mm_5, [8, 32, 128])
+    blocks_1_fc_view_2 = aten_view(blocks_1_gelu_backward, [256, 4096])
+    blocks_1_fc_mm = aten_mm(blocks_1_fc_view_2, blocks_1_fc_weight)
+    blocks_1_fc_t_1 = aten_t(blocks_1_fc_view_2)
+    grad_blocks_1_fc_weight = aten_mm(blocks_1_fc_t_1, blocks_1_fc_view)
+    grad_blocks_1_fc_weight__r47_pending = lax.psum(grad_blocks_1_fc_weight, 'dp')  # r47: (P, S(0)) -> (R, S(0))
+    blocks_1_fc_sum = aten_sum(blocks_1_fc_view_2, [0], True)
+    grad_blocks_1_fc_bias = aten_view(blocks_1_fc_sum, [4096])
+    grad_blocks_1_fc_bias__r42_pending = lax.psum(grad_blocks_1_fc_bias, 'dp')  # r42: (P, S(0)) -> (R, S(0))
+    blocks_1_fc_view_3 = aten_view(blocks_1_fc_mm, [4, 64, 2048])
+    blocks_1_fc_view_3__r12 = lax.psum(blocks_1_fc_view_3, 'tp')  # r12: (S(0), P) -> (S(0), R)
     # blocks.1.ln2
-    native_layer_norm_backward_1 = aten_native_layer_norm_backward(view_43, add_3, [128], getitem_14, getitem_15, blocks_1_ln2_weight, blocks_1_ln2_bias, [True, True, True])
-    getitem_24 = native_layer_norm_backward_1[0]
-    grad_blocks_1_ln2_weight = native_layer_norm_backward_1[1]
-    grad_blocks_1_ln2_bias = native_layer_norm_backward_1[2]
-    add_5 = aten_add(getitem_21, getitem_24)
-    view_44 = aten_view(add_5, [256, 128])
+    blocks_1_ln2_native_layer_norm_backward = aten_native_layer_norm_backward(blocks_1_fc_view_3__r12, blocks_1_add, [2048], blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2, blocks_1_ln2_weight, blocks_1_ln2_bias, [True, True, True])
+    blocks_1_ln2_getitem_3 = blocks_1_ln2_native_layer_norm_backward[0]
+    grad_blocks_1_ln2_weight = blocks_1_ln2_native_layer_norm_backward[1]
+    grad_blocks_1_ln2_weight__r40_pending = lax.psum(grad_blocks_1_ln2_weight, 'dp')  # r40: (P, R) -> (R, R)
+    grad_blocks_1_ln2_bias = blocks_1_ln2_native_layer_norm_backward[2]
+    grad_blocks_1_ln2_bias__r41_pending = lax.psum(grad_blocks_1_ln2_bias, 'dp')  # r41: (P, R) -> (R, R)
+    blocks_1_ln2_add = aten_add(ln_f_getitem_3, blocks_1_ln2_getitem_3)
     # blocks.1.attn.proj
-    mm_7 = aten_mm(view_44, blocks_1_attn_proj_weight)
-    # blocks.1.ln2
-    t_26 = aten_t(view_44)
-    # blocks.1.attn.proj
-    grad_blocks_1_attn_proj_weight = aten_mm(t_26, view_26)
-    # blocks.1.ln2
-    sum_3 = aten_sum(view_44, [0], True)
-    grad_blocks_1_attn_proj_bias = aten_view(sum_3, [128])
-    # blocks.1.attn.proj
-    view_46 = aten_view(mm_7, [8, 32, 128])
-    view_47 = aten_view(view_46, [8, 32, 4, 32])
-    transpose_8 = aten_transpose(view_47, 1, 2)
+    blocks_1_attn_proj_view_2 = aten_view(blocks_1_ln2_add, [256, 2048])
+    blocks_1_attn_proj_mm = aten_mm(blocks_1_attn_proj_view_2, blocks_1_attn_proj_weight)
+    blocks_1_attn_proj_t_1 = aten_t(blocks_1_attn_proj_view_2)
+    grad_blocks_1_attn_proj_weight = aten_mm(blocks_1_attn_proj_t_1, blocks_1_attn_proj_view)
+    grad_blocks_1_attn_proj_weight__r48_pending = lax.psum(grad_blocks_1_attn_proj_weight, 'dp')  # r48: (P, S(1)) -> (R, S(1))
+    blocks_1_attn_proj_sum = aten_sum(blocks_1_attn_proj_view_2, [0], True)
+    grad_blocks_1_attn_proj_bias = aten_view(blocks_1_attn_proj_sum, [2048])
+    grad_blocks_1_attn_proj_bias__r39_pending = lax.psum(grad_blocks_1_attn_proj_bias, 'dp')  # r39: (P, R) -> (R, R)
+    blocks_1_attn_proj_view_3 = aten_view(blocks_1_attn_proj_mm, [4, 64, 1024])
     # blocks.1.attn
-    detach_4 = aten_identity(detach_1)
-    attention_backward = aten_sdpa_flash_cpu_backward(transpose_8, transpose_4, transpose_5, transpose_6, detach_4, getitem_12, 0.0, True)
-    getitem_27 = attention_backward[0]
-    getitem_28 = attention_backward[1]
-    getitem_29 = attention_backward[2]
-    transpose_9 = aten_transpose(getitem_29, 1, 2)
-    view_48 = aten_view(transpose_9, [8, 32, 128])
-    view_49 = aten_view(view_48, [256, 128])
+    blocks_1_attn_view_4 = aten_view(blocks_1_attn_proj_view_3, [4, 64, 16, 64])
+    blocks_1_attn_transpose_4 = aten_transpose(blocks_1_attn_view_4, 1, 2)
+    blocks_1_attn_detach_1 = aten_identity(blocks_1_attn_detach)
+    attention_backward = aten_sdpa_flash_cpu_backward(blocks_1_attn_transpose_4, blocks_1_attn_transpose, blocks_1_attn_transpose_1, blocks_1_attn_transpose_2, blocks_1_attn_detach_1, blocks_1_attn_getitem_1, 0.0, True)
+    blocks_1_attn_getitem_2 = attention_backward[0]
+    blocks_1_attn_getitem_3 = attention_backward[1]
+    blocks_1_attn_getitem_4 = attention_backward[2]
+    blocks_1_attn_transpose_5 = aten_transpose(blocks_1_attn_getitem_4, 1, 2)
+    blocks_1_attn_view_5 = aten_view(blocks_1_attn_transpose_5, [4, 64, 1024])
     # blocks.1.attn.v
-    mm_9 = aten_mm(view_49, blocks_1_attn_v_weight)
+    blocks_1_attn_v_view_2 = aten_view(blocks_1_attn_view_5, [256, 1024])
+    blocks_1_attn_v_mm = aten_mm(blocks_1_attn_v_view_2, blocks_1_attn_v_weight)
+    blocks_1_attn_v_t_1 = aten_t(blocks_1_attn_v_view_2)
+    grad_blocks_1_attn_v_weight = aten_mm(blocks_1_attn_v_t_1, blocks_1_attn_v_view)
+    grad_blocks_1_attn_v_weight__r49_pending = lax.psum(grad_blocks_1_attn_v_weight, 'dp')  # r49: (P, S(0)) -> (R, S(0))
+    blocks_1_attn_v_sum = aten_sum(blocks_1_attn_v_view_2, [0], True)
+    grad_blocks_1_attn_v_bias = aten_view(blocks_1_attn_v_sum, [1024])
+    grad_blocks_1_attn_v_bias__r38_pending = lax.psum(grad_blocks_1_attn_v_bias, 'dp')  # r38: (P, S(0)) -> (R, S(0))
+    blocks_1_attn_v_view_3 = aten_view(blocks_1_attn_v_mm, [4, 64, 2048])
     # blocks.1.attn
-    t_30 = aten_t(view_49)
-    # blocks.1.attn.v
-    grad_blocks_1_attn_v_weight = aten_mm(t_30, view_22)
-    # blocks.1.attn
-    sum_4 = aten_sum(view_49, [0], True)
-    grad_blocks_1_attn_v_bias = aten_view(sum_4, [128])
-    # blocks.1.attn.v
-    view_51 = aten_view(mm_9, [8, 32, 128])
-    # blocks.1.attn
-    transpose_10 = aten_transpose(getitem_28, 1, 2)
-    view_52 = aten_view(transpose_10, [8, 32, 128])
-    view_53 = aten_view(view_52, [256, 128])
+    blocks_1_attn_transpose_6 = aten_transpose(blocks_1_attn_getitem_3, 1, 2)
+    blocks_1_attn_view_6 = aten_view(blocks_1_attn_transpose_6, [4, 64, 1024])
     # blocks.1.attn.k
-    mm_11 = aten_mm(view_53, blocks_1_attn_k_weight)
-    # blocks.1.attn
-    t_34 = aten_t(view_53)
-    # blocks.1.attn.k
-    grad_blocks_1_attn_k_weight = aten_mm(t_34, view_19)
-    # blocks.1.attn
-    sum_5 = aten_sum(view_53, [0], True)
-    grad_blocks_1_attn_k_bias = aten_view(sum_5, [128])
-    # blocks.1.attn.k
-    view_55 = aten_view(mm_11, [8, 32, 128])
+    blocks_1_attn_k_view_2 = aten_view(blocks_1_attn_view_6, [256, 1024])
+    blocks_1_attn_k_mm = aten_mm(blocks_1_attn_k_view_2, blocks_1_attn_k_weight)
+    blocks_1_attn_k_t_1 = aten_t(blocks_1_attn_k_view_2)
+    grad_blocks_1_attn_k_weight = aten_mm(blocks_1_attn_k_t_1, blocks_1_attn_k_view)
+    grad_blocks_1_attn_k_weight__r50_pending = lax.psum(grad_blocks_1_attn_k_weight, 'dp')  # r50: (P, S(0)) -> (R, S(0))
+    blocks_1_attn_k_sum = aten_sum(blocks_1_attn_k_view_2, [0], True)
+    grad_blocks_1_attn_k_bias = aten_view(blocks_1_attn_k_sum, [1024])
+    grad_blocks_1_attn_k_bias__r37_pending = lax.psum(grad_blocks_1_attn_k_bias, 'dp')  # r37: (P, S(0)) -> (R, S(0))
+    blocks_1_attn_k_view_3 = aten_view(blocks_1_attn_k_mm, [4, 64, 2048])
     # blocks.1.attn.v
-    add_6 = aten_add(view_51, view_55)
+    blocks_1_attn_v_add = aten_add(blocks_1_attn_v_view_3, blocks_1_attn_k_view_3)
     # blocks.1.attn
-    transpose_11 = aten_transpose(getitem_27, 1, 2)
-    view_56 = aten_view(transpose_11, [8, 32, 128])
-    view_57 = aten_view(view_56, [256, 128])
+    blocks_1_attn_transpose_7 = aten_transpose(blocks_1_attn_getitem_2, 1, 2)
+    blocks_1_attn_view_7 = aten_view(blocks_1_attn_transpose_7, [4, 64, 1024])
     # blocks.1.attn.q
-    mm_13 = aten_mm(view_57, blocks_1_attn_q_weight)
-    # blocks.1.attn
-    t_38 = aten_t(view_57)
-    # blocks.1.attn.q
-    grad_blocks_1_attn_q_weight = aten_mm(t_38, view_16)
-    # blocks.1.attn
-    sum_6 = aten_sum(view_57, [0], True)
-    grad_blocks_1_attn_q_bias = aten_view(sum_6, [128])
-    # blocks.1.attn.q
-    view_59 = aten_view(mm_13, [8, 32, 128])
+    blocks_1_attn_q_view_2 = aten_view(blocks_1_attn_view_7, [256, 1024])
+    blocks_1_attn_q_mm = aten_mm(blocks_1_attn_q_view_2, blocks_1_attn_q_weight)
+    blocks_1_attn_q_t_1 = aten_t(blocks_1_attn_q_view_2)
+    grad_blocks_1_attn_q_weight = aten_mm(blocks_1_attn_q_t_1, blocks_1_attn_q_view)
+    grad_blocks_1_attn_q_weight__r51_pending = lax.psum(grad_blocks_1_attn_q_weight, 'dp')  # r51: (P, S(0)) -> (R, S(0))
+    blocks_1_attn_q_sum = aten_sum(blocks_1_attn_q_view_2, [0], True)
+    grad_blocks_1_attn_q_bias = aten_view(blocks_1_attn_q_sum, [1024])
+    grad_blocks_1_attn_q_bias__r36_pending = lax.psum(grad_blocks_1_attn_q_bias, 'dp')  # r36: (P, S(0)) -> (R, S(0))
+    blocks_1_attn_q_view_3 = aten_view(blocks_1_attn_q_mm, [4, 64, 2048])
     # blocks.1.attn.v
-    add_7 = aten_add(add_6, view_59)
+    blocks_1_attn_v_add_1 = aten_add(blocks_1_attn_v_add, blocks_1_attn_q_view_3)
+    blocks_1_attn_v_add_1__r13 = lax.psum(blocks_1_attn_v_add_1, 'tp')  # r13: (S(0), P) -> (S(0), R)
     # blocks.1.ln1
-    native_layer_norm_backward_2 = aten_native_layer_norm_backward(add_7, add_2, [128], getitem_9, getitem_10, blocks_1_ln1_weight, blocks_1_ln1_bias, [True, True, True])
-    getitem_30 = native_layer_norm_backward_2[0]
-    grad_blocks_1_ln1_weight = native_layer_norm_backward_2[1]
-    grad_blocks_1_ln1_bias = native_layer_norm_backward_2[2]
+    blocks_1_ln1_native_layer_norm_backward = aten_native_layer_norm_backward(blocks_1_attn_v_add_1__r13, blocks_0_add_1, [2048], blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_ln1_weight, blocks_1_ln1_bias, [True, True, True])
+    blocks_1_ln1_getitem_3 = blocks_1_ln1_native_layer_norm_backward[0]
+    grad_blocks_1_ln1_weight = blocks_1_ln1_native_layer_norm_backward[1]
+    grad_blocks_1_ln1_weight__r34_pending = lax.psum(grad_blocks_1_ln1_weight, 'dp')  # r34: (P, R) -> (R, R)
+    grad_blocks_1_ln1_bias = blocks_1_ln1_native_layer_norm_backward[2]
+    grad_blocks_1_ln1_bias__r35_pending = lax.psum(grad_blocks_1_ln1_bias, 'dp')  # r35: (P, R) -> (R, R)
     # blocks.1.ln2
-    add_8 = aten_add(add_5, getitem_30)
-    view_60 = aten_view(add_8, [256, 128])
+    blocks_1_ln2_add_1 = aten_add(blocks_1_ln2_add, blocks_1_ln1_getitem_3)
     # blocks.0.out
-    mm_15 = aten_mm(view_60, blocks_0_out_weight)
-    # blocks.1.ln2
-    t_42 = aten_t(view_60)
-    # blocks.0.out
-    grad_blocks_0_out_weight = aten_mm(t_42, view_14)
-    # blocks.1.ln2
-    sum_7 = aten_sum(view_60, [0], True)
-    grad_blocks_0_out_bias = aten_view(sum_7, [128])
-    # blocks.0.out
-    view_62 = aten_view(mm_15, [8, 32, 512])
+    blocks_0_out_view_2 = aten_view(blocks_1_ln2_add_1, [256, 2048])
+    blocks_0_out_mm = aten_mm(blocks_0_out_view_2, blocks_0_out_weight)
+    blocks_0_out_t_1 = aten_t(blocks_0_out_view_2)
+    blocks_0_out_t_1__r14 = lax.all_gather(blocks_0_out_t_1, 'dp', axis=1, tiled=True)  # r14: (S(1), R) -> (R, R)
+    blocks_0_out_view__r15 = lax.all_gather(blocks_0_out_view, 'dp', axis=0, tiled=True)  # r15: (S(0), S(1)) -> (R, S(1))
+    grad_blocks_0_out_weight = aten_mm(blocks_0_out_t_1__r14, blocks_0_out_view__r15)
+    blocks_0_out_sum = aten_sum(blocks_0_out_view_2, [0], True)
+    grad_blocks_0_out_bias = aten_view(blocks_0_out_sum, [2048])
+    grad_blocks_0_out_bias__r33_pending = lax.psum(grad_blocks_0_out_bias, 'dp')  # r33: (P, R) -> (R, R)
+    blocks_0_out_view_3 = aten_view(blocks_0_out_mm, [4, 64, 4096])
+    # blocks.0
+    blocks_0_gelu_backward = aten_gelu_backward(blocks_0_out_view_3, blocks_0_fc_view_1)
     # blocks.0.fc
-    gelu_backward_1 = aten_gelu_backward(view_62, view_13)
-    view_63 = aten_view(gelu_backward_1, [256, 512])
-    mm_17 = aten_mm(view_63, blocks_0_fc_weight)
-    t_46 = aten_t(view_63)
-    grad_blocks_0_fc_weight = aten_mm(t_46, view_12)
-    sum_8 = aten_sum(view_63, [0], True)
-    grad_blocks_0_fc_bias = aten_view(sum_8, [512])
-    view_65 = aten_view(mm_17, [8, 32, 128])
+    blocks_0_fc_view_2 = aten_view(blocks_0_gelu_backward, [256, 4096])
+    blocks_0_fc_mm = aten_mm(blocks_0_fc_view_2, blocks_0_fc_weight)
+    blocks_0_fc_t_1 = aten_t(blocks_0_fc_view_2)
+    blocks_0_fc_t_1__r16 = lax.all_gather(blocks_0_fc_t_1, 'dp', axis=1, tiled=True)  # r16: (S(1), S(0)) -> (R, S(0))
+    blocks_0_fc_view__r17 = lax.all_gather(blocks_0_fc_view, 'dp', axis=0, tiled=True)  # r17: (S(0), R) -> (R, R)
+    grad_blocks_0_fc_weight = aten_mm(blocks_0_fc_t_1__r16, blocks_0_fc_view__r17)
+    blocks_0_fc_sum = aten_sum(blocks_0_fc_view_2, [0], True)
+    grad_blocks_0_fc_bias = aten_view(blocks_0_fc_sum, [4096])
+    grad_blocks_0_fc_bias__r32_pending = lax.psum(grad_blocks_0_fc_bias, 'dp')  # r32: (P, S(0)) -> (R, S(0))
+    blocks_0_fc_view_3 = aten_view(blocks_0_fc_mm, [4, 64, 2048])
+    blocks_0_fc_view_3__r18 = lax.psum(blocks_0_fc_view_3, 'tp')  # r18: (S(0), P) -> (S(0), R)
     # blocks.0.ln2
-    native_layer_norm_backward_3 = aten_native_layer_norm_backward(view_65, add_1, [128], getitem_6, getitem_7, blocks_0_ln2_weight, blocks_0_ln2_bias, [True, True, True])
-    getitem_33 = native_layer_norm_backward_3[0]
-    grad_blocks_0_ln2_weight = native_layer_norm_backward_3[1]
-    grad_blocks_0_ln2_bias = native_layer_norm_backward_3[2]
+    blocks_0_ln2_native_layer_norm_backward = aten_native_layer_norm_backward(blocks_0_fc_view_3__r18, blocks_0_add, [2048], blocks_0_ln2_getitem_1, blocks_0_ln2_getitem_2, blocks_0_ln2_weight, blocks_0_ln2_bias, [True, True, True])
+    blocks_0_ln2_getitem_3 = blocks_0_ln2_native_layer_norm_backward[0]
+    grad_blocks_0_ln2_weight = blocks_0_ln2_native_layer_norm_backward[1]
+    grad_blocks_0_ln2_weight__r30_pending = lax.psum(grad_blocks_0_ln2_weight, 'dp')  # r30: (P, R) -> (R, R)
+    grad_blocks_0_ln2_bias = blocks_0_ln2_native_layer_norm_backward[2]
+    grad_blocks_0_ln2_bias__r31_pending = lax.psum(grad_blocks_0_ln2_bias, 'dp')  # r31: (P, R) -> (R, R)
     # blocks.1.ln2
-    add_9 = aten_add(add_8, getitem_33)
-    view_66 = aten_view(add_9, [256, 128])
+    blocks_1_ln2_add_2 = aten_add(blocks_1_ln2_add_1, blocks_0_ln2_getitem_3)
     # blocks.0.attn.proj
-    mm_19 = aten_mm(view_66, blocks_0_attn_proj_weight)
-    # blocks.1.ln2
-    t_50 = aten_t(view_66)
-    # blocks.0.attn.proj
-    grad_blocks_0_attn_proj_weight = aten_mm(t_50, view_10)
-    # blocks.1.ln2
-    sum_9 = aten_sum(view_66, [0], True)
-    grad_blocks_0_attn_proj_bias = aten_view(sum_9, [128])
-    # blocks.0.attn.proj
-    view_68 = aten_view(mm_19, [8, 32, 128])
-    view_69 = aten_view(view_68, [8, 32, 4, 32])
-    transpose_12 = aten_transpose(view_69, 1, 2)
+    blocks_0_attn_proj_view_2 = aten_view(blocks_1_ln2_add_2, [256, 2048])
+    blocks_0_attn_proj_mm = aten_mm(blocks_0_attn_proj_view_2, blocks_0_attn_proj_weight)
+    blocks_0_attn_proj_t_1 = aten_t(blocks_0_attn_proj_view_2)
+    grad_blocks_0_attn_proj_weight = aten_mm(blocks_0_attn_proj_t_1, blocks_0_attn_proj_view)
+    grad_blocks_0_attn_proj_weight__r52_pending = lax.psum(grad_blocks_0_attn_proj_weight, 'dp')  # r52: (P, S(1)) -> (R, S(1))
+    blocks_0_attn_proj_sum = aten_sum(blocks_0_attn_proj_view_2, [0], True)
+    grad_blocks_0_attn_proj_bias = aten_view(blocks_0_attn_proj_sum, [2048])
+    grad_blocks_0_attn_proj_bias__r29_pending = lax.psum(grad_blocks_0_attn_proj_bias, 'dp')  # r29: (P, R) -> (R, R)
+    blocks_0_attn_proj_view_3 = aten_view(blocks_0_attn_proj_mm, [4, 64, 1024])
     # blocks.0.attn
-    detach_5 = aten_identity(detach)
-    attention_backward_1 = aten_sdpa_flash_cpu_backward(transpose_12, transpose, transpose_1, transpose_2, detach_5, getitem_4, 0.0, True)
-    getitem_36 = attention_backward_1[0]
-    getitem_37 = attention_backward_1[1]
-    getitem_38 = attention_backward_1[2]
-    transpose_13 = aten_transpose(getitem_38, 1, 2)
-    view_70 = aten_view(transpose_13, [8, 32, 128])
-    view_71 = aten_view(view_70, [256, 128])
+    blocks_0_attn_view_4 = aten_view(blocks_0_attn_proj_view_3, [4, 64, 16, 64])
+    blocks_0_attn_transpose_4 = aten_transpose(blocks_0_attn_view_4, 1, 2)
+    blocks_0_attn_detach_1 = aten_identity(blocks_0_attn_detach)
+    attention_backward_1 = aten_sdpa_flash_cpu_backward(blocks_0_attn_transpose_4, blocks_0_attn_transpose, blocks_0_attn_transpose_1, blocks_0_attn_transpose_2, blocks_0_attn_detach_1, blocks_0_attn_getitem_1, 0.0, True)
+    blocks_0_attn_getitem_2 = attention_backward_1[0]
+    blocks_0_attn_getitem_3 = attention_backward_1[1]
+    blocks_0_attn_getitem_4 = attention_backward_1[2]
+    blocks_0_attn_transpose_5 = aten_transpose(blocks_0_attn_getitem_4, 1, 2)
+    blocks_0_attn_view_5 = aten_view(blocks_0_attn_transpose_5, [4, 64, 1024])
     # blocks.0.attn.v
-    mm_21 = aten_mm(view_71, blocks_0_attn_v_weight)
+    blocks_0_attn_v_view_2 = aten_view(blocks_0_attn_view_5, [256, 1024])
+    blocks_0_attn_v_mm = aten_mm(blocks_0_attn_v_view_2, blocks_0_attn_v_weight)
+    blocks_0_attn_v_t_1 = aten_t(blocks_0_attn_v_view_2)
+    grad_blocks_0_attn_v_weight = aten_mm(blocks_0_attn_v_t_1, blocks_0_attn_v_view)
+    grad_blocks_0_attn_v_weight__r53_pending = lax.psum(grad_blocks_0_attn_v_weight, 'dp')  # r53: (P, S(0)) -> (R, S(0))
+    blocks_0_attn_v_sum = aten_sum(blocks_0_attn_v_view_2, [0], True)
+    grad_blocks_0_attn_v_bias = aten_view(blocks_0_attn_v_sum, [1024])
+    grad_blocks_0_attn_v_bias__r28_pending = lax.psum(grad_blocks_0_attn_v_bias, 'dp')  # r28: (P, S(0)) -> (R, S(0))
+    blocks_0_attn_v_view_3 = aten_view(blocks_0_attn_v_mm, [4, 64, 2048])
     # blocks.0.attn
-    t_54 = aten_t(view_71)
-    # blocks.0.attn.v
-    grad_blocks_0_attn_v_weight = aten_mm(t_54, view_6)
-    # blocks.0.attn
-    sum_10 = aten_sum(view_71, [0], True)
-    grad_blocks_0_attn_v_bias = aten_view(sum_10, [128])
-    # blocks.0.attn.v
-    view_73 = aten_view(mm_21, [8, 32, 128])
-    # blocks.0.attn
-    transpose_14 = aten_transpose(getitem_37, 1, 2)
-    view_74 = aten_view(transpose_14, [8, 32, 128])
-    view_75 = aten_view(view_74, [256, 128])
+    blocks_0_attn_transpose_6 = aten_transpose(blocks_0_attn_getitem_3, 1, 2)
+    blocks_0_attn_view_6 = aten_view(blocks_0_attn_transpose_6, [4, 64, 1024])
     # blocks.0.attn.k
-    mm_23 = aten_mm(view_75, blocks_0_attn_k_weight)
-    # blocks.0.attn
-    t_58 = aten_t(view_75)
-    # blocks.0.attn.k
-    grad_blocks_0_attn_k_weight = aten_mm(t_58, view_3)
-    # blocks.0.attn
-    sum_11 = aten_sum(view_75, [0], True)
-    grad_blocks_0_attn_k_bias = aten_view(sum_11, [128])
-    # blocks.0.attn.k
-    view_77 = aten_view(mm_23, [8, 32, 128])
+    blocks_0_attn_k_view_2 = aten_view(blocks_0_attn_view_6, [256, 1024])
+    blocks_0_attn_k_mm = aten_mm(blocks_0_attn_k_view_2, blocks_0_attn_k_weight)
+    blocks_0_attn_k_t_1 = aten_t(blocks_0_attn_k_view_2)
+    grad_blocks_0_attn_k_weight = aten_mm(blocks_0_attn_k_t_1, blocks_0_attn_k_view)
+    grad_blocks_0_attn_k_weight__r54_pending = lax.psum(grad_blocks_0_attn_k_weight, 'dp')  # r54: (P, S(0)) -> (R, S(0))
+    blocks_0_attn_k_sum = aten_sum(blocks_0_attn_k_view_2, [0], True)
+    grad_blocks_0_attn_k_bias = aten_view(blocks_0_attn_k_sum, [1024])
+    grad_blocks_0_attn_k_bias__r27_pending = lax.psum(grad_blocks_0_attn_k_bias, 'dp')  # r27: (P, S(0)) -> (R, S(0))
+    blocks_0_attn_k_view_3 = aten_view(blocks_0_attn_k_mm, [4, 64, 2048])
     # blocks.0.attn.v
-    add_10 = aten_add(view_73, view_77)
+    blocks_0_attn_v_add = aten_add(blocks_0_attn_v_view_3, blocks_0_attn_k_view_3)
     # blocks.0.attn
-    transpose_15 = aten_transpose(getitem_36, 1, 2)
-    view_78 = aten_view(transpose_15, [8, 32, 128])
-    view_79 = aten_view(view_78, [256, 128])
+    blocks_0_attn_transpose_7 = aten_transpose(blocks_0_attn_getitem_2, 1, 2)
+    blocks_0_attn_view_7 = aten_view(blocks_0_attn_transpose_7, [4, 64, 1024])
     # blocks.0.attn.q
-    mm_25 = aten_mm(view_79, blocks_0_attn_q_weight)
-    # blocks.0.attn
-    t_62 = aten_t(view_79)
-    # blocks.0.attn.q
-    grad_blocks_0_attn_q_weight = aten_mm(t_62, view)
-    # blocks.0.attn
-    sum_12 = aten_sum(view_79, [0], True)
-    grad_blocks_0_attn_q_bias = aten_view(sum_12, [128])
-    # blocks.0.attn.q
-    view_81 = aten_view(mm_25, [8, 32, 128])
+    blocks_0_attn_q_view_2 = aten_view(blocks_0_attn_view_7, [256, 1024])
+    blocks_0_attn_q_mm = aten_mm(blocks_0_attn_q_view_2, blocks_0_attn_q_weight)
+    blocks_0_attn_q_t_1 = aten_t(blocks_0_attn_q_view_2)
+    grad_blocks_0_attn_q_weight = aten_mm(blocks_0_attn_q_t_1, blocks_0_attn_q_view)
+    grad_blocks_0_attn_q_weight__r55_pending = lax.psum(grad_blocks_0_attn_q_weight, 'dp')  # r55: (P, S(0)) -> (R, S(0))
+    blocks_0_attn_q_sum = aten_sum(blocks_0_attn_q_view_2, [0], True)
+    grad_blocks_0_attn_q_bias = aten_view(blocks_0_attn_q_sum, [1024])
+    grad_blocks_0_attn_q_bias__r26_pending = lax.psum(grad_blocks_0_attn_q_bias, 'dp')  # r26: (P, S(0)) -> (R, S(0))
+    blocks_0_attn_q_view_3 = aten_view(blocks_0_attn_q_mm, [4, 64, 2048])
     # blocks.0.attn.v
-    add_11 = aten_add(add_10, view_81)
+    blocks_0_attn_v_add_1 = aten_add(blocks_0_attn_v_add, blocks_0_attn_q_view_3)
+    blocks_0_attn_v_add_1__r19 = lax.psum(blocks_0_attn_v_add_1, 'tp')  # r19: (S(0), P) -> (S(0), R)
     # blocks.0.ln1
-    native_layer_norm_backward_4 = aten_native_layer_norm_backward(add_11, add, [128], getitem_1, getitem_2, blocks_0_ln1_weight, blocks_0_ln1_bias, [True, True, True])
-    getitem_39 = native_layer_norm_backward_4[0]
-    grad_blocks_0_ln1_weight = native_layer_norm_backward_4[1]
-    grad_blocks_0_ln1_bias = native_layer_norm_backward_4[2]
+    blocks_0_ln1_native_layer_norm_backward = aten_native_layer_norm_backward(blocks_0_attn_v_add_1__r19, add, [2048], blocks_0_ln1_getitem_1, blocks_0_ln1_getitem_2, blocks_0_ln1_weight, blocks_0_ln1_bias, [True, True, True])
+    blocks_0_ln1_getitem_3 = blocks_0_ln1_native_layer_norm_backward[0]
+    grad_blocks_0_ln1_weight = blocks_0_ln1_native_layer_norm_backward[1]
+    grad_blocks_0_ln1_weight__r24_pending = lax.psum(grad_blocks_0_ln1_weight, 'dp')  # r24: (P, R) -> (R, R)
+    grad_blocks_0_ln1_bias = blocks_0_ln1_native_layer_norm_backward[2]
+    grad_blocks_0_ln1_bias__r25_pending = lax.psum(grad_blocks_0_ln1_bias, 'dp')  # r25: (P, R) -> (R, R)
     # blocks.1.ln2
-    add_12 = aten_add(add_9, getitem_39)
-    sum_13 = aten_sum(add_12, [0], True)
-    view_82 = aten_view(sum_13, [32, 128])
+    blocks_1_ln2_add_3 = aten_add(blocks_1_ln2_add_2, blocks_0_ln1_getitem_3)
     # <model>
-    grad_wpe_weight = aten_embedding_dense_backward(view_82, arange, 32, -1, False)
-    # blocks.1.ln2
-    grad_wte_weight = aten_embedding_dense_backward(add_12, idx, 256, -1, False)
-    return (grad_wte_weight, grad_wpe_weight, grad_blocks_0_ln1_weight, grad_blocks_0_ln1_bias, grad_blocks_0_attn_q_weight, grad_blocks_0_attn_q_bias, grad_blocks_0_attn_k_weight, grad_blocks_0_attn_k_bias, grad_blocks_0_attn_v_weight, grad_blocks_0_attn_v_bias, grad_blocks_0_attn_proj_weight, grad_blocks_0_attn_proj_bias, grad_blocks_0_ln2_weight, grad_blocks_0_ln2_bias, grad_blocks_0_fc_weight, grad_blocks_0_fc_bias, grad_blocks_0_out_weight, grad_blocks_0_out_bias, grad_blocks_1_ln1_weight, grad_blocks_1_ln1_bias, grad_blocks_1_attn_q_weight, grad_blocks_1_attn_q_bias, grad_blocks_1_attn_k_weight, grad_blocks_1_attn_k_bias, grad_blocks_1_attn_v_weight, grad_blocks_1_attn_v_bias, grad_blocks_1_attn_proj_weight, grad_blocks_1_attn_proj_bias, grad_blocks_1_ln2_weight, grad_blocks_1_ln2_bias, grad_blocks_1_fc_weight, grad_blocks_1_fc_bias, grad_blocks_1_out_weight, grad_blocks_1_out_bias, grad_ln_f_weight, grad_ln_f_bias, grad_head_weight,)
+    sum_13 = aten_sum(blocks_1_ln2_add_3, [0], True)
+    view_82 = aten_view(sum_13, [64, 2048])
+    view_82__r20 = lax.psum_scatter(view_82, 'dp', scatter_dimension=0, tiled=True)  # r20: (P, R) -> (S(0), R)
+    arange__r21 = block(arange, 'dp', 2, 0)  # r21: (R, R) -> (S(0), R)
+    # wpe
+    grad_wpe_weight = aten_embedding_dense_backward(view_82__r20, arange__r21, 64, -1, False)
+    grad_wpe_weight__r23_pending = lax.psum(grad_wpe_weight, 'dp')  # r23: (P, R) -> (R, R)
+    # wte
+    grad_wte_weight = aten_embedding_dense_backward(blocks_1_ln2_add_3, idx, 256, -1, False)
+    grad_wte_weight__r22_pending = lax.psum(grad_wte_weight, 'dp')  # r22: (P, R) -> (R, R)
+    grad_wte_weight__r22 = grad_wte_weight__r22_pending
+    grad_wpe_weight__r23 = grad_wpe_weight__r23_pending
+    grad_blocks_0_ln1_weight__r24 = grad_blocks_0_ln1_weight__r24_pending
+    grad_blocks_0_ln1_bias__r25 = grad_blocks_0_ln1_bias__r25_pending
+    grad_blocks_0_attn_q_weight__r55 = grad_blocks_0_attn_q_weight__r55_pending
+    grad_blocks_0_attn_q_bias__r26 = grad_blocks_0_attn_q_bias__r26_pending
+    grad_blocks_0_attn_k_weight__r54 = grad_blocks_0_attn_k_weight__r54_pending
+    grad_blocks_0_attn_k_bias__r27 = grad_blocks_0_attn_k_bias__r27_pending
+    grad_blocks_0_attn_v_weight__r53 = grad_blocks_0_attn_v_weight__r53_pending
+    grad_blocks_0_attn_v_bias__r28 = grad_blocks_0_attn_v_bias__r28_pending
+    grad_blocks_0_attn_proj_weight__r52 = grad_blocks_0_attn_proj_weight__r52_pending
+    grad_blocks_0_attn_proj_bias__r29 = grad_blocks_0_attn_proj_bias__r29_pending
+    grad_blocks_0_ln2_weight__r30 = grad_blocks_0_ln2_weight__r30_pending
+    grad_blocks_0_ln2_bias__r31 = grad_blocks_0_ln2_bias__r31_pending
+    grad_blocks_0_fc_bias__r32 = grad_blocks_0_fc_bias__r32_pending
+    grad_blocks_0_out_bias__r33 = grad_blocks_0_out_bias__r33_pending
+    grad_blocks_1_ln1_weight__r34 = grad_blocks_1_ln1_weight__r34_pending
+    grad_blocks_1_ln1_bias__r35 = grad_blocks_1_ln1_bias__r35_pending
+    grad_blocks_1_attn_q_weight__r51 = grad_blocks_1_attn_q_weight__r51_pending
+    grad_blocks_1_attn_q_bias__r36 = grad_blocks_1_attn_q_bias__r36_pending
+    grad_blocks_1_attn_k_weight__r50 = grad_blocks_1_attn_k_weight__r50_pending
+    grad_blocks_1_attn_k_bias__r37 = grad_blocks_1_attn_k_bias__r37_pending
+    grad_blocks_1_attn_v_weight__r49 = grad_blocks_1_attn_v_weight__r49_pending
+    grad_blocks_1_attn_v_bias__r38 = grad_blocks_1_attn_v_bias__r38_pending
+    grad_blocks_1_attn_proj_weight__r48 = grad_blocks_1_attn_proj_weight__r48_pending
+    grad_blocks_1_attn_proj_bias__r39 = grad_blocks_1_attn_proj_bias__r39_pending
+    grad_blocks_1_ln2_weight__r40 = grad_blocks_1_ln2_weight__r40_pending
+    grad_blocks_1_ln2_bias__r41 = grad_blocks_1_ln2_bias__r41_pending
+    grad_blocks_1_fc_weight__r47 = grad_blocks_1_fc_weight__r47_pending
+    grad_blocks_1_fc_bias__r42 = grad_blocks_1_fc_bias__r42_pending
+    grad_blocks_1_out_bias__r43 = grad_blocks_1_out_bias__r43_pending
+    grad_ln_f_weight__r44 = grad_ln_f_weight__r44_pending
+    grad_ln_f_bias__r45 = grad_ln_f_bias__r45_pending
+    grad_head_weight__r46 = grad_head_weight__r46_pending
+    return (grad_wte_weight__r22, grad_wpe_weight__r23, grad_blocks_0_ln1_weight__r24, grad_blocks_0_ln1_bias__r25, grad_blocks_0_attn_q_weight__r55, grad_blocks_0_attn_q_bias__r26, grad_blocks_0_attn_k_weight__r54, grad_blocks_0_attn_k_bias__r27, grad_blocks_0_attn_v_weight__r53, grad_blocks_0_attn_v_bias__r28, grad_blocks_0_attn_proj_weight__r52, grad_blocks_0_attn_proj_bias__r29, grad_blocks_0_ln2_weight__r30, grad_blocks_0_ln2_bias__r31, grad_blocks_0_fc_weight, grad_blocks_0_fc_bias__r32, grad_blocks_0_out_weight, grad_blocks_0_out_bias__r33, grad_blocks_1_ln1_weight__r34, grad_blocks_1_ln1_bias__r35, grad_blocks_1_attn_q_weight__r51, grad_blocks_1_attn_q_bias__r36, grad_blocks_1_attn_k_weight__r50, grad_blocks_1_attn_k_bias__r37, grad_blocks_1_attn_v_weight__r49, grad_blocks_1_attn_v_bias__r38, grad_blocks_1_attn_proj_weight__r48, grad_blocks_1_attn_proj_bias__r39, grad_blocks_1_ln2_weight__r40, grad_blocks_1_ln2_bias__r41, grad_blocks_1_fc_weight__r47, grad_blocks_1_fc_bias__r42, grad_blocks_1_out_weight, grad_blocks_1_out_bias__r43, grad_ln_f_weight__r44, grad_ln_f_bias__r45, grad_head_weight__r46,)
 
 
 def local_step(

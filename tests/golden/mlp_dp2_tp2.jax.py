@@ -1,14 +1,19 @@
 # autopar: training step as a sharded JAX program (generated; do not edit)
-# plan 035930c0d258 | graph 91e517f7f5293b96 | mesh (dp=2, tp=2) | hardware h100-sxm
-# predicted step 0.0439 ms = compute 0.0398 ms + communication 0.0041 ms
+# plan ec5d9820ef89 | graph dc28b4143eb773f4 | mesh (dp=2, tp=2) | hardware h100-sxm
+# predicted step 0.2268 ms = compute 0.1941 ms + communication 0.0326 ms
+# parameter layouts (S(d): split along dim d; R: replicated):
+#   fc1.weight  [4096, 1024]  R on dp, S(0) on tp
+#   fc1.bias    [4096]        R on dp, S(0) on tp
+#   fc2.weight  [1024, 4096]  R on dp, S(1) on tp
+#   fc2.bias    [1024]        R on dp, R on tp
 # passes:
 #   shapes: 29 nodes
 #   strategies: 29 nodes, 16 free, 168 strategies, 0 fallbacks
 #   cluster_layers: no repeated layers
-#   solve_sharding: 16 variables groups, 25 edges, 3136 booleans, optimal, objective 0.0480 ms, gap 0.00%
-#   collectives: 2 redistributions, 1 collectives
-#   recompute: peak 67.3 MB per device at sum_2
-#   predict: step 0.0439 ms (compute 0.0398, communication 0.0041 + 0.0000 hidden), 100% of FLOPs sharded
+#   solve_sharding: 16 variables groups, 25 edges, 3268 booleans, optimal, objective 0.2391 ms, gap 0.00%
+#   collectives: 8 redistributions, 8 collectives
+#   recompute: peak 130.1 MB per device at mm_1
+#   predict: step 0.2268 ms (compute 0.1941, communication 0.0326 + 0.0399 hidden), 100% of FLOPs sharded
 """Run it: python THIS_FILE.py --params params.npz --batch batch.npz [--grads out.npz] [--seed N]
 (one step; prints the loss; dropout masks are drawn from jax.random.key(N), or read from --masks masks.npz).
 On several hosts, set JAX's multi-host variables (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
@@ -23,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-PLAN_HASH = '035930c0d258'
+PLAN_HASH = 'ec5d9820ef89'
 AXES = ('dp', 'tp')
 SHAPE = (2, 2)
 PLACEHOLDERS = ['fc1_weight', 'fc1_bias', 'fc2_weight', 'fc2_bias', 'x', 'y']
@@ -35,7 +40,7 @@ BUFFERS = {}
 INPUTS = ['x', 'y']
 SPECS = {
     'fc1_weight': P('tp', None), 'fc1_bias': P('tp'), 'fc2_weight': P(None, 'tp'), 'fc2_bias': P(None),
-    'x': P(None, None), 'y': P(None, None),
+    'x': P('dp', None), 'y': P('dp', 'tp'),
 }
 # dropout mask -> (global shape, probability of a zero), in the order forward draws them
 MASKS = {}
@@ -172,48 +177,58 @@ def forward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):
 
     # ---- forward ----
     # fc1
-    t = aten_t(fc1_weight)
-    addmm = aten_addmm(fc1_bias, x, t)
+    fc1_t = aten_t(fc1_weight)
+    fc1_addmm = aten_addmm(fc1_bias, x, fc1_t)
     # <model>
-    gelu = aten_gelu(addmm)
+    gelu = aten_gelu(fc1_addmm)
     # fc2
-    t_1 = aten_t(fc2_weight)
+    fc2_t = aten_t(fc2_weight)
     fc2_bias__r0 = jnp.where(lax.axis_index('tp') == 0, fc2_bias, jnp.zeros_like(fc2_bias))  # r0: (R, R) -> (R, P)
-    addmm_1 = aten_addmm(fc2_bias__r0, gelu, t_1)
-    addmm_1__r1 = lax.psum(addmm_1, 'tp')  # r1: (R, P) -> (R, R)
+    fc2_addmm = aten_addmm(fc2_bias__r0, gelu, fc2_t)
+    fc2_addmm__r1 = lax.psum_scatter(fc2_addmm, 'tp', scatter_dimension=1, tiled=True)  # r1: (S(0), P) -> (S(0), S(1))
     # <model>
-    sub = aten_sub(addmm_1__r1, y)
+    sub = aten_sub(fc2_addmm__r1, y)
     pow_1 = aten_pow(sub, 2)
     sum_dim_int_list = aten_sum(pow_1, [0, 1], False)
-    div_scalar = aten_div(sum_dim_int_list, 8192)
-    return div_scalar, [addmm, gelu, addmm_1__r1, div_scalar]
+    sum_dim_int_list__r2 = lax.psum(sum_dim_int_list, 'dp')  # r2: (P, P) -> (R, R)
+    sum_dim_int_list__r2 = lax.psum(sum_dim_int_list__r2, 'tp')  # r2: (P, P) -> (R, R)
+    div_scalar = aten_div(sum_dim_int_list__r2, 4194304)
+    return div_scalar, [fc1_addmm, gelu, fc2_addmm__r1, div_scalar]
 
 
 def backward_local(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y, saved):
     """One rank's backward program: the gradients, in OUTPUTS' order after the loss."""
-    [addmm, gelu, addmm_1__r1, div_scalar] = saved
+    [fc1_addmm, gelu, fc2_addmm__r1, div_scalar] = saved
 
     # ---- backward ----
     # <model>
     ones_like_default = aten_ones_like(div_scalar, pin_memory=False)
+    sub_1 = aten_sub(fc2_addmm__r1, y)
+    mul = aten_mul(sub_1, 4.76837158203125e-07)  # 4.76837158203125e-07 = 2/4194304, 4194304 = the elements of [4096, 1024]
+    mul__r3 = lax.all_gather(mul, 'tp', axis=1, tiled=True)  # r3: (S(0), S(1)) -> (S(0), R)
+    mul_1 = aten_mul(mul__r3, ones_like_default)
     # fc2
-    sub_1 = aten_sub(addmm_1__r1, y)
-    mul = aten_mul(sub_1, 0.000244140625)
-    mul_1 = aten_mul(mul, ones_like_default)
-    mm = aten_mm(mul_1, fc2_weight)
-    t_3 = aten_t(mul_1)
+    fc2_mm = aten_mm(mul_1, fc2_weight)
+    fc2_t_1 = aten_t(mul_1)
+    grad_fc2_weight = aten_mm(fc2_t_1, gelu)
+    grad_fc2_weight__r6_pending = lax.psum(grad_fc2_weight, 'dp')  # r6: (P, S(1)) -> (R, S(1))
+    fc2_sum = aten_sum(mul_1, [0], True)
+    grad_fc2_bias = aten_view(fc2_sum, [1024])
+    grad_fc2_bias__r5_pending = lax.psum(grad_fc2_bias, 'dp')  # r5: (P, R) -> (R, R)
     # <model>
-    grad_fc2_weight = aten_mm(t_3, gelu)
-    # fc2
-    sum_1 = aten_sum(mul_1, [0], True)
-    grad_fc2_bias = aten_view(sum_1, [1024])
+    gelu_backward = aten_gelu_backward(fc2_mm, fc1_addmm)
     # fc1
-    gelu_backward = aten_gelu_backward(mm, addmm)
-    t_6 = aten_t(gelu_backward)
-    grad_fc1_weight = aten_mm(t_6, x)
-    sum_2 = aten_sum(gelu_backward, [0], True)
-    grad_fc1_bias = aten_view(sum_2, [2048])
-    return (grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias,)
+    fc1_t_1 = aten_t(gelu_backward)
+    grad_fc1_weight = aten_mm(fc1_t_1, x)
+    grad_fc1_weight__r7_pending = lax.psum(grad_fc1_weight, 'dp')  # r7: (P, S(0)) -> (R, S(0))
+    fc1_sum = aten_sum(gelu_backward, [0], True)
+    grad_fc1_bias = aten_view(fc1_sum, [2048])
+    grad_fc1_bias__r4_pending = lax.psum(grad_fc1_bias, 'dp')  # r4: (P, S(0)) -> (R, S(0))
+    grad_fc1_weight__r7 = grad_fc1_weight__r7_pending
+    grad_fc1_bias__r4 = grad_fc1_bias__r4_pending
+    grad_fc2_weight__r6 = grad_fc2_weight__r6_pending
+    grad_fc2_bias__r5 = grad_fc2_bias__r5_pending
+    return (grad_fc1_weight__r7, grad_fc1_bias__r4, grad_fc2_weight__r6, grad_fc2_bias__r5,)
 
 
 def local_step(fc1_weight, fc1_bias, fc2_weight, fc2_bias, x, y):

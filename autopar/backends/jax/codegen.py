@@ -27,6 +27,7 @@ from autopar.backends.jax.user_ops import USER_TRANSLATIONS
 from autopar.backends.printer import (
     Sections,
     call_arguments,
+    constant_note,
     header,
     indented,
     literal,
@@ -174,7 +175,8 @@ class _Printer:
         arguments = call_arguments(args, s, _special)
         if _draws_mask(node):
             arguments += f", mask={self._mask_of(node)}"
-        return f"{s.defines} = {function.__name__}({arguments})"
+        note = constant_note(self.plan, node)
+        return f"{s.defines} = {function.__name__}({arguments})" + (f"  # {note}" if note else "")
 
     def _decomposed(self, node, target: str, args: list) -> str:
         """The name of a function computing ``node`` (``target`` on this rank's ``args``) in ops of the

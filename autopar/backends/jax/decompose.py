@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx

@@ -20,6 +20,7 @@ import torch
 from autopar.backends.printer import (
     Sections,
     call_arguments,
+    constant_note,
     header,
     indented,
     literal,
@@ -125,8 +126,8 @@ class BackwardBody:
     what earlier micro-batches left in ``unsynced``, then syncs once. The gradient collectives
     are linear, so syncing the sum equals summing the syncs."""
 
-    def __init__(self, plan, printer: "StatementPrinter", sections: Sections, gradients=None, before=None,
-                 moves: "ChunkMoves | None" = None):
+    def __init__(self, plan, printer: StatementPrinter, sections: Sections, gradients=None, before=None,
+                 moves: ChunkMoves | None = None):
         """``gradients``: the gradient nodes it returns (a pipeline stage's own; default all);
         ``before``: variable -> lines printed before the statement that defines it; ``moves``:
         an offloading plan's chunk moves."""
@@ -283,6 +284,9 @@ class StatementPrinter:
         comment = self.spec_comment(node.name) if len(node.outputs) == 1 else \
             f"  # -> {', '.join(str(x) for x in self.plan.strategies[node.name].out_specs)}"
         fallback = "  [replicated: no sharding rule]" if node.name in self.plan.fallback_nodes else ""
+        note = constant_note(self.plan, node)
+        if note:
+            comment = f"{comment}; {note}" if comment else f"  # {note}"
         # no CUDA kernel: the device's own; a library's custom op keeps its namespace
         op = f"kernels.{CPU_ONLY_OPS[op]}" if op in CPU_ONLY_OPS else op_text(op)
         return f"{s.defines} = {op}({arguments}){comment}{fallback}"
