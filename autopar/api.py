@@ -18,7 +18,6 @@ from autopar.ir.request import PlanRequest
 from autopar.passes.base import Pass
 from autopar.passes.registry import pipeline
 from autopar.planning import cache as plan_cache
-from autopar.planning.meshes import has_pipeline
 from autopar.planning.pipeline import run, warn_if_unproven
 from autopar.planning.request import resolve
 from autopar.planning.state import remember, state_from_program
@@ -104,28 +103,19 @@ def _plan(model: nn.Module, example_inputs, o: Options, progress: Callable[[str]
     # a bad option, mesh or hardware fails here, before any work; so does a misplaced pass
     request = resolve(o.mesh, o.hardware, **o.planning())
     pipeline(o.passes)
-    if o.kwargs:
-        _check_positional_only(request)
+    if o.kwargs and request.symbolic_dims is not None:
+        raise AutoparError("symbolic_dims names dims of positional inputs; call the model with positional arguments "
+                           "to plan with symbolic_dims")
     if progress is not None:
         progress("capturing the training step ...")
     program = capture(model, example_inputs, kwargs=o.kwargs, loss_fn=o.loss_fn, precision=request.precision)
     if progress is not None and program.expanded_from:
         progress(f"captured: {program.expanded_from}")
-    return plan_program(program, request, model, example_inputs, loss_fn=o.loss_fn, restrict=o.restrict,
-                        passes=o.passes, cache=o.cache, cache_dir=o.cache_dir, progress=progress)
+    return plan_program(program, request, model, example_inputs, kwargs=o.kwargs, loss_fn=o.loss_fn,
+                        restrict=o.restrict, passes=o.passes, cache=o.cache, cache_dir=o.cache_dir, progress=progress)
 
 
-def _check_positional_only(request: PlanRequest) -> None:
-    """Options that split or size the positional inputs, refused for a call with keywords."""
-    if any(has_pipeline(m) for m in request.meshes):
-        raise AutoparError("a pipeline splits the positional inputs into micro-batches; call the model with "
-                           "positional arguments to plan it on a mesh with 'pp'")
-    if request.symbolic_dims is not None:
-        raise AutoparError("symbolic_dims names dims of positional inputs; call the model with positional "
-                           "arguments to plan with symbolic_dims")
-
-
-def plan_program(program, request: PlanRequest, model: nn.Module, example_inputs=(), *,
+def plan_program(program, request: PlanRequest, model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,
                  loss_fn: Callable | None = None, restrict: Callable | None = None, passes: Sequence[Pass] = (),
                  cache: bool = True, cache_dir: str | None = None,
                  progress: Callable[[str], None] | None = None) -> Plan:
@@ -137,8 +127,8 @@ def plan_program(program, request: PlanRequest, model: nn.Module, example_inputs
         cached = plan_cache.load(key, cache_dir)
         if cached is not None:
             return _from_cache(cached, program, request, progress)
-    result = run(program, request, model, example_inputs, loss_fn=loss_fn, restrict=restrict, passes=passes,
-                 progress=progress)
+    result = run(program, request, model, example_inputs, kwargs=kwargs, loss_fn=loss_fn, restrict=restrict,
+                 passes=passes, progress=progress)
     if key is not None:
         plan_cache.store(key, result, cache_dir)
     return result

@@ -310,7 +310,9 @@ def _run_pipeline_on_rank(model: nn.Module, inputs: tuple, kwargs: dict, plan: P
     # (tests/test_bubbles.py checks K-FAC itself against a reference)
     plan = dataclasses.replace(plan, pipeline=dataclasses.replace(plan.pipeline, fill=None))
     pipelined = PipelinedModule(model, plan, rt, plan.emit("torch"))
-    losses, grads, _ = train(model, lambda: pipelined(*inputs, **kwargs), steps, lr)  # grads: this rank's stages'
+    losses, grads, _ = train(model, lambda: pipelined(*inputs, **kwargs), steps, lr, _autopar_loss)  # its stages'
+    # a tied weight's copies on other stages, each compared under the name eager knows it by
+    grads = {plan.graph.tied.get(fqn, fqn): grad for fqn, grad in grads.items()}
     return {"losses": losses, "grads": grads, "values": {}, "bytes_moved": dict(rt.bytes_moved), "peak_memory": None}
 
 

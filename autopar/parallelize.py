@@ -32,13 +32,12 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 from torch import nn
 
 from autopar import errors
 from autopar.capture.export import capture, program_inputs
 from autopar.errors import AutoparError, MeshError, NoLossError, PlanMismatchError, user_stacklevel
-from autopar.ir.call import FlatCall, flatten_call
+from autopar.ir.call import FlatCall, first_microbatch, flatten_call
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
 from autopar.ir.options import PARALLELIZE, Options, signature, take
@@ -138,7 +137,7 @@ class _Runner:
         # blocks from its own copy of the model, which a model built on the meta device lacks
         request = resolve(self.mesh, o.hardware, pin=pins, precision=o.precision, pipelines=False,
                           schedule=o.schedule, microbatches=o.microbatches)
-        return plan_program(program, request, model, args, loss_fn=o.loss_fn, passes=tuple(o.passes))
+        return plan_program(program, request, model, args, kwargs=kwargs, loss_fn=o.loss_fn, passes=tuple(o.passes))
 
 
 def _precision_for(precision, plan: Plan | None) -> MixedPrecision | None:
@@ -246,21 +245,15 @@ def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Callable | N
     for inputs of other shapes, has the same parameters but would compute something else."""
     precision = None if plan.graph.autocast is None else MixedPrecision(plan.graph.autocast)
     if plan.pipeline is not None:  # planned for one micro-batch: the first rows of the batch
-        args, kwargs = pytree.tree_map(lambda x: _first_microbatch(x, plan.pipeline.microbatches), (args, kwargs))
+        args, kwargs = first_microbatch(flatten_call(args, kwargs), plan.pipeline.microbatches)
     program = capture(model, args, kwargs=kwargs, loss_fn=loss_fn, training_step=plan.graph.kind == STEP,
-                      precision=precision)
+                      precision=precision, untie_tied=plan.pipeline is not None)
     fingerprint = fingerprint_of(program)
     if fingerprint != plan.fingerprint:
         raise PlanMismatchError(
             f"plan {plan.hash} was made for graph {plan.fingerprint}, but this model and these inputs capture as "
             f"graph {fingerprint} (another forward, or inputs of other shapes or dtypes); plan this model with "
             f"these inputs with autopar.plan and use that plan")
-
-
-def _first_microbatch(x, microbatches: int):
-    if not isinstance(x, torch.Tensor) or not x.dim() or x.shape[0] % microbatches:
-        return x
-    return x.narrow(0, 0, x.shape[0] // microbatches)
 
 
 _RUNNERS: weakref.WeakKeyDictionary[nn.Module, _Runner] = weakref.WeakKeyDictionary()

@@ -21,6 +21,7 @@ class GPT2Config:
     width: int = 256
     batch: int = 8
     megatron: bool = False  # Megatron-LM's block: softmax attention written out, dropout 0.1 (benchmarks/memory.py)
+    tied: bool = False  # the head reads the token embedding's weight (GPT-2's own choice)
 
 
 SIZES = {
@@ -82,6 +83,8 @@ class GPT2(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.width)
         self.head = nn.Linear(cfg.width, cfg.vocab, bias=False)
+        if cfg.tied:
+            self.head.weight = self.wte.weight
 
     def forward(self, idx, targets):
         pos = torch.arange(idx.shape[1], device=idx.device)

@@ -4,6 +4,7 @@ structure, and autoparallelize's pipelined module."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 
 import pytest
@@ -77,6 +78,104 @@ def test_a_hugging_face_llama_pipelines_over_two_stages_of_two_data_parallel_ran
     assert report.ok, str(report)
 
 
+def test_a_hugging_face_llama_called_with_keywords_pipelines_and_returns_its_output_type():
+    """``model(input_ids=ids, labels=ids)`` as Hugging Face is called: the keywords are split into
+    micro-batches as positional inputs are, and the output is the model's CausalLMOutputWithPast
+    with the batch's loss (the logits do not reach the caller: None, said once)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, use_cache=False)
+    model = LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 64, (8, 8))
+    kwargs = {"input_ids": ids, "labels": ids}
+    plan = autopar.plan(model, kwargs=kwargs, mesh="pp=2,dp=2", schedule="1F1B", microbatches=4,
+                        hardware=workers.FAST)
+    assert plan.pipeline.microbatches == 4
+    report = autopar.check(model, (), kwargs=kwargs, plan=plan, steps=3)
+    assert report.ok, str(report)
+    assert len(report.losses) == 3
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.keyword_call_pipelined, buffer.getvalue(), kwargs, "pp=2,dp=2", "1F1B")
+    eager = model(**kwargs).loss.item()
+    for r in got:
+        assert r["type"] == "CausalLMOutputWithPast" and r["loss"] == pytest.approx(eager, rel=1e-5)
+        assert r["logits_none"] and any("logits" in w and "None" in w for w in r["warned"]), r["warned"]
+
+
+class _WithPositions(nn.Module):
+    """A model with an input that carries no batch dim: position embeddings indexed by ids of
+    shape [1, S], broadcast over the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Embedding(16, 32)
+        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(4))
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x, positions, *, target):
+        h = x + self.pos(positions)
+        for layer in self.layers:
+            h = torch.tanh(layer(h))
+        return nn.functional.mse_loss(self.head(h).squeeze(-1), target)
+
+
+def test_a_tensor_without_the_batch_dim_reaches_every_micro_batch_whole():
+    torch.manual_seed(0)
+    model = _WithPositions()
+    x, positions, target = torch.randn(8, 16, 32), torch.arange(16).unsqueeze(0), torch.randn(8, 16)
+    plan = autopar.plan(model, (x, positions), kwargs={"target": target}, mesh="pp=2", schedule="GPipe",
+                        microbatches=4, hardware=workers.FAST)
+    # planned on one micro-batch: the batch's rows, the positions whole
+    shapes = [plan.graph.node(ph).outputs[0].shape for ph in plan.graph.inputs]
+    assert sorted(map(list, shapes)) == [[1, 16], [2, 16], [2, 16, 32]]
+    report = autopar.check(model, (x, positions), kwargs={"target": target}, plan=plan, steps=2)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("mesh,schedule", sampled(
+    [("pp=2,tp=2", "1F1B"), ("pp=4", "GPipe"), ("pp=2", "ZBVZeroBubble"), ("pp=2,dp=2", "Interleaved1F1B")],
+    inner_loop=[("pp=2,tp=2", "1F1B"), ("pp=2", "ZBVZeroBubble")]))
+def test_a_head_tied_to_the_embedding_keeps_one_weight_across_stages(mesh, schedule):
+    """The GPT-2-style decoder whose head reads the token embedding's weight: the first and the
+    last stage each hold a copy (on one rank under ZBVZeroBubble, whose V puts both there), their
+    gradients are summed once per step, and three steps match eager's, so the copies stay one."""
+    deep = mesh == "pp=4"
+    cfg = dataclasses.replace(DEEPER if deep else CONFIG, tied=True)
+    model, inputs = gpt2.make(cfg)
+    assert model.head.weight is model.wte.weight
+    _, _, plan = _plan(mesh, schedule, microbatches=8 if deep else 4, model_inputs=(model, inputs))
+    assert plan.graph.tied == {"head.weight": "wte.weight"}
+    assert plan.strategies[_placeholder(plan, "head.weight")].out_specs == \
+        plan.strategies[_placeholder(plan, "wte.weight")].out_specs
+    report = autopar.check(model, inputs, plan=plan, steps=3)
+    assert report.ok, str(report)
+
+
+@pytest.mark.slow  # a Hugging Face model end to end
+def test_hugging_face_gpt2_with_its_tied_head_pipelines_called_with_keywords():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    model = GPT2LMHeadModel(cfg)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    ids = torch.randint(0, 64, (8, 16))
+    kwargs = {"input_ids": ids, "labels": ids}
+    plan = autopar.plan(model, kwargs=kwargs, mesh="pp=2,dp=2", schedule="1F1B", microbatches=4,
+                        hardware=workers.FAST)
+    assert plan.graph.tied == {"lm_head.weight": "transformer.wte.weight"}
+    report = autopar.check(model, (), kwargs=kwargs, plan=plan, steps=3)
+    assert report.ok, str(report)
+
+
+def _placeholder(plan, fqn: str) -> str:
+    return next(ph for ph, name in plan.graph.params.items() if name == fqn)
+
+
 # ---- the stage programs -------------------------------------------------------------------------
 
 
@@ -100,11 +199,20 @@ def test_every_statement_runs_on_one_stage_and_backward_splits_into_input_and_we
         assert len(before.grads_in) == len(after.grads_out)
 
 
-def test_tied_weights_and_buffer_updates_are_refused_with_the_reason():
-    model, inputs = gpt2.make(CONFIG)
-    model.head.weight = model.wte.weight
-    with pytest.raises(AutoparError, match="tied weights"):
-        _plan("pp=2", "1F1B", model_inputs=(model, inputs))[2].emit("torch")
+def test_a_module_run_on_two_stages_and_buffer_updates_are_refused_with_the_reason():
+    class Shared(nn.Module):  # one module called by every layer (ALBERT's sharing): one parameter, many stages
+        def __init__(self):
+            super().__init__()
+            self.shared = nn.Linear(16, 16)
+            self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.tanh(self.shared(layer(x)))
+            return x.square().mean()
+
+    with pytest.raises(AutoparError, match="shared.weight is read by stages"):
+        _plan("pp=2", "1F1B", model_inputs=(Shared(), (torch.randn(8, 16),)))[2].emit("torch")
 
     class Normed(nn.Module):
         def __init__(self):

@@ -546,3 +546,19 @@ def stop_early_on_rank_1(rank, world_size, plan_json, inputs, timeout_s):
     except autopar.CollectiveTimeoutError as exc:
         return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
     return {"error": None}
+
+
+def keyword_call_pipelined(rank, world_size, model_bytes, kwargs, mesh, schedule):
+    """One step of an autoparallelized model called with keywords on a pipelined mesh: the
+    output's type, its loss, whether its logits are None, and what was warned."""
+    import io
+    import warnings
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule=schedule, microbatches=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = wrapped(**kwargs)
+        out.loss.backward()
+    return {"type": type(out).__name__, "loss": out.loss.item(), "logits_none": out.logits is None,
+            "warned": [str(w.message) for w in caught]}

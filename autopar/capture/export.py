@@ -147,7 +147,7 @@ def _no_loss_message(output, loss_fn) -> str:
 
 def capture(model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,
             loss_fn: Callable | None = None, training_step: bool = True, expand_layers: bool = True,
-            precision: MixedPrecision | None = None) -> Program:
+            precision: MixedPrecision | None = None, untie_tied: bool = False) -> Program:
     """The graph of ``model(*example_inputs, **kwargs)``: with ``training_step``, the joint
     forward+backward graph of its loss (found as find_loss says, or by ``loss_fn(output)``);
     otherwise its forward alone, in the model's current mode. Under a mixed ``precision``, the
@@ -155,7 +155,10 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,
     CPU policy: which ops autocast casts differs a little from CUDA's). With ``expand_layers``, a model
     with a long list of identical layers is traced with five of them and the rest are copied
     (``layer_expansion``). A model whose parameters are DTensors (autoparallelize's, once
-    sharded) is captured with their whole shapes."""
+    sharded) is captured with their whole shapes. A parameter shared under several names
+    (tied weights) is one placeholder whose gradient sums its uses'; with ``untie_tied``, one per
+    name, each with the gradient of its own uses, and ``Program.tied`` records which are one
+    tensor (a pipeline holds a copy on each stage that reads it and sums their gradients)."""
     if not isinstance(model, nn.Module):
         raise CaptureError(f"autopar plans nn.Module instances, got {type(model).__name__}")
     call = flatten_call(program_inputs(example_inputs), kwargs)
@@ -174,7 +177,7 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,
     # step, and a forward alone asks no gradient
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         program = _capture(traced, fake_call.tensors, fake_mode, tied, expand_layers=expand_layers and training_step,
-                           training_step=training_step)
+                           training_step=training_step, untie_tied=untie_tied)
     program.kind = STEP if training_step else FORWARD
     program.autocast = None if precision is None else precision.compute
     program.training = model.training
@@ -198,7 +201,7 @@ def _check_float32_masters(model: nn.Module, precision: MixedPrecision) -> None:
 
 
 def _capture(traced: _Traced, fake_inputs: tuple, fake_mode, tied: dict, *, expand_layers: bool,
-             training_step: bool) -> Program:
+             training_step: bool, untie_tied: bool) -> Program:
     program = _capture_expanded(traced, fake_inputs, fake_mode, tied) if expand_layers else None
     if program is None:
         gm = _trace_joint(traced, fake_inputs, fake_mode, training_step)
@@ -206,7 +209,10 @@ def _capture(traced: _Traced, fake_inputs: tuple, fake_mode, tied: dict, *, expa
     if len(program.values) != sum("value" in leaf for leaf in traced.outputs.leaves):
         raise CaptureError("the model returns a tensor that is a view of one of its inputs, which the programs "
                            "cannot return as the model does; return a copy (x.clone()) or leave it out")
-    canonicalize(program, tied)
+    if untie_tied:
+        names = set(program.params.values())
+        program.tied = {alias: primary for alias, primary in tied.items() if alias in names and primary in names}
+    canonicalize(program, {} if untie_tied else tied)
     return program
 
 

@@ -10,6 +10,7 @@ call with another structure or another shape is another program.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,23 @@ def flatten_call(args: tuple, kwargs: dict | None = None) -> FlatCall:
             described.append(_describe(leaf))
     structure = f"{spec} | {', '.join(described)}"
     return FlatCall(tuple(tensors), tuple(paths), structure, spec, leaves)
+
+
+def batch_size(tensors) -> int | None:
+    """The batch a pipeline splits into micro-batches: the dim-0 size most of a call's tensors
+    share (on a tie, the larger). A tensor of another dim-0 size (position ids of shape [1, S],
+    a table) carries no batch dim and goes whole to every micro-batch; a tensor of that size is
+    taken to carry the batch in dim 0. None where no tensor has a dim."""
+    sizes = Counter(int(t.shape[0]) for t in tensors if t.dim())
+    return max(sizes, key=lambda size: (sizes[size], size)) if sizes else None
+
+
+def first_microbatch(call: FlatCall, microbatches: int) -> tuple[tuple, dict]:
+    """(args, kwargs) of the first of ``microbatches`` micro-batches of ``call``: the first rows
+    of each tensor that carries the batch (autopar.ir.call.batch_size), every other leaf whole."""
+    batch = batch_size(call.tensors)
+    size = (batch or 0) // microbatches
+    return call.rebuild(t.narrow(0, 0, size) if t.dim() and t.shape[0] == batch else t for t in call.tensors)
 
 
 def unsupported_leaves(call: FlatCall) -> list[str]:

@@ -54,6 +54,9 @@ class GraphIR:
     input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call)
     output_tree: OutputTree | None = None  # the model's output rebuilt from loss and values
     autocast: str | None = None  # the low-precision dtype forward was captured under (mixed precision)
+    # parameter FQN -> the FQN whose tensor it is (tied weights, kept apart for a pipeline's
+    # stages: autopar.capture.capture's untie_tied)
+    tied: dict = field(default_factory=dict)
 
     def node(self, name: str) -> IRNode:
         return self._by_name()[name]
@@ -72,6 +75,8 @@ class GraphIR:
         body += [self.kind, self.training, self.modes, list(self.frozen), self.params, self.buffers, self.grads,
                  list(self.values), self.mutated, self.input_structure,
                  None if self.output_tree is None else self.output_tree.to_json()]
+        if self.tied:  # (absent otherwise, so graphs without ties keep the fingerprints they had)
+            body.append(self.tied)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
@@ -87,7 +92,7 @@ class GraphIR:
             "values": list(self.values), "mutated": self.mutated,
             "input_structure": self.input_structure,
             "output_tree": None if self.output_tree is None else self.output_tree.to_json(),
-            "autocast": self.autocast,
+            "autocast": self.autocast, "tied": self.tied,
         }
 
     @staticmethod
@@ -103,7 +108,7 @@ class GraphIR:
                        d.get("training", True), d.get("kind", STEP), d.get("modes", ""), tuple(d.get("frozen", ())),
                        tuple(d.get("values", ())),
                        dict(d.get("mutated", {})), d.get("input_structure", ""),
-                       OutputTree.from_json(d.get("output_tree")), d.get("autocast"))
+                       OutputTree.from_json(d.get("output_tree")), d.get("autocast"), dict(d.get("tied", {})))
 
     def renamed(self, names: dict) -> GraphIR:
         """This graph with node ``n`` called ``names.get(n, n)`` everywhere it appears."""
@@ -209,7 +214,7 @@ def to_ir(program: Program, meta: dict | None = None) -> GraphIR:
                    program.loss, dict(program.grads), tuple(program.outputs), tuple(program.input_names),
                    program.training, program.kind, program.modes, tuple(program.frozen), tuple(program.values),
                    dict(program.mutated),
-                   program.input_structure, program.output_tree, program.autocast)
+                   program.input_structure, program.output_tree, program.autocast, dict(program.tied))
 
 
 def resolve_target(target: str):

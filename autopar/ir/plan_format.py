@@ -114,7 +114,7 @@ def _graph():
         "input_names": list_of(label), "training": boolean, "kind": one_of("step", "forward"), "modes": _modes,
         "frozen": list_of(dotted), "values": list_of(identifier), "mutated": fqn_of, "input_structure": text,
         "output_tree": nullable(record({"spec": text, "leaves": list_of(_output_leaf)})),
-        "autocast": nullable(dtype),
+        "autocast": nullable(dtype), "tied": mapping(dotted, dotted),
     })
 
 
@@ -313,7 +313,9 @@ def _check_named_nodes(d: dict, names: set) -> None:
         fail("graph.params", "with graph.buffers and graph.inputs must name each placeholder of the graph once")
     fqns = {"graph.grads": (graph["grads"].values(), set(graph["params"].values()), "parameter"),
             "graph.mutated": (graph.get("mutated", {}).values(), set(graph["buffers"].values()), "buffer"),
-            "graph.frozen": (graph.get("frozen", []), set(graph["params"].values()), "parameter")}
+            "graph.frozen": (graph.get("frozen", []), set(graph["params"].values()), "parameter"),
+            "graph.tied": (list(graph.get("tied", {})) + list(graph.get("tied", {}).values()),
+                           set(graph["params"].values()), "parameter")}
     for path, (used, known, what) in fqns.items():
         wrong = [f for f in used if f not in known]
         if wrong:

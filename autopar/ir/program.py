@@ -69,6 +69,7 @@ class Program:
     input_structure: str = ""  # the call's structure around its tensors (autopar.ir.call.FlatCall)
     output_tree: OutputTree | None = None  # how the programs' results become the model's output
     autocast: str | None = None  # the low-precision dtype forward was captured under (mixed precision)
+    tied: dict[str, str] = field(default_factory=dict)  # parameter FQN -> the FQN whose tensor it is (untied)
     # while a pass runs, the side tables it declared (requires, provides, optional): the only ones
     # it may read; None outside the PassManager
     readable: frozenset | None = field(default=None, repr=False, compare=False)

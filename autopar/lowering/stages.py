@@ -4,7 +4,8 @@ Every stage runs the statements of its own units (autopar.ir.pipeline.Pipeline.n
 the order the whole step runs them (autopar.lowering.schedule). A move runs on the stage of
 its first reader in the direction its phase flows (forward: the earliest stage, backward: the
 latest), so a parameter's gather and a gradient's sync stay with the parameter. A parameter
-belongs to the one stage that reads it; buffers and constants are copied onto every stage that
+belongs to the one stage that reads it (a tied weight is one parameter per name here: the
+runtime sums its copies' gradients); buffers and constants are copied onto every stage that
 reads them; the model's inputs enter at stage 0.
 
 Between stage k and k+1 travel, in forward, the forward values defined at or before k that a
@@ -133,8 +134,10 @@ class _Splitter:
                 self.stages[i] = {0}
             elif s.kind == "placeholder" and s.defines in self.graph.params and len(self.stages[i]) > 1:
                 raise AutoparError(
-                    f"parameter {self.graph.params[s.defines]} is read by stages {sorted(self.stages[i])} (tied "
-                    f"weights?); a pipeline holds each parameter on one stage: untie it, or plan without 'pp'")
+                    f"parameter {self.graph.params[s.defines]} is read by stages {sorted(self.stages[i])} (a "
+                    f"module called by several layers?); a pipeline holds each parameter on the one stage that "
+                    f"reads it (a weight tied under several names gets a copy per name): give each layer its own "
+                    f"module, or plan without 'pp'")
 
     def reader_stages(self, var: str) -> set[int]:
         found: set[int] = set()

@@ -85,6 +85,10 @@ class StrategiesPass(Pass):
                 tied[node.name] = src.name
             else:
                 strategies[node.name] = list(own)
+        # a tied weight kept apart for a pipeline is one tensor wherever a rank holds it: one layout
+        placeholder_of = {fqn: ph for ph, fqn in program.params.items()}
+        for alias, primary in program.tied.items():
+            tied[placeholder_of[alias]] = placeholder_of[primary]
         program.tables.update(strategies=strategies, tied_to=tied, fallback=fallback, flops=flops)
         free = sum(1 for n in strategies if n not in tied)
         weighed = sum(len(strategies[n]) for n in strategies if n not in tied)

@@ -46,16 +46,16 @@ def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware=D
     return run(program, request, model, example_inputs, restrict=restrict, passes=passes, progress=progress)
 
 
-def run(program, request: PlanRequest, model: nn.Module, example_inputs, *, loss_fn=None, restrict=None, passes=(),
-        progress=None) -> Plan:
+def run(program, request: PlanRequest, model: nn.Module, example_inputs, *, kwargs=None, loss_fn=None, restrict=None,
+        passes=(), progress=None) -> Plan:
     """Plan ``program`` for ``request``: on its mesh, or by searching its candidate meshes.
-    ``model``, ``example_inputs`` and ``loss_fn``: what was captured, to capture at other sizes
-    (``request.symbolic_dims``)."""
+    ``model``, ``example_inputs``, ``kwargs`` and ``loss_fn``: what was captured, to capture at
+    other sizes (``request.symbolic_dims``, a pipeline's micro-batch)."""
     pipeline(passes)  # a misplaced pass fails here, before any work
     if progress is not None:
         progress("naming each node's module ...")
-    planner = _MeshPlanner(program, model, example_inputs, loss_fn, module_paths(program), tuple(passes), restrict,
-                           progress, _sizes(request, example_inputs))
+    planner = _MeshPlanner(program, model, example_inputs, kwargs or {}, loss_fn, module_paths(program),
+                           tuple(passes), restrict, progress, _sizes(request, example_inputs))
     if len(request.meshes) == 1:
         plan = planner.plan(request)
         warn_if_unproven(plan.mesh, plan.solver, request.solver_time_limit_s)
@@ -76,6 +76,7 @@ class _MeshPlanner:
     program: object  # the captured Program; each mesh plans a copy with empty side tables
     model: nn.Module
     example_inputs: object
+    example_kwargs: dict
     loss_fn: Callable | None
     modules: dict  # call node -> module path (the same on every mesh)
     passes: tuple  # the user's passes for this plan

@@ -1,13 +1,14 @@
 """Planning a mesh with a ``pp`` axis: the sharding of one stage's devices, the stage
 partition, the micro-batch count and the schedule, chosen together.
 
-For each candidate micro-batch count m the step is captured at the micro-batch size (the
-example batch split along dim 0) and planned on the mesh's other axes, then cut into units
-(autopar.passes.pipeline_units). For each schedule and number of stages per rank, the stages
-are partitioned by dynamic programming (autopar.solvers.stage_partition) under each stage's
-memory with the micro-batches that schedule keeps in flight on it, and the whole step is
-priced by simulating torch's own action lists (autopar.cost_models.pipeline_sim); the least
-predicted step time wins.
+For each candidate micro-batch count m the step is captured at the micro-batch size (every
+tensor of the call that carries the batch split along dim 0: autopar.ir.call.batch_size) and
+planned on the mesh's other axes, then cut into units (autopar.passes.pipeline_units). For
+each schedule and number of stages per rank, the stages are partitioned by dynamic
+programming (autopar.solvers.stage_partition) under each stage's memory with the
+micro-batches that schedule keeps in flight on it, and the whole step is priced by simulating
+torch's own action lists (autopar.cost_models.pipeline_sim); the least predicted step time
+wins.
 
 Within a stage the layout is the whole model's at the micro-batch size, solved with the
 memory budget times pp (a stage holds about 1/pp of the model; its exact memory, in-flight
@@ -21,15 +22,13 @@ import math
 import time
 from collections.abc import Callable
 
-import torch
-import torch.utils._pytree as pytree
-
-from autopar.capture.export import capture
+from autopar.capture.export import capture, program_inputs
 from autopar.capture.module_paths import module_paths
 from autopar.cost_models.collectives import axis_placement
 from autopar.cost_models.pipeline_schedules import SCHEDULES, action_lists, stage_ranks, virtual_choices
 from autopar.cost_models.pipeline_sim import StageTimes, in_flight, peak_activation_bytes, simulate
 from autopar.errors import AutoparError
+from autopar.ir.call import FlatCall, batch_size, first_microbatch, flatten_call
 from autopar.ir.mesh import Mesh
 from autopar.ir.pipeline import Block, Candidate, Pipeline, Stage, UnitCost
 from autopar.ir.plan import Plan
@@ -52,7 +51,7 @@ def plan_pipeline(planner, request: PlanRequest) -> Plan:
     start = time.perf_counter()
     mesh = request.meshes[0]
     pp, stage_mesh = split_mesh(mesh)
-    batch = _batch_size(planner.example_inputs)
+    batch = _batch_size(flatten_call(program_inputs(planner.example_inputs), planner.example_kwargs))
     # a pipeline's stages hold their state on the device: offloading a stage is not planned yet
     inner = dataclasses.replace(request.on(stage_mesh), memory_budget_bytes=request.memory_budget_bytes * pp,
                                 schedule=None, microbatches=None, offload=False)
@@ -122,14 +121,13 @@ def _schedules(pinned):
     return [(name, v) for name in names for v in virtual_choices(name)]
 
 
-def _batch_size(example_inputs) -> int:
-    """The batch: dim 0, which every tensor input must share (micro-batches split it)."""
-    leaves = [x for x in pytree.tree_leaves(example_inputs) if isinstance(x, torch.Tensor)]
-    sizes = {x.shape[0] for x in leaves if x.dim() > 0}
-    if len(sizes) != 1:
-        raise AutoparError(f"a pipeline splits every input along dim 0 into micro-batches; the inputs' dim 0 sizes "
-                           f"are {sorted(sizes) or 'none'}: pass inputs that share their batch dim first")
-    return sizes.pop()
+def _batch_size(call: FlatCall) -> int:
+    """The batch the micro-batches split (dim 0 of the tensors that carry it)."""
+    batch = batch_size(call.tensors)
+    if batch is None:
+        raise AutoparError("a pipeline splits the batch (dim 0 of the call's tensors) into micro-batches, and this "
+                           "call passes no tensor with a dim: pass the batch as tensors")
+    return batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,13 +139,14 @@ class _Microbatch:
 
 def _plan_microbatch(planner, request: PlanRequest, batch: int, m: int) -> _Microbatch:
     size = batch // m
-    inputs = pytree.tree_map(lambda x: x.narrow(0, 0, size) if isinstance(x, torch.Tensor) and x.dim() else x,
-                             planner.example_inputs)
+    args, kwargs = first_microbatch(flatten_call(program_inputs(planner.example_inputs), planner.example_kwargs), m)
     if size not in planner.microbatch_captures:
-        program = capture(planner.model, inputs, loss_fn=planner.loss_fn, precision=request.precision)
+        # tied weights stay apart: each stage that reads one holds a copy (autopar.runtime.pipeline)
+        program = capture(planner.model, args, kwargs=kwargs, loss_fn=planner.loss_fn, precision=request.precision,
+                          untie_tied=True)
         planner.microbatch_captures[size] = (program, module_paths(program))
     program, modules = planner.microbatch_captures[size]
-    micro = dataclasses.replace(planner, program=program, example_inputs=inputs, modules=modules)
+    micro = dataclasses.replace(planner, program=program, example_inputs=args, example_kwargs=kwargs, modules=modules)
     plan, tables = micro.plan_with(request, (PipelineUnitsPass(),))
     return _Microbatch(plan, tables["pipeline_units"], tables["pipeline_node_units"])
 

@@ -226,7 +226,7 @@ class ParallelModule(nn.Module):
 
 def check_plan_matches(plan: Plan, model: nn.Module) -> None:
     """Refuse a plan made for another model: parameter names and global shapes must agree."""
-    named = dict(model.named_parameters())
+    named = dict(model.named_parameters(remove_duplicate=False))  # a pipeline's plan names each tied copy
     named_buffers = dict(model.named_buffers())
     for ph, fqn in plan.graph.params.items():
         shape = plan.graph.node(ph).outputs[0].shape

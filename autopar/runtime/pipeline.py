@@ -10,9 +10,20 @@ gradients of the values sent forward), so autograd never traces the programs; th
 weight-gradient program (W) is what the stage's ``dw_builder`` hands torch, which runs it
 right away or, in a zero-bubble schedule, in a later bubble.
 
+Inputs: stage 0 receives from the schedule only each micro-batch's index (torch's schedule
+splits every argument it is given along dim 0, and a tensor without the batch dim, position
+ids of shape [1, S], say, must reach every micro-batch whole); the runner takes the micro-batch
+from the call's tensors itself: rows of those that carry the batch, the others whole.
+
 Static metadata: every slot's local shape and dtype are known from the plan, so each
 ``PipelineStage`` is built with its inputs' and outputs' examples and needs no shape-inference
 round before the first step. A slot that carries no backward value is sent without a gradient.
+
+Tied weights (Megatron's embedding group): a parameter read on two stages (an embedding and a
+head that reads its weight) was captured as one copy per name (autopar.capture.capture's
+untie_tied), each stage holds its own, and after the schedule's last micro-batch the ranks add
+their copies' gradients over the pipeline group, so every copy takes the same gradient and, from
+the same values, the same optimizer step.
 
 Gradients: each micro-batch's loss weighs 1/m (the loss function the schedule runs divides by
 m), so the step's gradient is the mean of the micro-batches', as eager's mean over the whole
@@ -23,12 +34,13 @@ until the returned loss's backward, which hands them to the parameters' ``.grad`
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.errors import AutoparError, PlanMismatchError
+from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
 from autopar.ir.call import FlatCall, flatten_call, module_modes
 from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram, stage_programs
@@ -54,6 +66,7 @@ class StageRunner:
         self._placeholder_sources = [(ph, graph.params.get(ph), graph.buffers.get(ph)) for ph in program.placeholders]
         self._buffers = buffers
         self._input_index = {ph: i for i, ph in enumerate(graph.inputs)}
+        self.inputs: MicrobatchInputs | None = None  # this step's call (stage 0 reads it)
         self.microbatches = plan.pipeline.microbatches
         self.weights = 0  # weight-gradient runs this step: the last one syncs
         self.pending: list = []  # what each backward left for its weight gradients, oldest first
@@ -65,8 +78,8 @@ class StageRunner:
         self.kfac = None  # autopar.runtime.kfac.KfacWork, under a K-FAC plan: runs its work after actions
         self.counts = {"F": 0, "I": 0, "W": 0}  # this step's actions so far: the next one's micro-batch
 
-    def begin_step(self, staged: dict) -> None:
-        self.staged, self.normalizer_values = staged, []
+    def begin_step(self, staged: dict, inputs: MicrobatchInputs) -> None:
+        self.staged, self.normalizer_values, self.inputs = staged, [], inputs
         self.counts = dict.fromkeys(self.counts, 0)
 
     def _done(self, kind: str) -> None:
@@ -78,9 +91,9 @@ class StageRunner:
             for done in ("W", "B") if kind == "W" else (kind,):  # a full backward (B) ends with its W
                 self.kfac.after(label.format(done), self.staged)
 
-    def placeholders(self, inputs: tuple) -> list:
+    def placeholders(self, inputs: list) -> list:
         """The forward program's placeholders: parameters' and buffers' blocks, and (stage 0)
-        this rank's block of each model input of the micro-batch."""
+        this rank's block of each model input of the micro-batch (``inputs``)."""
         out = []
         for ph, param, buffer in self._placeholder_sources:
             if param is not None:
@@ -96,7 +109,7 @@ class StageRunner:
         """(the stage's outputs for the schedule, what its backward needs)."""
         first = self.program.index == 0
         start = time.perf_counter()
-        args = self.placeholders(received if first else ())
+        args = self.placeholders(self.inputs.microbatch(int(received[0])) if first else [])
         loss, sends, saved = self.forward_fn(self.rt, *args, *(() if first else received))
         self.busy_s += time.perf_counter() - start
         kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
@@ -118,8 +131,8 @@ class StageRunner:
         self.busy_s += time.perf_counter() - start
         self.pending.append((kept, for_weights, grad_loss))
         self._done("I")
-        if self.program.index == 0:  # it received the model's inputs, which take no gradient
-            return (None,) * len(self.plan.graph.inputs)
+        if self.program.index == 0:  # it received the micro-batch's index
+            return (None,)
         back = iter(sent_back)
         return tuple(next(back) if slot.differentiable else None for slot in self.program.receives)
 
@@ -218,37 +231,56 @@ class PipelinedModule(nn.Module):
         self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers) for p in mine]
         self.kfac = _kfac_work(plan, rank_mesh, mine, params, self.runners)
         self.schedule = _schedule(plan, self.runners, rank_mesh)
+        self.tied = _tied_copies(plan, mine)
         self._last_rank = _pipeline_peer(rank_mesh, pipeline.stages[-1].rank)
         self._anchor = torch.zeros((), requires_grad=True)  # what makes the returned loss differentiable
         self._agreed = False
+        self._warned_missing = False
 
     def forward(self, *args, **kwargs):
         call = flatten_call(args, kwargs)
-        _check_call_fits(self.plan, call)
+        inputs = microbatch_inputs(self.plan, call, self.rt.device)
         _check_modes(self.plan, self.model)
         if not self._agreed:  # every rank must run the same plan, for the same call
             self.rt.agree("the plan and program they run", program_identity(self.plan, call.signature))
             self._agreed = True
-        tensors = [t.to(self.rt.device) for t in call.tensors]
         m = self.plan.pipeline.microbatches
         losses: list = []
-        # torch's schedule splits the target into micro-batches for the loss function, which
-        # takes none here (the stage program computes the loss): a placeholder of m rows
-        target = torch.zeros(m)
+        # torch's schedule splits its arguments and target into micro-batches: stage 0 takes the
+        # index of its micro-batch, and the loss function takes no target (the stage program
+        # computes the loss), so the target is a placeholder of m rows
+        index, target = torch.arange(m, device=self.rt.device), torch.zeros(m)
         staged = {}
         for runner in self.runners:
-            runner.begin_step(staged)
+            runner.begin_step(staged, inputs)
         if not torch.is_grad_enabled():
-            self.schedule.eval(*tensors, target=target, losses=losses, return_outputs=False)
+            self.schedule.eval(index, target=target, losses=losses, return_outputs=False)
             self._check_microbatches_alike()
-            return self._whole_loss(losses)
+            return self._output(self._whole_loss(losses))
         if self.kfac is not None:
             self.kfac.begin_step()
-        self.schedule.step(*tensors, target=target, losses=losses, return_outputs=False)
+        self.schedule.step(index, target=target, losses=losses, return_outputs=False)
         self._check_microbatches_alike()
+        for copies in self.tied:
+            copies.sum_gradients(staged, self.rt)
         if self.kfac is not None:
             self.kfac.end_step(staged)
-        return _StagedGradients.apply(self._whole_loss(losses), self._anchor, self.runners, staged, self.kfac)
+        loss = _StagedGradients.apply(self._whole_loss(losses), self._anchor, self.runners, staged, self.kfac)
+        return self._output(loss)
+
+    def _output(self, loss: torch.Tensor):
+        """What the model returns, with the batch's loss in its place. A pipeline's stages send
+        forward only what later stages read, so the other values a model returns (logits) do
+        not reach the caller: they come back as None, said once."""
+        tree = self.plan.graph.output_tree
+        if tree is None:
+            return loss
+        missing = tree.value_names + tree.dropped
+        if missing and not self._warned_missing:
+            self._warned_missing = True
+            warnings.warn(f"a pipelined model returns its loss alone: {', '.join(missing)} of its output come back "
+                          f"as None", stacklevel=user_stacklevel())
+        return tree.rebuild(loss, [None] * len(self.plan.graph.values))
 
     def _check_microbatches_alike(self) -> None:
         """Refuse a step whose micro-batches' mean losses divide by different counts (targets
@@ -311,6 +343,45 @@ class _StagedGradients(torch.autograd.Function):
         return None, None, None, None, None
 
 
+class TiedCopies:
+    """The names of one tied weight in a pipelined plan, and the local block of its gradient."""
+
+    def __init__(self, names: list[str], held: list[str], shape: tuple, dtype: str):
+        self.names, self.held, self.shape, self.dtype = names, held, shape, dtype
+
+    def sum_gradients(self, staged: dict, rt: RankMesh) -> None:
+        """Every copy's gradient, added over the pipeline group, in place of this rank's: under the
+        first name it holds (the copies it holds are one parameter here, whose gradient they share)."""
+        mine = [staged.pop(name) for name in self.held if name in staged]
+        total = sum(mine[1:], mine[0]) if mine else torch.zeros(self.shape, dtype=getattr(torch, self.dtype),
+                                                                 device=rt.device)
+        # ranks that hold no copy add zeros: the pipeline group is every rank's, so no group per tie
+        dist.all_reduce(total, group=rt.pipeline_group)
+        if self.held:
+            staged[self.held[0]] = total
+
+
+def _tied_copies(plan: Plan, mine: list[StageProgram]) -> list[TiedCopies]:
+    """The tied weights whose copies lie on more than one pipeline rank, in one order on every rank."""
+    graph, pipeline = plan.graph, plan.pipeline
+    placeholder_of = {fqn: ph for ph, fqn in graph.params.items()}
+    stage_of = {graph.params[ph]: p.index for p in stage_programs(plan) for ph in p.placeholders
+                if ph in graph.params}
+    held = {graph.params[ph] for p in mine for ph in p.placeholders if ph in graph.params}
+    names: dict[str, list[str]] = {}
+    for alias, primary in sorted(graph.tied.items()):
+        names.setdefault(primary, [primary]).append(alias)
+    found = []
+    for primary, group in sorted(names.items()):
+        if len({pipeline.stages[stage_of[n]].rank for n in group if n in stage_of}) < 2:
+            continue  # one rank holds every copy: they are one parameter there, whose gradient adds them
+        ph = placeholder_of[primary]
+        meta = graph.node(ph).outputs[0]
+        shape = tuple(plan.out_spec(ph).local_shape(meta.shape, plan.mesh))
+        found.append(TiedCopies(group, [n for n in group if n in held], shape, meta.dtype))
+    return found
+
+
 def _kfac_work(plan: Plan, rt: RankMesh, mine: list[StageProgram], params: dict, runners: list[StageRunner]):
     """The K-FAC work of this rank's stages, hooked to their runners (None without K-FAC)."""
     fill = plan.pipeline.fill
@@ -343,9 +414,8 @@ def _schedule(plan: Plan, runners: list[StageRunner], rt: RankMesh):
 
 
 def _inputs(plan: Plan, program: StageProgram) -> tuple:
-    if program.index == 0:  # the micro-batch of each model input, whole (the stage takes its block)
-        metas = [plan.graph.node(ph).outputs[0] for ph in plan.graph.inputs]
-        return tuple(torch.empty(meta.shape, dtype=getattr(torch, meta.dtype)) for meta in metas)
+    if program.index == 0:  # the index of its micro-batch
+        return (torch.zeros(1, dtype=torch.int64),)
     return tuple(_example(s) for s in program.receives)
 
 
@@ -377,12 +447,14 @@ def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: 
     params = {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items() if ph in held}
     buffers = {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items() if ph in held}
     distribute(model, params, buffers, plan.mesh, rt, own_copy=True)
-    for fqn, p in list(model.named_parameters()):
+    # every name of a tied weight (a copy per stage that reads it) that this rank does not hold
+    for fqn, p in list(model.named_parameters(remove_duplicate=False)):
         if fqn not in params:
             module_path, _, name = fqn.rpartition(".")
             module = model.get_submodule(module_path)
-            module._parameters[name] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-    named = dict(model.named_parameters())
+            meta = torch.empty(p.shape, dtype=p.dtype, device="meta")  # p may be a held copy's DTensor
+            module._parameters[name] = nn.Parameter(meta, requires_grad=p.requires_grad)
+    named = dict(model.named_parameters(remove_duplicate=False))
     return {fqn: named[fqn] for fqn in params}, {fqn: model.get_buffer(fqn) for fqn in buffers}
 
 
@@ -408,16 +480,36 @@ def _check_modes(plan: Plan, model: nn.Module) -> None:
                                 f"for; a pipelined plan runs the modes it was planned in: plan again in these modes")
 
 
-def _check_call_fits(plan: Plan, call: FlatCall) -> None:
-    """The call a pipelined plan was made for: its micro-batch's inputs, m times along dim 0."""
+class MicrobatchInputs:
+    """A call's tensors as the micro-batches take them: the rows of each tensor that carries the
+    batch (``split``), every other tensor whole."""
+
+    def __init__(self, tensors: list[torch.Tensor], split: list[bool], microbatches: int):
+        self.tensors, self.split, self.microbatches = tensors, split, microbatches
+
+    def microbatch(self, index: int) -> list[torch.Tensor]:
+        return [t.chunk(self.microbatches)[index] if split else t for t, split in zip(self.tensors, self.split)]
+
+
+def microbatch_inputs(plan: Plan, call: FlatCall, device) -> MicrobatchInputs:
+    """The call a pipelined plan was made for, as its micro-batches take it: each tensor is m
+    micro-batches of the planned one along dim 0 (it carries the batch) or the planned one
+    itself (it goes whole to every micro-batch, as planned: autopar.ir.call.batch_size)."""
     graph, m = plan.graph, plan.pipeline.microbatches
     if call.structure != graph.input_structure or len(call.tensors) != len(graph.inputs):
         raise PlanMismatchError(f"the model is called with other arguments than plan {plan.hash} was made for "
                                 f"(planned: {graph.input_structure}; given: {call.structure})")
+    split = []
     for ph, t in zip(graph.inputs, call.tensors):
         meta = graph.node(ph).outputs[0]
-        want = [meta.shape[0] * m, *meta.shape[1:]] if meta.shape else []
-        if list(t.shape) != want or str(t.dtype).removeprefix("torch.") != meta.dtype:
+        batched = [meta.shape[0] * m, *meta.shape[1:]] if meta.shape else None
+        if str(t.dtype).removeprefix("torch.") != meta.dtype or list(t.shape) not in (batched, list(meta.shape)):
             raise PlanMismatchError(f"an input has shape {list(t.shape)} ({t.dtype}) where plan {plan.hash} takes "
-                                    f"{want} ({meta.dtype}): {m} micro-batches of {list(meta.shape)}; plan again "
-                                    f"for this batch")
+                                    f"{batched} ({meta.dtype}): {m} micro-batches of {list(meta.shape)}"
+                                    f"{f', or {list(meta.shape)} whole' if meta.shape else ''}; plan again for "
+                                    f"this batch")
+        split.append(list(t.shape) == batched)
+    if not any(split):
+        raise PlanMismatchError(f"no input of this call carries the batch plan {plan.hash} splits into {m} "
+                                f"micro-batches (each would be the same): pass the batch planned for")
+    return MicrobatchInputs([t.to(device) for t in call.tensors], split, m)

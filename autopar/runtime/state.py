@@ -70,6 +70,7 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
                 module._buffers[name] = block
                 continue
             new = nn.Parameter(block, requires_grad=original.requires_grad)
+            done.add(id(new))  # under a tied weight's other names (a pipeline's copies), it is done too
             new.__dict__.update(original.__dict__)  # attributes users group parameters by
             for owner, attribute in holders[id(original)]:
                 setattr(owner, attribute, new)
