@@ -27,6 +27,7 @@ from autopar.parallelize import autoparallelize, data_parallel_info, plan_of, pr
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.constraints import Constraints
 from autopar.passes.registry import register_pass, registered_passes, unregister_pass
+from autopar.runtime.clipping import clip_grad_norm_
 
 __all__ = [
     "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "prepare",
@@ -36,5 +37,5 @@ __all__ = [
     "Replicate", "Partial", "Spec",
     "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError",
     "CollectiveTimeoutError",
-    "SolverError", "KFAC",
+    "SolverError", "KFAC", "clip_grad_norm_",
 ]

@@ -273,6 +273,28 @@ def test_autoparallelize_on_a_pipelined_mesh_trains_as_eager():
     assert set().union(*(r["held"] for r in got)) == set(grads)
 
 
+@pytest.mark.parametrize("schedule", sampled(["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"],
+                                             inner_loop=["1F1B"]))
+def test_clipping_a_pipelined_model_takes_the_whole_models_norm(schedule):
+    """torch's own clip_grad_norm_ on a pipelined model's parameters returns eager's norm (every
+    stage's gradients, the tied head counted once) and clips every gradient as eager's; so does
+    autopar.clip_grad_norm_, for the max norm too."""
+    model, inputs = gpt2.make(dataclasses.replace(CONFIG, tied=True))
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.clipped_pipelined, buffer.getvalue(), inputs, "pp=2,dp=2", schedule)
+    eager = copy.deepcopy(model)
+    eager(*inputs).backward()
+    norm = torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.5).item()
+    largest = torch.nn.utils.clip_grad_norm_(eager.parameters(), 1e9, norm_type="inf").item()
+    assert norm > 0.5  # so the clipping scales every gradient
+    for r in got:
+        assert r["norm"] == pytest.approx(norm, rel=1e-5) and r["largest"] == pytest.approx(largest, rel=1e-5)
+        for name, grad in r["grads"].items():
+            torch.testing.assert_close(grad, dict(eager.named_parameters())[name].grad, rtol=1e-4, atol=1e-6)
+    assert {n for r in got for n in r["grads"]} == {n for n, _ in eager.named_parameters()}
+
+
 def test_micro_batches_with_different_label_counts_are_refused_not_averaged_wrongly():
     model, inputs = gpt2.make(CONFIG)
     _, _, plan = _plan("pp=2", "1F1B", model_inputs=(model, inputs))

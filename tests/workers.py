@@ -562,3 +562,19 @@ def keyword_call_pipelined(rank, world_size, model_bytes, kwargs, mesh, schedule
         out.loss.backward()
     return {"type": type(out).__name__, "loss": out.loss.item(), "logits_none": out.logits is None,
             "warned": [str(w.message) for w in caught]}
+
+
+def clipped_pipelined(rank, world_size, model_bytes, inputs, mesh, schedule):
+    """One step of an autoparallelized model on a pipelined mesh whose gradients torch's own
+    clip_grad_norm_ clips: the norm it returned, the clipped gradients (by the name eager gives
+    them), and the max-norm autopar.clip_grad_norm_ returns after."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule=schedule)
+    wrapped(*inputs).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    tied = autopar.plan_of(model).graph.tied
+    grads = {tied.get(n, n): p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}
+    largest = autopar.clip_grad_norm_(model.parameters(), 1e9, norm_type="inf")
+    return {"norm": norm.item(), "grads": grads, "largest": largest.item()}

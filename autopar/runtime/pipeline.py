@@ -44,6 +44,7 @@ from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
 from autopar.ir.call import FlatCall, flatten_call, module_modes
 from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram, stage_programs
+from autopar.runtime.clipping import register_pipelined
 from autopar.runtime.kfac import KfacWork
 from autopar.runtime.program import load_program, program_identity
 from autopar.runtime.rank_mesh import RankMesh, local_shard
@@ -232,6 +233,10 @@ class PipelinedModule(nn.Module):
         self.kfac = _kfac_work(plan, rank_mesh, mine, params, self.runners)
         self.schedule = _schedule(plan, self.runners, rank_mesh)
         self.tied = _tied_copies(plan, mine)
+        # clip_grad_norm_ takes the whole model's norm: a tied weight's copy counts on one rank only
+        elsewhere = [params[name] for copies in self.tied if copies.names[0] not in copies.held
+                     for name in copies.held]
+        register_pipelined(params.values(), rank_mesh.pipeline_group, elsewhere)
         self._last_rank = _pipeline_peer(rank_mesh, pipeline.stages[-1].rank)
         self._anchor = torch.zeros((), requires_grad=True)  # what makes the returned loss differentiable
         self._agreed = False
