@@ -295,6 +295,21 @@ def test_clipping_a_pipelined_model_takes_the_whole_models_norm(schedule):
     assert {n for r in got for n in r["grads"]} == {n for n, _ in eager.named_parameters()}
 
 
+def test_calls_under_no_sync_accumulate_their_gradients_as_eager():
+    model, inputs, plan = _plan("pp=2,dp=2", "1F1B")
+    batches = [inputs, tuple(torch.randint(0, CONFIG.vocab, x.shape) for x in inputs)]
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.accumulate_pipelined, buffer.getvalue(), batches, plan.to_json())
+    eager = copy.deepcopy(model)
+    for batch in batches:
+        (eager(*batch) / len(batches)).backward()
+    for r in got:
+        for name, grad in r.items():
+            torch.testing.assert_close(grad, dict(eager.named_parameters())[name].grad, rtol=1e-4, atol=1e-6)
+    assert {n for r in got for n in r} == {n for n, _ in eager.named_parameters()}
+
+
 def test_micro_batches_with_different_label_counts_are_refused_not_averaged_wrongly():
     model, inputs = gpt2.make(CONFIG)
     _, _, plan = _plan("pp=2", "1F1B", model_inputs=(model, inputs))

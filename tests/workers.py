@@ -578,3 +578,21 @@ def clipped_pipelined(rank, world_size, model_bytes, inputs, mesh, schedule):
     grads = {tied.get(n, n): p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}
     largest = autopar.clip_grad_norm_(model.parameters(), 1e9, norm_type="inf")
     return {"norm": norm.item(), "grads": grads, "largest": largest.item()}
+
+
+def accumulate_pipelined(rank, world_size, model_bytes, batches, plan_json):
+    """Gradients of ``batches`` accumulated in .grad by a pipelined model, every call but the last
+    under no_sync(), each loss weighed 1/len(batches): this rank's, whole."""
+    import contextlib
+    import io
+
+    from autopar.check import rank_mesh_for
+    from autopar.runtime.pipeline import PipelinedModule
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    pipelined = PipelinedModule(model, plan, rank_mesh_for(plan.mesh, plan.pipeline.pp), plan.emit("torch"))
+    for k, batch in enumerate(batches):
+        with pipelined.no_sync() if k < len(batches) - 1 else contextlib.nullcontext():
+            (pipelined(*batch) / len(batches)).backward()
+    return {n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}

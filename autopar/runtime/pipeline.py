@@ -33,6 +33,7 @@ until the returned loss's backward, which hands them to the parameters' ``.grad`
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 
@@ -315,15 +316,23 @@ class PipelinedModule(nn.Module):
         dist.broadcast(loss, src=self._last_rank, group=self.rt.pipeline_group)
         return loss
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's ``no_sync``, for accumulating several calls' gradients in ``.grad``: every call
+        adds its own, synced (see require_gradient_sync)."""
+        yield
+
     @property
     def require_gradient_sync(self) -> bool:
         return True
 
     @require_gradient_sync.setter
     def require_gradient_sync(self, value: bool) -> None:
-        if not value:  # no_sync()
-            raise AutoparError("a pipelined model accumulates its micro-batches' gradients within each call; call it "
-                               "on the whole batch (its plan's micro-batches) rather than under no_sync()")
+        """Under no_sync() a call's gradients are still synced, once, at its last micro-batch:
+        .grad then adds up every call's, as DDP's accumulation does. Deferring them to the next
+        call would need each call's backward seed (a loss weight) before that call's sync, which
+        the schedule runs before backward hands the seed over; a pipeline already syncs once per
+        m micro-batches."""
 
 
 class _StagedGradients(torch.autograd.Function):
