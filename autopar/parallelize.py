@@ -54,7 +54,8 @@ class _Runner:
     def __init__(self, options: Options):
         """``options``: autoparallelize's, resolved (``precision`` a MixedPrecision or None)."""
         self.options = options
-        self.mesh = Mesh.parse(options.mesh)
+        # None while the first plan searches it (mesh=N, "auto" or a list of candidates)
+        self.mesh = _named_mesh(options.mesh)
         self.plan = options.plan
         self.local_inputs = options.inputs == "local"
         self.parallel = None
@@ -85,20 +86,27 @@ class _Runner:
         from autopar.runtime.rank_mesh import RankMesh
 
         _ensure_process_group()
-        self.mesh.check_world_size(dist.get_world_size())  # before any planning or communication
+        world = dist.get_world_size()
+        if self.mesh is not None:  # before any planning or communication
+            self.mesh.check_world_size(world)
+        elif isinstance(self.options.mesh, int) and self.options.mesh != world:
+            raise MeshError(f"mesh={self.options.mesh} searches meshes of {self.options.mesh} devices, but the "
+                            f"process group has {world} ranks: launch with --nproc-per-node={self.options.mesh}, or "
+                            f"pass mesh='auto'")
         plan = self.plan
         if plan is None:
             plan = _planned_on_rank0(lambda: self._first_plan(model, call))
-        elif plan.device_mesh != self.mesh:
+        elif self.mesh is not None and plan.device_mesh != self.mesh:
             raise MeshError(f"the given plan is for mesh {plan.device_mesh}, not {self.mesh}")
         else:  # on every rank, so that all of them raise
             args, kwargs = call.rebuild(call.tensors)
             check_plan_is_for(plan, model, *args, loss_fn=self.options.loss_fn, **kwargs)
+        plan.device_mesh.check_world_size(world)  # a searched mesh (mesh=8 on 4 ranks), a given plan's
         device = self.options.device or ("cuda" if dist.get_backend() == "nccl" else "cpu")
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
             device = f"cuda:{torch.cuda.current_device()}"
-        self.plan = plan
+        self.plan, self.mesh = plan, plan.device_mesh
         if plan.pipeline is not None:
             return _pipelined(model, plan, device)
         # rank 0's values: each rank receives its blocks of them (or, on the meta device, rank 0
@@ -133,9 +141,12 @@ class _Runner:
         args, kwargs = call.rebuild(call.tensors)
         program = capture(model, args, kwargs=kwargs, loss_fn=o.loss_fn, training_step=kind == STEP,
                           precision=o.precision)
-        # a device count searches the meshes without pp: a pipelined run takes every rank's
-        # blocks from its own copy of the model, which a model built on the meta device lacks
-        request = resolve(self.mesh, o.hardware, pin=pins, precision=o.precision, pipelines=False,
+        # a searched mesh has a pp axis only where a pipeline can run this model as called: each
+        # rank takes its stages' blocks from its own copy of the model, which a model on the meta
+        # device lacks
+        pipelines = not o.compile and not any(p.is_meta for p in model.parameters())
+        mesh = self.mesh if self.mesh is not None else o.mesh
+        request = resolve(mesh, o.hardware, pin=pins, precision=o.precision, pipelines=pipelines,
                           schedule=o.schedule, microbatches=o.microbatches)
         return plan_program(program, request, model, args, kwargs=kwargs, loss_fn=o.loss_fn, passes=tuple(o.passes))
 
@@ -154,6 +165,20 @@ def _precision_for(precision, plan: Plan | None) -> MixedPrecision | None:
         # keeps its compute dtype only, so they reduce gradients in float32
         mixed = MixedPrecision(plan.graph.autocast)
     return mixed
+
+
+def _named_mesh(spec) -> Mesh | None:
+    """The mesh ``spec`` names; None where the first plan searches it: a device count, "auto"
+    (the process group's size) or a list of candidates, as autopar.plan takes them."""
+    if isinstance(spec, (list, tuple)):
+        for candidate in spec:
+            Mesh.parse(candidate)  # a malformed candidate fails here
+        return None
+    if spec == "auto" or isinstance(spec, int) and not isinstance(spec, bool):
+        if spec != "auto" and spec < 1:
+            raise MeshError(f"mesh={spec!r}: a device count must be positive")
+        return None
+    return Mesh.parse(spec)
 
 
 def _check_pipeline_options(mesh: Mesh, inputs: str, compile: bool) -> None:
@@ -289,9 +314,13 @@ def autoparallelize(model=None, **options):
     (autopar.runtime.pipeline.PipelinedModule); every rank builds the model alike (one seed),
     passes the whole batch, and holds its stages' parameters alone."""
     o = take(PARALLELIZE, options)
-    parsed = Mesh.parse(o.mesh)  # a malformed mesh fails here, at decoration time
-    if "pp" in parsed.axis_names:
+    parsed = _named_mesh(o.mesh)  # a malformed mesh fails here, at decoration time
+    if parsed is not None and "pp" in parsed.axis_names:
         _check_pipeline_options(parsed, o.inputs, o.compile)
+    if parsed is None and o.inputs == "local":
+        raise AutoparError(f"mesh={o.mesh!r} is searched on the first call, and with inputs='local' the whole batch "
+                           f"depends on the mesh's data-parallel size: name the mesh (mesh='dp=2,tp=2'), or pass "
+                           f"inputs='global'")
     pipeline(o.passes)  # so does a misplaced pass
     if o.inputs not in ("global", "local"):
         raise ValueError(f"inputs={o.inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "

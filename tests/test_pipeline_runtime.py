@@ -310,6 +310,39 @@ def test_calls_under_no_sync_accumulate_their_gradients_as_eager():
     assert {n for r in got for n in r} == {n for n, _ in eager.named_parameters()}
 
 
+# four single-GPU nodes on a slow network: a pipeline is among the meshes worth weighing
+NODES = dataclasses.replace(workers.FAST, devices_per_node=1, inter_node=autopar.Link(1e9, 1e-5))
+
+
+@pytest.mark.parametrize("mesh", sampled([4, "auto"], inner_loop=[4]))
+def test_autoparallelize_searches_meshes_with_a_pipeline_on_its_first_call(mesh):
+    model, inputs = gpt2.make(CONFIG)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.train_searched, buffer.getvalue(), inputs, mesh, NODES, 2)
+    eager = copy.deepcopy(model)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        loss = eager(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    for r in got:
+        assert r["error"] is None, r["error"]
+        assert "pp=2" in r["searched"] and "pp=4" in r["searched"], r["searched"]  # weighed with the rest
+        assert r["mesh"] == got[0]["mesh"] and r["losses"] == pytest.approx(losses, rel=1e-5)
+
+
+def test_a_searched_mesh_of_another_size_than_the_process_group_is_refused():
+    model, inputs = gpt2.make(CONFIG)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.train_searched, buffer.getvalue(), inputs, 8, NODES, 1)
+    assert all("mesh=8 searches meshes of 8 devices, but the process group has 4 ranks" in r["error"] for r in got)
+
+
 def test_micro_batches_with_different_label_counts_are_refused_not_averaged_wrongly():
     model, inputs = gpt2.make(CONFIG)
     _, _, plan = _plan("pp=2", "1F1B", model_inputs=(model, inputs))

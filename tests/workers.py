@@ -596,3 +596,26 @@ def accumulate_pipelined(rank, world_size, model_bytes, batches, plan_json):
         with pipelined.no_sync() if k < len(batches) - 1 else contextlib.nullcontext():
             (pipelined(*batch) / len(batches)).backward()
     return {n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def train_searched(rank, world_size, model_bytes, inputs, mesh, hardware, steps):
+    """``steps`` SGD steps of a model autoparallelized with a searched mesh (mesh=N or "auto"):
+    each step's loss, the mesh its first call chose and the search's record, or the error."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=hardware)
+    try:
+        loss = wrapped(*inputs)
+    except autopar.AutoparError as exc:
+        return {"error": str(exc)}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for i in range(steps):
+        loss = loss if i == 0 else wrapped(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    plan = autopar.plan_of(model)
+    return {"error": None, "losses": losses, "mesh": str(plan.device_mesh), "searched": plan.history[0].note}

@@ -61,7 +61,8 @@ _ALL = (PLAN, CHECK, PARALLELIZE)
 OPTIONS: tuple[Option, ...] = (
     # where and on what
     Option("mesh", "dict | str | int | Mesh", None, "named mesh axes ({'dp': 2, 'tp': 2} or 'dp=2,tp=2'); for plan "
-           "also a device count (64) or 'auto' (the process group's size): the fastest mesh of that many",
+           "and autoparallelize also a device count (64), 'auto' (the process group's size) or a list of meshes: "
+           "the fastest of them",
            _ALL, cli=(PLAN, CHECK), required_in=(PLAN, PARALLELIZE)),
     Option("hardware", "str | Hardware", DEFAULT_HARDWARE, "a hardware preset's name, a spec file, or a Hardware",
            _ALL, cli=(PLAN, CHECK)),
