@@ -15,8 +15,8 @@ batches) and returns what it returns.
 
 The first call (or ``example_inputs``, or ``autopar.prepare``) plans the training step, with
 the model in training mode whatever its mode: rank 0 plans, every rank receives the plan, and
-the parameters become DTensors in its layouts; build the optimizer after that (one built
-before is refused at its first step). A later call the programs so far do not fit (another
+the parameters become DTensors in its layouts (an optimizer built before takes them in place of
+the old ones: autopar.runtime.replaced). A later call the programs so far do not fit (another
 input shape, other train/eval modes, a call under no_grad, which runs a forward program) is
 planned then, with the parameters where the first plan put them, and kept for the next such
 call; ``replan=False`` refuses another input shape instead.

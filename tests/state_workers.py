@@ -59,18 +59,60 @@ def train_dtensor_state(rank, world_size, model_bytes, batch, mesh, optimizer, f
     return out
 
 
-def step_an_optimizer_built_too_early(rank, world_size, model_bytes, batch, mesh):
+def train_with_an_optimizer_built_first(rank, world_size, model_bytes, batch, mesh, steps, stepped_first=False):
+    """AdamW with weight-decay groups from named_parameters() and a learning-rate scheduler,
+    built right after autoparallelize (before the first call shards the model), as training
+    scripts do; ``steps`` steps: each loss and the parameters after, whole (this rank's stages').
+    ``stepped_first``: the optimizer steps once on the unsharded model first; the error its next
+    step raises."""
     import io
 
+    from autopar.runtime.state import whole
+
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    autopar.autoparallelize(model, mesh=mesh, hardware=FAST)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model(*batch).backward()
-    try:
+    opt, scheduler = _adamw_with_groups(model)
+    if stepped_first:
+        model(*batch).backward()
         opt.step()
+        opt.zero_grad()
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST)
+    losses = []
+    try:
+        for _ in range(steps):
+            loss = model(*batch)
+            loss.backward()
+            opt.step()
+            scheduler.step()
+            opt.zero_grad()
+            losses.append(loss.item())
     except autopar.AutoparError as exc:
-        return str(exc)
-    return None
+        return {"error": str(exc)}
+    params = {n: whole(p).detach() for n, p in model.named_parameters() if not p.is_meta}
+    return {"error": None, "losses": losses, "params": params, "lr": opt.param_groups[0]["lr"]}
+
+
+def _adamw_with_groups(model):
+    """AdamW decaying the matrices only (nanoGPT's groups), its learning rate halved every step."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    # eps 1e-6 as make_optimizer's, for the same reason
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=0.01,
+                            eps=1e-6)
+    return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+
+def train_eager_with_groups(model, batch, steps):
+    opt, scheduler = _adamw_with_groups(model)
+    losses = []
+    for _ in range(steps):
+        loss = model(*batch)
+        loss.backward()
+        opt.step()
+        scheduler.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {n: p.detach() for n, p in model.named_parameters()},
+            "lr": opt.param_groups[0]["lr"]}
 
 
 def _autoparallelized(model_bytes, batch, mesh, plan_json=None):

@@ -40,6 +40,7 @@ import warnings
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
 from autopar.ir.call import FlatCall, flatten_call, module_modes
@@ -49,6 +50,7 @@ from autopar.runtime.clipping import register_pipelined
 from autopar.runtime.kfac import KfacWork
 from autopar.runtime.program import load_program, program_identity
 from autopar.runtime.rank_mesh import RankMesh, local_shard
+from autopar.runtime.replaced import adopt_replacements, remember_replaced
 from autopar.runtime.state import as_gradient, local
 
 # the schedules whose class runs one stage per rank (the others take a list)
@@ -467,7 +469,10 @@ def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: 
             module_path, _, name = fqn.rpartition(".")
             module = model.get_submodule(module_path)
             meta = torch.empty(p.shape, dtype=p.dtype, device="meta")  # p may be a held copy's DTensor
-            module._parameters[name] = nn.Parameter(meta, requires_grad=p.requires_grad)
+            module._parameters[name] = new = nn.Parameter(meta, requires_grad=p.requires_grad)
+            if not isinstance(p.data, DTensor):  # the model's own, not the copy this rank holds
+                remember_replaced(p, fqn, new)
+    adopt_replacements()  # an optimizer built before: this rank's parameters in place of the model's
     named = dict(model.named_parameters(remove_duplicate=False))
     return {fqn: named[fqn] for fqn in params}, {fqn: model.get_buffer(fqn) for fqn in buffers}
 

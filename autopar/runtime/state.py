@@ -6,28 +6,23 @@ optimizers keep sharded state, ``clip_grad_norm_`` returns the global norm, and 
 and ``torch.distributed.checkpoint`` see each tensor's layout. The emitted programs compute on
 the local blocks (``local``); their gradients come back as DTensors (``as_gradient``).
 
-The parameters are new objects: an optimizer built on the model before ``distribute`` would
-step the old ones, which no longer receive gradients. Such an optimizer is refused at its
-first step, naming the parameters.
+The parameters are new objects: an optimizer built on the model before ``distribute`` takes
+them in place of the old ones (autopar.runtime.replaced).
 """
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Spec
 from autopar.runtime.rank_mesh import RankMesh, local_shard
-
-# id -> (a weak reference to the parameter autopar replaced by its DTensor, its name), while it lives
-_REPLACED: dict[int, tuple[weakref.ref, str]] = {}
+from autopar.runtime.replaced import adopt_replacements, remember_replaced
 
 
 def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
@@ -74,8 +69,9 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
             new.__dict__.update(original.__dict__)  # attributes users group parameters by
             for owner, attribute in holders[id(original)]:
                 setattr(owner, attribute, new)
-            _remember_replaced(original, fqn)
+            remember_replaced(original, fqn, new)
     _share_random_state(rank_mesh)
+    adopt_replacements()
 
 
 def _rank0_source(model: nn.Module, init, rank_mesh: RankMesh) -> str:
@@ -123,11 +119,6 @@ def _initialize_on_rank0(module: nn.Module, init, rank_mesh: RankMesh) -> None:
     dist.broadcast_object_list(status, src=0)
     if status[0] is not None:
         raise AutoparError(f"initializing {type(module).__name__} on rank 0 failed: {status[0]}")
-
-
-def _remember_replaced(original: nn.Parameter, fqn: str) -> None:
-    _REPLACED[id(original)] = (weakref.ref(original), fqn)
-    weakref.finalize(original, _REPLACED.pop, id(original), None)
 
 
 def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
@@ -227,19 +218,3 @@ def _contiguous_strides(shape) -> tuple[int, ...]:
         strides.append(step)
         step *= size
     return tuple(reversed(strides))
-
-
-def _refuse_replaced_parameters(optimizer, args, kwargs) -> None:
-    if not _REPLACED:
-        return
-    stale = [_REPLACED[id(p)][1] for group in optimizer.param_groups for p in group["params"]
-             if id(p) in _REPLACED and _REPLACED[id(p)][0]() is p]
-    if stale:
-        raise AutoparError(f"this {type(optimizer).__name__} was built on parameters that autopar has since replaced "
-                           f"by their sharded DTensors ({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''}), "
-                           f"so it would step tensors that get no gradient: build the optimizer after the model's "
-                           f"first call, or shard it first with autopar.prepare(model, *example_inputs) (or "
-                           f"autoparallelize(..., example_inputs=...))")
-
-
-register_optimizer_step_pre_hook(_refuse_replaced_parameters)

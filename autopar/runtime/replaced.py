@@ -1,0 +1,81 @@
+"""Optimizers built before autopar replaced the model's parameters.
+
+Sharding makes every parameter a new ``nn.Parameter`` holding a DTensor (autopar.runtime.state)
+or, on a pipeline rank that does not hold its stage, a meta tensor. A training script builds
+its optimizer right after wrapping the model, before the first call shards it (as PyTorch's
+tutorials, nanoGPT and Hugging Face do), so that optimizer holds the old parameters, which no
+longer receive gradients. Once a model is sharded, ``adopt_replacements`` puts the new
+parameters in their place in every optimizer's parameter groups, in place: the groups and
+their options (weight decay, learning rate) stay, and so do learning-rate schedulers, which
+read the same group dicts. An optimizer that already holds state for an old parameter (it
+stepped before the model was sharded) would pair that state with another tensor: it is left
+as it is and refused at its next step, naming the parameters.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from autopar.errors import AutoparError
+
+# id of a parameter autopar replaced -> (a weak reference to it, its name, a weak reference to
+# the parameter in its place), while it lives
+_REPLACED: dict[int, tuple[weakref.ref, str, weakref.ref]] = {}
+
+
+def remember_replaced(original: nn.Parameter, fqn: str, new: nn.Parameter) -> None:
+    """``new`` holds ``original``'s place. A tied weight replaced under several names keeps
+    the replacement that holds values (a pipeline rank's copy, not another name's meta tensor)."""
+    known = _REPLACED.get(id(original))
+    if known is not None and known[0]() is original and not _is_meta(known[2]()) and _is_meta(new):
+        return
+    _REPLACED[id(original)] = (weakref.ref(original), fqn, weakref.ref(new))
+    weakref.finalize(original, _REPLACED.pop, id(original), None)
+
+
+def _is_meta(p) -> bool:
+    return p is not None and p.is_meta
+
+
+def adopt_replacements() -> None:
+    """Every live optimizer without state for a replaced parameter holds its replacement instead.
+    Optimizers are found among the interpreter's objects: there is no registry of them, and a
+    GradScaler unscales the gradients of the parameters an optimizer holds before its step
+    hooks run, so the swap cannot wait for the first step."""
+    if not _REPLACED:
+        return
+    for optimizer in [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]:
+        if not any(_replaced(p) is not None for p in optimizer.state):
+            for group in optimizer.param_groups:
+                group["params"][:] = [_replacement(p) for p in group["params"]]
+
+
+def _replaced(p) -> tuple | None:
+    entry = _REPLACED.get(id(p))
+    return entry if entry is not None and entry[0]() is p else None
+
+
+def _replacement(p):
+    entry = _replaced(p)
+    new = entry[2]() if entry is not None else None
+    return p if new is None else new
+
+
+def _refuse_stale_parameters(optimizer, args, kwargs) -> None:
+    if not _REPLACED:
+        return
+    stale = [_replaced(p)[1] for group in optimizer.param_groups for p in group["params"] if _replaced(p) is not None]
+    if stale:
+        named = ", ".join(stale[:4]) + (", ..." if len(stale) > 4 else "")
+        raise AutoparError(f"this {type(optimizer).__name__} holds state for parameters that autopar has since "
+                           f"replaced by their sharded DTensors ({named}): it stepped before the model was "
+                           f"sharded, and its state belongs to the old tensors. Build it again after the model's "
+                           f"first call (or after autopar.prepare(model, *example_inputs)), or load its state dict "
+                           f"into the new one")
+
+
+register_optimizer_step_pre_hook(_refuse_stale_parameters)
