@@ -45,3 +45,33 @@ def test_compile_is_refused_for_the_jax_backend():
     model, inputs = gpt2.make("tiny")
     with pytest.raises(ValueError, match="compile=True compiles the torch programs"):
         autopar.check(model, inputs, mesh="dp=2", backend="jax", compile=True)
+
+
+@pytest.mark.slow  # torch.compile of a Hugging Face model on four ranks, twice
+def test_a_compiled_bf16_llama_on_dp2_tp2_equals_eager_autocast():
+    """compile=True with precision="bf16-mixed" on tensor parallelism, through autopar.check and
+    through the one-liner called with keywords: eager's losses and gradients under autocast,
+    within the bf16 tolerance."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, use_cache=False)
+    model = LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 128, (8, 16))
+    labels = ids.clone()
+    labels[:, :4] = -100  # unlabelled positions: the loss's integer masks run in the compiled graph
+    kwargs = {"input_ids": ids, "labels": labels}
+    report = autopar.check(model, (), kwargs=kwargs, mesh="dp=2,tp=2", hardware=workers.FAST,
+                           precision="bf16-mixed", compile=True, steps=2)
+    assert report.ok and report.tolerance[0] > 1e-3, str(report)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.train_compiled_mixed, buffer.getvalue(), kwargs, "dp=2,tp=2", "bf16-mixed", 2)
+    def forward_under_autocast():  # backward and the step outside it, as autocast is meant to be used
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(**kwargs)
+
+    eager_losses, _, _ = train(model, forward_under_autocast, 2, lr=0.1)
+    for r in got:
+        assert r["losses"] == pytest.approx(eager_losses, rel=report.tolerance[0])

@@ -619,3 +619,23 @@ def train_searched(rank, world_size, model_bytes, inputs, mesh, hardware, steps)
         losses.append(loss.item())
     plan = autopar.plan_of(model)
     return {"error": None, "losses": losses, "mesh": str(plan.device_mesh), "searched": plan.history[0].note}
+
+
+def train_compiled_mixed(rank, world_size, model_bytes, kwargs, mesh, precision, steps, hardware=FAST):
+    """``steps`` SGD steps of a model autoparallelized with compile=True and mixed precision,
+    called with keywords: each step's loss and the first step's gradients, whole."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=hardware, precision=precision, compile=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, grads = [], {}
+    for i in range(steps):
+        loss = wrapped(**kwargs).loss
+        loss.backward()
+        if i == 0:
+            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "grads": grads}

@@ -48,7 +48,8 @@ def adopt_replacements() -> None:
     hooks run, so the swap cannot wait for the first step."""
     if not _REPLACED:
         return
-    for optimizer in [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]:
+    # by type, not isinstance: isinstance reads __class__, which some objects compute (and warn)
+    for optimizer in [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]:
         if not any(_replaced(p) is not None for p in optimizer.state):
             for group in optimizer.param_groups:
                 group["params"][:] = [_replacement(p) for p in group["params"]]
