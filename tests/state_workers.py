@@ -316,3 +316,20 @@ def local_batches_that_disagree(rank, world_size, model_bytes, case):
     except autopar.AutoparError as exc:
         return str(exc)
     return None
+
+
+def train_pipelined_and_save_model(rank, world_size, model_bytes, batch, mesh, steps, directory):
+    """``steps`` SGD steps of a model autoparallelized on a pipelined mesh, then its model state
+    saved with torch.distributed.checkpoint: the keys this rank's state dict holds, and its
+    parameters, whole."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from autopar.runtime.state import whole
+
+    model, _ = _autoparallelized(model_bytes, batch, mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _steps(model, opt, batch, steps)
+    state = get_model_state_dict(model)
+    dcp.save({"model": state}, checkpoint_id=directory)
+    return {"keys": sorted(model.state_dict()), "params": {n: whole(p).detach() for n, p in model.named_parameters()}}

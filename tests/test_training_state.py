@@ -70,6 +70,29 @@ def test_an_optimizer_that_stepped_before_sharding_is_refused_by_name():
         assert "fc1.weight" in got["error"]
 
 
+def test_a_pipelined_models_checkpoint_loads_into_a_single_process_model(tmp_path):
+    """Each pipeline rank's state dict holds its stages' tensors alone (the others are dropped,
+    not meta tensors), so torch.distributed.checkpoint saves the whole model from the stages
+    together, and a single-process model loads it: the values the pipelined steps trained."""
+    import torch.distributed.checkpoint as dcp
+
+    model, batch = gpt2.make("tiny")
+    directory = str(tmp_path / "pipelined")
+    results = _run(state_workers.train_pipelined_and_save_model, model, batch, "pp=2,dp=2", 2, directory)
+    eager = copy.deepcopy(model)
+    state_workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
+    assert set().union(*(r["keys"] for r in results)) == set(eager.state_dict())
+    assert all(set(r["keys"]) < set(eager.state_dict()) for r in results)  # a stage's share, not the whole
+    fresh = copy.deepcopy(model)
+    state = {"model": fresh.state_dict()}
+    dcp.load(state, checkpoint_id=directory)
+    fresh.load_state_dict(state["model"])
+    for name, value in fresh.named_parameters():
+        assert compare(name, value, dict(eager.named_parameters())[name]).ok, name
+        holders = [r["params"][name] for r in results if name in r["params"]]
+        assert holders and all(torch.equal(value, held) for held in holders), name
+
+
 def test_a_run_killed_after_a_checkpoint_resumes_with_the_same_losses(tmp_path):
     """torch.distributed.checkpoint saves the DTensor model and AdamW state after 2 of 4 steps; a
     fresh model and optimizer (a restarted job) load it and run the last 2 steps: bit-equal

@@ -1,7 +1,7 @@
 """Gradient clipping by the whole model's norm, where the model is split over pipeline stages.
 
 A rank of a pipelined model holds its stages' parameters alone (DTensors on its stage's mesh;
-the others are meta tensors without gradients), so torch's ``clip_grad_norm_`` on
+the others are dropped), so torch's ``clip_grad_norm_`` on
 ``model.parameters()`` would see one stage's gradients and return that stage's norm. The norm
 eager computes is the whole model's: ``(Σ_stages ‖g_s‖_p^p)^(1/p)`` (the max for p = ∞), each
 stage's own norm taken over its mesh first (DTensor's reductions), then combined over the

@@ -216,7 +216,7 @@ class PipelinedModule(nn.Module):
     seeds the loss with (as autograd would: a GradScaler's scale, a loss weight), and calls
     without ``backward`` leave ``.grad`` alone. Under ``torch.no_grad()`` a call runs the
     forwards alone. This rank holds only its stages' parameters (DTensors on its stage's
-    mesh); the others become meta tensors (no memory, no gradient), so an optimizer built
+    mesh); the others are dropped (None), so an optimizer built
     afterwards on ``model.parameters()`` steps this rank's."""
 
     def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str):
@@ -453,8 +453,10 @@ def _pipeline_peer(rt: RankMesh, pipeline_rank: int) -> int:
 
 def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: RankMesh) -> tuple[dict, dict]:
     """This rank's stages' parameters and buffers as DTensors of its blocks (from its own copy
-    of the model, which every rank must hold alike: checked), and every other parameter on the
-    meta device. (name -> parameter, name -> buffer) of the ones it holds."""
+    of the model, which every rank must hold alike: checked); every other parameter and buffer
+    is dropped (None, as a Linear without bias holds), so the model's parameters, state dict and
+    checkpoint on this rank are its stages' own, as a torchtitan pipeline rank's model chunk.
+    (name -> parameter, name -> buffer) of the ones it holds."""
     from autopar.runtime.state import distribute
 
     _check_models_agree(model, rt.device)
@@ -466,15 +468,19 @@ def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: 
     # every name of a tied weight (a copy per stage that reads it) that this rank does not hold
     for fqn, p in list(model.named_parameters(remove_duplicate=False)):
         if fqn not in params:
-            module_path, _, name = fqn.rpartition(".")
-            module = model.get_submodule(module_path)
-            meta = torch.empty(p.shape, dtype=p.dtype, device="meta")  # p may be a held copy's DTensor
-            module._parameters[name] = new = nn.Parameter(meta, requires_grad=p.requires_grad)
+            _owner(model, fqn)._parameters[fqn.rpartition(".")[2]] = None
             if not isinstance(p.data, DTensor):  # the model's own, not the copy this rank holds
-                remember_replaced(p, fqn, new)
+                remember_replaced(p, fqn, None)
+    for fqn, _ in list(model.named_buffers(remove_duplicate=False)):
+        if fqn not in buffers:
+            _owner(model, fqn)._buffers[fqn.rpartition(".")[2]] = None
     adopt_replacements()  # an optimizer built before: this rank's parameters in place of the model's
     named = dict(model.named_parameters(remove_duplicate=False))
     return {fqn: named[fqn] for fqn in params}, {fqn: model.get_buffer(fqn) for fqn in buffers}
+
+
+def _owner(model: nn.Module, fqn: str) -> nn.Module:
+    return model.get_submodule(fqn.rpartition(".")[0])
 
 
 def _check_models_agree(model: nn.Module, device: torch.device) -> None:

@@ -1,7 +1,7 @@
 """Optimizers built before autopar replaced the model's parameters.
 
-Sharding makes every parameter a new ``nn.Parameter`` holding a DTensor (autopar.runtime.state)
-or, on a pipeline rank that does not hold its stage, a meta tensor. A training script builds
+Sharding makes every parameter a new ``nn.Parameter`` holding a DTensor (autopar.runtime.state);
+a pipeline rank drops the parameters of the stages it does not hold. A training script builds
 its optimizer right after wrapping the model, before the first call shards it (as PyTorch's
 tutorials, nanoGPT and Hugging Face do), so that optimizer holds the old parameters, which no
 longer receive gradients. Once a model is sharded, ``adopt_replacements`` puts the new
@@ -27,18 +27,15 @@ from autopar.errors import AutoparError
 _REPLACED: dict[int, tuple[weakref.ref, str, weakref.ref]] = {}
 
 
-def remember_replaced(original: nn.Parameter, fqn: str, new: nn.Parameter) -> None:
-    """``new`` holds ``original``'s place. A tied weight replaced under several names keeps
-    the replacement that holds values (a pipeline rank's copy, not another name's meta tensor)."""
-    known = _REPLACED.get(id(original))
-    if known is not None and known[0]() is original and not _is_meta(known[2]()) and _is_meta(new):
+def remember_replaced(original: nn.Parameter, fqn: str, new: nn.Parameter | None) -> None:
+    """``new`` holds ``original``'s place; None: the model holds none on this rank (another
+    pipeline stage's). A tied weight replaced under several names keeps the replacement this
+    rank holds."""
+    known = _replaced(original)
+    if known is not None and known[2] is not None and new is None:
         return
-    _REPLACED[id(original)] = (weakref.ref(original), fqn, weakref.ref(new))
+    _REPLACED[id(original)] = (weakref.ref(original), fqn, None if new is None else weakref.ref(new))
     weakref.finalize(original, _REPLACED.pop, id(original), None)
-
-
-def _is_meta(p) -> bool:
-    return p is not None and p.is_meta
 
 
 def adopt_replacements() -> None:
@@ -52,7 +49,7 @@ def adopt_replacements() -> None:
     for optimizer in [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]:
         if not any(_replaced(p) is not None for p in optimizer.state):
             for group in optimizer.param_groups:
-                group["params"][:] = [_replacement(p) for p in group["params"]]
+                group["params"][:] = [new for new in map(_replacement, group["params"]) if new is not None]
 
 
 def _replaced(p) -> tuple | None:
@@ -61,9 +58,11 @@ def _replaced(p) -> tuple | None:
 
 
 def _replacement(p):
+    """What holds ``p``'s place now: itself where nothing replaced it; None where nothing does."""
     entry = _replaced(p)
-    new = entry[2]() if entry is not None else None
-    return p if new is None else new
+    if entry is None:
+        return p
+    return None if entry[2] is None else entry[2]()
 
 
 def _refuse_stale_parameters(optimizer, args, kwargs) -> None:
