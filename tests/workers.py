@@ -621,13 +621,14 @@ def train_searched(rank, world_size, model_bytes, inputs, mesh, hardware, steps)
     return {"error": None, "losses": losses, "mesh": str(plan.device_mesh), "searched": plan.history[0].note}
 
 
-def train_compiled_mixed(rank, world_size, model_bytes, kwargs, mesh, precision, steps, hardware=FAST):
-    """``steps`` SGD steps of a model autoparallelized with compile=True and mixed precision,
-    called with keywords: each step's loss and the first step's gradients, whole."""
+def train_compiled_mixed(rank, world_size, model_bytes, kwargs, plan_json, steps):
+    """``steps`` SGD steps of a model autoparallelized with compile=True under a mixed-precision
+    plan, called with keywords: each step's loss and the first step's gradients, whole."""
     import io
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=hardware, precision=precision, compile=True)
+    plan = autopar.Plan.from_json(plan_json)
+    wrapped = autopar.autoparallelize(model, mesh=plan.device_mesh, plan=plan, compile=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses, grads = [], {}
     for i in range(steps):
