@@ -137,30 +137,33 @@ def _steps(model, opt, batch, steps: int) -> list:
     return losses
 
 
-def train_and_checkpoint(rank, world_size, model_bytes, batch, mesh, steps, save_after, directory):
+def train_and_checkpoint(rank, world_size, model_bytes, batch, mesh, steps, save_after, directory, flat=False):
     """``steps`` AdamW steps, the model and optimizer state saved with torch.distributed.checkpoint
-    after ``save_after`` of them: the losses of every step."""
+    after ``save_after`` of them: the losses of every step. ``flat``: the optimizer state keyed by
+    parameter name (torch's flatten_optimizer_state_dict), as a pipeline's stages need: their
+    param groups hold other parameters under the same index."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     model, opt = _autoparallelized(model_bytes, batch, mesh)
     losses = _steps(model, opt, batch, save_after)
-    model_state, optim_state = get_state_dict(model, opt)
+    model_state, optim_state = get_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=flat))
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory)
     return losses + _steps(model, opt, batch, steps - save_after)
 
 
-def resume_from_checkpoint(rank, world_size, model_bytes, batch, mesh, steps, directory):
+def resume_from_checkpoint(rank, world_size, model_bytes, batch, mesh, steps, directory, flat=False):
     """A fresh model and optimizer on ``mesh`` (any plan), loaded from the checkpoint through
     torch's get_state_dict/set_state_dict, then ``steps`` steps: their losses."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
     model, opt = _autoparallelized(model_bytes, batch, mesh)
-    model_state, optim_state = get_state_dict(model, opt)
+    model_state, optim_state = get_state_dict(model, opt, options=options)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=directory)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     return _steps(model, opt, batch, steps)
 
 

@@ -93,6 +93,20 @@ def test_a_pipelined_models_checkpoint_loads_into_a_single_process_model(tmp_pat
         assert holders and all(torch.equal(value, held) for held in holders), name
 
 
+def test_a_pipelined_run_resumes_from_its_checkpoint_on_its_mesh_and_on_another(tmp_path):
+    """pp=2 x dp=2 saves the model and AdamW state after 2 of 4 steps (the optimizer state keyed
+    by parameter name: the stages' param groups hold other parameters under one index); resumed
+    on pp=2 x dp=2 the last 2 losses are bit-equal, resharded to dp=2 x tp=2 they continue."""
+    model, batch = gpt2.make("tiny")
+    directory = str(tmp_path / "step2")
+    uninterrupted = _run(state_workers.train_and_checkpoint, model, batch, "pp=2,dp=2", 4, 2, directory, True)
+    same = _run(state_workers.resume_from_checkpoint, model, batch, "pp=2,dp=2", 2, directory, True)
+    other = _run(state_workers.resume_from_checkpoint, model, batch, "dp=2,tp=2", 2, directory, True)
+    for whole_run, tail, resharded in zip(uninterrupted, same, other):
+        assert tail == whole_run[2:]
+        assert resharded == pytest.approx(whole_run[2:], rel=1e-5)
+
+
 def test_a_run_killed_after_a_checkpoint_resumes_with_the_same_losses(tmp_path):
     """torch.distributed.checkpoint saves the DTensor model and AdamW state after 2 of 4 steps; a
     fresh model and optimizer (a restarted job) load it and run the last 2 steps: bit-equal
