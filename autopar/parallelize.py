@@ -167,6 +167,24 @@ def _precision_for(precision, plan: Plan | None) -> MixedPrecision | None:
     return mixed
 
 
+def _checked(o: Options) -> Options:
+    """autoparallelize's options, every one checked at decoration time (a malformed mesh, a
+    misplaced pass, an unknown init or precision), ``precision`` resolved."""
+    parsed = _named_mesh(o.mesh)
+    if parsed is not None and "pp" in parsed.axis_names:
+        _check_pipeline_options(parsed, o.inputs, o.compile)
+    if parsed is None and o.inputs == "local":
+        raise AutoparError(f"mesh={o.mesh!r} is searched on the first call, and with inputs='local' the whole batch "
+                           f"depends on the mesh's data-parallel size: name the mesh (mesh='dp=2,tp=2'), or pass "
+                           f"inputs='global'")
+    pipeline(o.passes)
+    if o.inputs not in ("global", "local"):
+        raise ValueError(f"inputs={o.inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
+                         f"rank its block of it)")
+    initializer(o.init)
+    return o.replace(precision=_precision_for(o.precision, o.plan))
+
+
 def _named_mesh(spec) -> Mesh | None:
     """The mesh ``spec`` names; None where the first plan searches it: a device count, "auto"
     (the process group's size) or a list of candidates, as autopar.plan takes them."""
@@ -313,21 +331,7 @@ def autoparallelize(model=None, **options):
     and ``loss.backward()`` hands each rank's parameters their gradients
     (autopar.runtime.pipeline.PipelinedModule); every rank builds the model alike (one seed),
     passes the whole batch, and holds its stages' parameters alone."""
-    o = take(PARALLELIZE, options)
-    parsed = _named_mesh(o.mesh)  # a malformed mesh fails here, at decoration time
-    if parsed is not None and "pp" in parsed.axis_names:
-        _check_pipeline_options(parsed, o.inputs, o.compile)
-    if parsed is None and o.inputs == "local":
-        raise AutoparError(f"mesh={o.mesh!r} is searched on the first call, and with inputs='local' the whole batch "
-                           f"depends on the mesh's data-parallel size: name the mesh (mesh='dp=2,tp=2'), or pass "
-                           f"inputs='global'")
-    pipeline(o.passes)  # so does a misplaced pass
-    if o.inputs not in ("global", "local"):
-        raise ValueError(f"inputs={o.inputs!r}: use 'global' (every rank passes the whole batch) or 'local' (each "
-                         f"rank its block of it)")
-    initializer(o.init)  # so does an unknown init
-    o = o.replace(precision=_precision_for(o.precision, o.plan))  # and an unknown precision
-
+    o = _checked(take(PARALLELIZE, options))
     def runner() -> _Runner:
         return _Runner(o)
 

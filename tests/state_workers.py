@@ -76,18 +76,11 @@ def train_with_an_optimizer_built_first(rank, world_size, model_bytes, batch, me
         opt.step()
         opt.zero_grad()
     autopar.autoparallelize(model, mesh=mesh, hardware=FAST)
-    losses = []
     try:
-        for _ in range(steps):
-            loss = model(*batch)
-            loss.backward()
-            opt.step()
-            scheduler.step()
-            opt.zero_grad()
-            losses.append(loss.item())
+        losses = _scheduled_steps(model, opt, scheduler, batch, steps)
     except autopar.AutoparError as exc:
         return {"error": str(exc)}
-    params = {n: whole(p).detach() for n, p in model.named_parameters() if not p.is_meta}
+    params = {n: whole(p).detach() for n, p in model.named_parameters()}  # a pipeline rank: its stages'
     return {"error": None, "losses": losses, "params": params, "lr": opt.param_groups[0]["lr"]}
 
 
@@ -101,8 +94,7 @@ def _adamw_with_groups(model):
     return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
 
 
-def train_eager_with_groups(model, batch, steps):
-    opt, scheduler = _adamw_with_groups(model)
+def _scheduled_steps(model, opt, scheduler, batch, steps: int) -> list:
     losses = []
     for _ in range(steps):
         loss = model(*batch)
@@ -111,6 +103,12 @@ def train_eager_with_groups(model, batch, steps):
         scheduler.step()
         opt.zero_grad()
         losses.append(loss.item())
+    return losses
+
+
+def train_eager_with_groups(model, batch, steps):
+    opt, scheduler = _adamw_with_groups(model)
+    losses = _scheduled_steps(model, opt, scheduler, batch, steps)
     return {"losses": losses, "params": {n: p.detach() for n, p in model.named_parameters()},
             "lr": opt.param_groups[0]["lr"]}
 

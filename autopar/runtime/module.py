@@ -45,6 +45,7 @@ from autopar.runtime.program import (
     program_key,
 )
 from autopar.runtime.rank_mesh import RankMesh
+from autopar.runtime.replaced import adopt_replacements
 from autopar.runtime.state import as_gradient, distribute
 
 __all__ = ["ParallelModule", "load_program"]
@@ -127,6 +128,7 @@ class ParallelModule(nn.Module):
         self._unsynced_program: tuple | None = None  # the program whose layouts those gradients are in
         distribute(model, params, buffers, plan.mesh, rank_mesh, init,
                    host=self.chunks.host_block if self.chunks is not None else None)
+        adopt_replacements()  # an optimizer built before: the new parameters in place of the old
         if self.chunks is not None and plan.offload.optimizer.place == "device":
             step_on_device(self.chunks, model)
 

@@ -6,8 +6,8 @@ optimizers keep sharded state, ``clip_grad_norm_`` returns the global norm, and 
 and ``torch.distributed.checkpoint`` see each tensor's layout. The emitted programs compute on
 the local blocks (``local``); their gradients come back as DTensors (``as_gradient``).
 
-The parameters are new objects: an optimizer built on the model before ``distribute`` takes
-them in place of the old ones (autopar.runtime.replaced).
+The parameters are new objects: the caller, once the model is sharded, has an optimizer built
+before take them in place of the old ones (autopar.runtime.replaced.adopt_replacements).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Spec
 from autopar.runtime.rank_mesh import RankMesh, local_shard
-from autopar.runtime.replaced import adopt_replacements, remember_replaced
+from autopar.runtime.replaced import remember_replaced
 
 
 def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
@@ -71,7 +71,6 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
                 setattr(owner, attribute, new)
             remember_replaced(original, fqn, new)
     _share_random_state(rank_mesh)
-    adopt_replacements()
 
 
 def _rank0_source(model: nn.Module, init, rank_mesh: RankMesh) -> str:
