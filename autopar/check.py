@@ -199,6 +199,7 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
                    plan: Plan | None, mixed: MixedPrecision | None, pipeline_options: tuple) -> Plan:
     """The plan check runs: ``plan``, refused where it is not a training step of this model and
     these inputs on ``mesh`` in ``mixed`` precision, or one made now."""
+    from autopar.api import made_here_from
     from autopar.api import plan as make_plan
 
     if plan is None:
@@ -222,7 +223,8 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
     if mixed is not None and mixed.compute != plan.graph.autocast:
         raise ValueError(f"precision={str(mixed)!r} differs from plan {plan.hash}'s; leave it out to check the "
                          f"plan as made")
-    check_plan_is_for(plan, model, *inputs, loss_fn=loss_fn, **kwargs)
+    if not made_here_from(plan, model, inputs, kwargs, loss_fn):
+        check_plan_is_for(plan, model, *inputs, loss_fn=loss_fn, **kwargs)
     return plan
 
 

@@ -12,10 +12,15 @@ from autopar.cost_models.hardware import PRESETS, Link
 
 @pytest.fixture(scope="session", autouse=True)
 def fresh_plan_cache(tmp_path_factory):
-    """One empty plan cache for the session (worker processes inherit it): no test reads the
-    user's cache or stale entries, and tests still share what earlier tests planned."""
+    """One empty plan cache for the run (worker processes inherit it): no test reads the
+    user's cache or stale entries, and tests still share what earlier tests planned, across
+    pytest-xdist's workers too (the run's temporary directory is theirs in common; entries are
+    written whole, then renamed into place)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "plan-cache"
+    shared.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AUTOPAR_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+        patch.setenv("AUTOPAR_CACHE_DIR", str(shared))
         yield
 
 

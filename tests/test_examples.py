@@ -18,36 +18,30 @@ def _torchrun(script: str, *args: str, processes: int = 4) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_the_llama_example_trains_checkpoints_and_resumes_with_the_same_losses(tmp_path):
+def _losses(lines: list[str]) -> list[float]:
+    return [float(re.search(r"loss (\S+)", line).group(1)) for line in lines]
+
+
+def test_the_llama_example_trains_as_on_one_process_checkpoints_and_resumes_with_the_same_losses(tmp_path):
     """examples/train_llama.py: a meta-built Llama initialized shard by shard, local batches,
     bf16-mixed, AdamW, accumulation under no_sync, clipping, checkpoints every 2 steps; a second
-    run with --resume continues from step 2 with the losses of the first."""
-    args = ["--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path)]
+    run with --resume continues from step 2 with the losses of the first. The same run on one
+    process (mesh dp=1: the whole batch, no sharding) gives the 4-process run's losses: the meta
+    init, the local batches and the accumulation add up to the same steps (in bf16-mixed: at
+    autopar.check's bf16 tolerance)."""
+    args = ["--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "four")]
     output = _torchrun("examples/train_llama.py", *args)
     assert "computing in bfloat16" in output[-1]
     first = [line for line in output if line.startswith("step ")]
     assert [re.match(r"step (\d+):", line).group(1) for line in first] == ["1", "2", "3", "4"]
-    shutil.rmtree(tmp_path / "step4")
+    assert all(0 < loss < 10 for loss in _losses(first))
+    shutil.rmtree(tmp_path / "four" / "step4")
     resumed = [line for line in _torchrun("examples/train_llama.py", *args, "--resume") if line.startswith("step ")]
     assert resumed == first[2:]
-    losses = [float(re.search(r"loss (\S+)", line).group(1)) for line in first]
-    assert all(0 < loss < 10 for loss in losses)
-
-
-def test_the_llama_example_on_four_processes_trains_as_on_one(tmp_path):
-    """The same run on one process (mesh dp=1: the whole batch, no sharding) gives the 4-process
-    run's losses: the meta init, the local batches and the accumulation add up to the same steps
-    (in bf16-mixed: at autopar.check's bf16 tolerance)."""
-    args = ["--steps", "2", "--checkpoint-dir", str(tmp_path)]
-    four = [line for line in _torchrun("examples/train_llama.py", *args) if line.startswith("step ")]
-    one = [line for line in _torchrun("examples/train_llama.py", "--mesh", "dp=1", *args, processes=1)
-           if line.startswith("step ")]
-
-    def losses(lines):
-        return [float(re.search(r"loss (\S+)", line).group(1)) for line in lines]
-
-    assert len(four) == len(one) == 2
-    for a, b in zip(losses(four), losses(one)):
+    one = [line for line in _torchrun("examples/train_llama.py", "--mesh", "dp=1", "--steps", "2", "--checkpoint-dir",
+                                      str(tmp_path / "one"), processes=1) if line.startswith("step ")]
+    assert len(one) == 2
+    for a, b in zip(_losses(first[:2]), _losses(one)):
         assert abs(a - b) <= MIXED_TOLERANCE["bfloat16"][0] * abs(b)
 
 
