@@ -108,7 +108,7 @@ class _Runner:
             device = f"cuda:{torch.cuda.current_device()}"
         self.plan, self.mesh = plan, plan.device_mesh
         if plan.pipeline is not None:
-            return _pipelined(model, plan, device)
+            return _pipelined(model, plan, device, self.local_inputs, initializer(self.options.init))
         # rank 0's values: each rank receives its blocks of them (or, on the meta device, rank 0
         # initializes one module at a time)
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
@@ -141,10 +141,8 @@ class _Runner:
         args, kwargs = call.rebuild(call.tensors)
         program = capture(model, args, kwargs=kwargs, loss_fn=o.loss_fn, training_step=kind == STEP,
                           precision=o.precision)
-        # a searched mesh has a pp axis only where a pipeline can run this model as called: each
-        # rank takes its stages' blocks from its own copy of the model, which a model on the meta
-        # device lacks
-        pipelines = not o.compile and not any(p.is_meta for p in model.parameters())
+        # a searched mesh has a pp axis only where a pipeline can run this model as called
+        pipelines = not o.compile
         mesh = self.mesh if self.mesh is not None else o.mesh
         request = resolve(mesh, o.hardware, pin=pins, precision=o.precision, pipelines=pipelines,
                           schedule=o.schedule, microbatches=o.microbatches)
@@ -171,8 +169,8 @@ def _checked(o: Options) -> Options:
     """autoparallelize's options, every one checked at decoration time (a malformed mesh, a
     misplaced pass, an unknown init or precision), ``precision`` resolved."""
     parsed = _named_mesh(o.mesh)
-    if parsed is not None and "pp" in parsed.axis_names:
-        _check_pipeline_options(parsed, o.inputs, o.compile)
+    if parsed is not None and "pp" in parsed.axis_names and o.compile:
+        raise AutoparError(f"mesh {parsed} pipelines the model: compile=True is not supported for pipelined plans yet")
     if parsed is None and o.inputs == "local":
         raise AutoparError(f"mesh={o.mesh!r} is searched on the first call, and with inputs='local' the whole batch "
                            f"depends on the mesh's data-parallel size: name the mesh (mesh='dp=2,tp=2'), or pass "
@@ -199,24 +197,12 @@ def _named_mesh(spec) -> Mesh | None:
     return Mesh.parse(spec)
 
 
-def _check_pipeline_options(mesh: Mesh, inputs: str, compile: bool) -> None:
-    if inputs != "global":
-        raise AutoparError(f"mesh {mesh} pipelines the model, whose schedule splits the whole batch into "
-                           f"micro-batches: pass inputs='global' (every rank the whole batch)")
-    if compile:
-        raise AutoparError(f"mesh {mesh} pipelines the model: compile=True is not supported for pipelined plans yet")
-
-
-def _pipelined(model: nn.Module, plan: Plan, device: str):
+def _pipelined(model: nn.Module, plan: Plan, device: str, local_inputs: bool, init):
     from autopar.runtime.pipeline import PipelinedModule
     from autopar.runtime.rank_mesh import RankMesh
 
-    if any(p.is_meta for p in model.parameters()):
-        raise AutoparError(f"plan {plan.hash} pipelines the model, and each rank takes its stages' parameters from "
-                           f"its own copy of the model, so the model needs its values on every rank: build it on "
-                           f"the CPU (from one seed) or load its state dict before autoparallelize's first call")
     return PipelinedModule(model, plan, RankMesh(plan.mesh, device=device, pipeline_stages=plan.pipeline.pp),
-                           plan.emit("torch"))
+                           plan.emit("torch"), local_inputs=local_inputs, init=init)
 
 
 def initializer(init) -> Callable[[nn.Module], None] | None:

@@ -2,6 +2,10 @@
 
     torchrun --nproc-per-node=4 examples/train_llama.py --mesh dp=2,tp=2 --steps 8 --checkpoint-every 4
     torchrun --nproc-per-node=4 examples/train_llama.py --mesh dp=2,tp=2 --steps 8 --resume
+    torchrun --nproc-per-node=4 examples/train_llama.py --mesh pp=2,dp=2 --steps 8 --checkpoint-every 4
+
+The same script runs on a pipeline (``--mesh pp=2,dp=2``): every feature below goes through
+torch.distributed.pipelining's schedule there, each rank holding its stage's blocks alone.
 
 - a Llama-architecture model (Hugging Face's LlamaForCausalLM) from a config, built on the meta
   device: no rank ever holds all of it; rank 0 initializes one module at a time with the
@@ -118,7 +122,7 @@ def main() -> None:
                      checkpoint_id=os.path.join(args.checkpoint_dir, f"step{step + 1}"))
     if dist.get_rank() == 0:
         plan = autopar.plan_of(model)
-        print(f"plan {plan.hash} on {plan.mesh}: predicted {plan.predicted.step_time_s * 1e3:.3f} ms per micro-batch "
+        print(f"plan {plan.hash} on {plan.device_mesh}: predicted {plan.predicted.step_time_s * 1e3:.3f} ms per micro-batch "
               f"on {plan.hardware}, computing in {plan.graph.autocast or 'the model dtypes'}", flush=True)
     dist.destroy_process_group()
 

@@ -225,7 +225,7 @@ def materialize_on_meta(rank, world_size, batch, mesh):
     """GPT-2 tiny built on the meta device and autoparallelized (rank 0 initializes one module at
     a time, each rank allocates its blocks): its parameters, whole, and two SGD steps' losses."""
     model = _tiny_gpt2_on_meta()
-    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch)
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch, init="reset_parameters")
     params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}  # before training
     return {"params": params, "losses": _steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, 2)}
 
@@ -251,7 +251,9 @@ def materialization_memory(rank, world_size, batch, mesh):
 
 def load_full_state_dict_streamed(rank, world_size, state_bytes, batch, mesh):
     """A meta model left uninitialized (init=None), then rank 0's full state dict loaded with
-    torch's set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True): two SGD steps."""
+    torch's set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True): two SGD steps.
+    A pipeline rank holds its stages' entries alone, so it loads with strict=False (as
+    torchtitan loads a pipeline's model chunks): the full dict's other entries are not its."""
     import io
 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -259,7 +261,8 @@ def load_full_state_dict_streamed(rank, world_size, state_bytes, batch, mesh):
     model = _tiny_gpt2_on_meta()
     autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch, init=None)
     full = torch.load(io.BytesIO(state_bytes)) if rank == 0 else {}
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                               strict="pp" not in mesh))
     return _steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, 2)
 
 

@@ -22,26 +22,35 @@ def _losses(lines: list[str]) -> list[float]:
     return [float(re.search(r"loss (\S+)", line).group(1)) for line in lines]
 
 
-def test_the_llama_example_trains_as_on_one_process_checkpoints_and_resumes_with_the_same_losses(tmp_path):
+@pytest.fixture(scope="module")
+def llama_on_one_process(tmp_path_factory) -> list[float]:
+    """examples/train_llama.py's first two losses on one process (mesh dp=1: the whole batch,
+    no sharding)."""
+    lines = _torchrun("examples/train_llama.py", "--mesh", "dp=1", "--steps", "2", "--checkpoint-dir",
+                      str(tmp_path_factory.mktemp("one")), processes=1)
+    return _losses([line for line in lines if line.startswith("step ")])
+
+
+@pytest.mark.parametrize("mesh", ["dp=2,tp=2", "pp=2,dp=2"])
+def test_the_llama_example_trains_as_on_one_process_checkpoints_and_resumes_with_the_same_losses(
+        mesh, llama_on_one_process, tmp_path):
     """examples/train_llama.py: a meta-built Llama initialized shard by shard, local batches,
     bf16-mixed, AdamW, accumulation under no_sync, clipping, checkpoints every 2 steps; a second
-    run with --resume continues from step 2 with the losses of the first. The same run on one
-    process (mesh dp=1: the whole batch, no sharding) gives the 4-process run's losses: the meta
-    init, the local batches and the accumulation add up to the same steps (in bf16-mixed: at
-    autopar.check's bf16 tolerance)."""
-    args = ["--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "four")]
+    run with --resume continues from step 2 with the losses of the first. Its losses are those
+    of the same run on one process: the meta init, the local batches and the accumulation add
+    up to the same steps (in bf16-mixed: at autopar.check's bf16 tolerance). On pp=2,dp=2 every
+    one of these runs through the pipeline's schedule."""
+    args = ["--mesh", mesh, "--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path)]
     output = _torchrun("examples/train_llama.py", *args)
-    assert "computing in bfloat16" in output[-1]
+    assert "computing in bfloat16" in output[-1] and mesh.replace(",", ", ") in output[-1]
     first = [line for line in output if line.startswith("step ")]
     assert [re.match(r"step (\d+):", line).group(1) for line in first] == ["1", "2", "3", "4"]
     assert all(0 < loss < 10 for loss in _losses(first))
-    shutil.rmtree(tmp_path / "four" / "step4")
+    shutil.rmtree(tmp_path / "step4")
     resumed = [line for line in _torchrun("examples/train_llama.py", *args, "--resume") if line.startswith("step ")]
     assert resumed == first[2:]
-    one = [line for line in _torchrun("examples/train_llama.py", "--mesh", "dp=1", "--steps", "2", "--checkpoint-dir",
-                                      str(tmp_path / "one"), processes=1) if line.startswith("step ")]
-    assert len(one) == 2
-    for a, b in zip(_losses(first[:2]), _losses(one)):
+    assert len(llama_on_one_process) == 2
+    for a, b in zip(_losses(first[:2]), llama_on_one_process):
         assert abs(a - b) <= MIXED_TOLERANCE["bfloat16"][0] * abs(b)
 
 

@@ -243,11 +243,13 @@ def test_the_emitted_stages_name_their_programs_and_what_crosses():
 # ---- autoparallelize -----------------------------------------------------------------------------
 
 
-def test_autoparallelize_on_a_pipelined_mesh_trains_as_eager():
+@pytest.mark.parametrize("given", ["global", "local"])
+def test_autoparallelize_on_a_pipelined_mesh_trains_as_eager(given):
+    """Every rank passes the whole batch, or (inputs="local") its data-parallel block of it."""
     model, inputs = gpt2.make(CONFIG)
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    got = get_cluster(4).run(workers.train_pipelined, buffer.getvalue(), inputs, "pp=2,dp=2", "1F1B", 2)
+    got = get_cluster(4).run(workers.train_pipelined, buffer.getvalue(), inputs, "pp=2,dp=2", "1F1B", 2, given)
     eager = copy.deepcopy(model)
     opt = torch.optim.SGD(eager.parameters(), lr=0.1)
     losses, grads = [], {}

@@ -185,6 +185,24 @@ def test_each_data_parallel_block_passes_its_own_samples_with_inputs_local():
             assert compare(name, got["params"][name], value).ok, name
 
 
+def test_a_pipelined_model_built_on_the_meta_device_takes_its_stages_blocks_of_rank0s_init():
+    """On pp=2,dp=2 each rank allocates only its stage's blocks, which rank 0 fills from its
+    one-module-at-a-time init: every parameter, on the ranks that hold it, equals the
+    single-process init from the same seed bit for bit, and two steps train as eager."""
+    model, batch = gpt2.make("tiny", seed=0)
+    results = get_cluster(4).run(state_workers.materialize_on_meta, batch, "pp=2,dp=2")
+    eager = copy.deepcopy(model)
+    losses = state_workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
+    held = set()
+    for got in results:
+        for name, value in got["params"].items():
+            assert torch.equal(value, dict(model.named_parameters())[name]), name
+        held |= set(got["params"])
+        assert got["losses"] == pytest.approx(losses, rel=1e-5)
+    assert held == {name for name, _ in model.named_parameters()}
+    assert len(results[0]["params"]) < len(held)  # a stage's share
+
+
 def test_a_model_built_on_the_meta_device_is_materialized_shard_by_shard():
     """Built on the meta device, GPT-2 tiny is initialized by rank 0 one module at a time (each
     module's reset_parameters, in model.modules() order) and each rank allocates only its blocks:
@@ -207,24 +225,27 @@ def test_a_model_built_on_the_meta_device_is_materialized_shard_by_shard():
         assert got["blocks"] < full_bytes / 1.9  # the plan shards nearly everything over tp=2
 
 
-def test_a_full_state_dict_streams_from_rank0_into_an_uninitialized_meta_model():
+@pytest.mark.parametrize("mesh", ["dp=2,tp=2", "pp=2,dp=2"])
+def test_a_full_state_dict_streams_from_rank0_into_an_uninitialized_meta_model(mesh):
     """init=None leaves the blocks empty; torch's set_model_state_dict with
-    broadcast_from_rank0 fills them from rank 0's full state dict: eager's losses."""
+    broadcast_from_rank0 fills them from rank 0's full state dict: eager's losses (on a
+    pipeline, each rank takes its stage's entries)."""
     model, batch = gpt2.make("tiny", seed=3)
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
-    results = get_cluster(4).run(state_workers.load_full_state_dict_streamed, buffer.getvalue(), batch, "dp=2,tp=2")
+    results = get_cluster(4).run(state_workers.load_full_state_dict_streamed, buffer.getvalue(), batch, mesh)
     eager = copy.deepcopy(model)
     losses = state_workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
     for got in results:
         assert got == pytest.approx(losses, rel=1e-5)
 
 
-def test_values_come_from_rank0_while_the_other_ranks_build_on_meta():
+@pytest.mark.parametrize("mesh", ["dp=2,tp=2", "pp=2,dp=2"])
+def test_values_come_from_rank0_while_the_other_ranks_build_on_meta(mesh):
     """FSDP's sync_module_states pattern: rank 0 holds the weights (loaded, say), the others build
     the model on the meta device; each receives its blocks and trains as eager."""
     model, batch = gpt2.make("tiny", seed=4)
-    results = _run(state_workers.real_on_rank0_meta_elsewhere, model, batch, "dp=2,tp=2")
+    results = _run(state_workers.real_on_rank0_meta_elsewhere, model, batch, mesh)
     eager = copy.deepcopy(model)
     losses = state_workers._steps(eager, torch.optim.SGD(eager.parameters(), lr=0.1), batch, 2)
     for got in results:

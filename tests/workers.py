@@ -342,14 +342,18 @@ def all_reduces_at_their_inputs_last_read(rank, world_size):
             "reduced": reduced.tolist()}
 
 
-def train_pipelined(rank, world_size, model_bytes, inputs, mesh, schedule, steps):
+def train_pipelined(rank, world_size, model_bytes, inputs, mesh, schedule, steps, given="global"):
     """``steps`` SGD steps of an autoparallelized model on a pipelined mesh: each step's loss,
     this rank's gradients after the first step, the gradients of a backward seeded with 2 (a
-    loss weight), the loss of a call under no_grad and which parameters this rank holds."""
+    loss weight), the loss of a call under no_grad and which parameters this rank holds.
+    ``given="local"``: each rank passes its data-parallel block of ``inputs``."""
     import io
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule=schedule)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule=schedule, inputs=given)
+    if given == "local":
+        block, blocks = autopar.data_parallel_info(wrapped)
+        inputs = tuple(t.chunk(blocks)[block] for t in inputs)
     opt, losses, grads = None, [], {}
     for i in range(steps):
         loss = wrapped(*inputs)
@@ -577,7 +581,7 @@ def clipped_pipelined(rank, world_size, model_bytes, inputs, mesh, schedule):
     tied = autopar.plan_of(model).graph.tied
     grads = {tied.get(n, n): p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}
     largest = autopar.clip_grad_norm_(model.parameters(), 1e9, norm_type="inf")
-    return {"norm": norm.item(), "grads": grads, "largest": largest.item()}
+    return {"norm": norm.full_tensor().item(), "grads": grads, "largest": largest.full_tensor().item()}
 
 
 def accumulate_pipelined(rank, world_size, model_bytes, batches, plan_json):

@@ -46,7 +46,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
                     foreach: bool | None = None) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_, with the whole model's norm where ``parameters`` are a
     pipelined model's: scales every gradient by ``min(1, max_norm / (norm + 1e-6))`` and returns
-    the norm (a plain tensor, the same on every rank)."""
+    the norm, the same on every rank (as torch's: a replicated DTensor where the parameters are
+    DTensors, so ``norm.full_tensor()`` reads it as on the flat runtime)."""
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     with_grad = [p for p in params if p.grad is not None]
     counted = [p.grad for p in with_grad if id(p) not in _COUNTED_ELSEWHERE]
@@ -61,7 +62,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite, so it cannot be "
                            f"clipped; set error_if_nonfinite=False to clip anyway")
     torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, total, foreach)
-    return total
+    return _as_parameters_are(total, params)
 
 
 def _whole(norm: torch.Tensor) -> torch.Tensor:
@@ -69,6 +70,13 @@ def _whole(norm: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _as_parameters_are(norm: torch.Tensor, params: list) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = next((p.device_mesh for p in params if isinstance(p, DTensor)), None)
+    return norm if mesh is None else DTensor.from_local(norm, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def _across_stages(norm: torch.Tensor, norm_type: float, group) -> torch.Tensor:

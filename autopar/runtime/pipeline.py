@@ -13,7 +13,10 @@ right away or, in a zero-bubble schedule, in a later bubble.
 Inputs: stage 0 receives from the schedule only each micro-batch's index (torch's schedule
 splits every argument it is given along dim 0, and a tensor without the batch dim, position
 ids of shape [1, S], say, must reach every micro-batch whole); the runner takes the micro-batch
-from the call's tensors itself: rows of those that carry the batch, the others whole.
+from the call's tensors itself: rows of those that carry the batch, the others whole. With
+inputs="local" each rank passes its data-parallel block of the batch, and micro-batch k is made
+of every block's k-th m-th (the whole batch's rows in another order: the loss is the mean over
+all rows, and each micro-batch's mean divides by as many, so the step is the same).
 
 Static metadata: every slot's local shape and dtype are known from the plan, so each
 ``PipelineStage`` is built with its inputs' and outputs' examples and needs no shape-inference
@@ -36,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -44,11 +48,13 @@ from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
 from autopar.ir.call import FlatCall, flatten_call, module_modes
+from autopar.ir.placement import Spec
 from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram, stage_programs
+from autopar.runtime.checkpoint_options import register_pipelined_model
 from autopar.runtime.clipping import register_pipelined
 from autopar.runtime.kfac import KfacWork
-from autopar.runtime.program import load_program, program_identity
+from autopar.runtime.program import batch_blocks, check_local_batches, global_call, load_program, program_identity
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.replaced import adopt_replacements, remember_replaced
 from autopar.runtime.state import as_gradient, local
@@ -60,8 +66,11 @@ _SINGLE_STAGE = ("GPipe", "1F1B")
 class StageRunner:
     """One stage's programs on this rank, called by its autograd Function."""
 
-    def __init__(self, plan: Plan, program: StageProgram, module, rt: RankMesh, params: dict, buffers: dict):
-        self.plan, self.program, self.rt = plan, program, rt
+    def __init__(self, plan: Plan, program: StageProgram, module, rt: RankMesh, params: dict, buffers: dict,
+                 given: Spec | None = None):
+        """``given``: the layout the call's tensors are in, where each rank passes its block
+        (inputs="local"); None: they are whole."""
+        self.plan, self.program, self.rt, self.given = plan, program, rt, given
         self.forward_fn = getattr(module, f"forward_{program.index}")
         self.input_fn = getattr(module, f"backward_input_{program.index}")
         self.weight_fn = getattr(module, f"backward_weight_{program.index}")
@@ -104,9 +113,11 @@ class StageRunner:
                 out.append(local(self.params[param]).detach())
             elif buffer is not None:
                 out.append(local(self._buffers[buffer]))
-            else:
+            elif self.given is None:
                 out.append(local_shard(inputs[self._input_index[ph]], self.plan.out_spec(ph), self.plan.mesh,
                                        self.rt.coords))
+            else:
+                out.append(self.rt.redistribute(inputs[self._input_index[ph]], self.given, self.plan.out_spec(ph)))
         return out
 
     def forward(self, received: tuple):
@@ -219,7 +230,12 @@ class PipelinedModule(nn.Module):
     mesh); the others are dropped (None), so an optimizer built
     afterwards on ``model.parameters()`` steps this rank's."""
 
-    def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str):
+    def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str, local_inputs: bool = False,
+                 init: Callable[[nn.Module], None] | None = None):
+        """``local_inputs``: each rank passes its block of the batch (dim 0, split over the
+        stage mesh's "dp" axes, as autopar.data_parallel_info says), not the whole batch.
+        ``init``: how rank 0 initializes a module of a model on the meta device (see
+        _hold_own_state)."""
         super().__init__()
         from autopar.runtime.module import check_plan_matches
 
@@ -230,9 +246,10 @@ class PipelinedModule(nn.Module):
         self.model, self.plan, self.rt = model, plan, rank_mesh
         pipeline = plan.pipeline
         mine = [p for p in stage_programs(plan) if pipeline.stages[p.index].rank == rank_mesh.pipeline_rank]
-        params, buffers = _hold_own_state(model, plan, mine, rank_mesh)
+        params, buffers = _hold_own_state(model, plan, mine, rank_mesh, init)
         module = load_program(source, f"autopar_pipeline_{plan.hash}")
-        self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers) for p in mine]
+        self.given = batch_blocks(plan.mesh) if local_inputs else None
+        self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers, self.given) for p in mine]
         self.kfac = _kfac_work(plan, rank_mesh, mine, params, self.runners)
         self.schedule = _schedule(plan, self.runners, rank_mesh)
         self.tied = _tied_copies(plan, mine)
@@ -240,6 +257,7 @@ class PipelinedModule(nn.Module):
         elsewhere = [params[name] for copies in self.tied if copies.names[0] not in copies.held
                      for name in copies.held]
         register_pipelined(params.values(), rank_mesh.pipeline_group, elsewhere)
+        register_pipelined_model(model)  # its optimizer's state dict keyed by parameter name, for DCP
         self._last_rank = _pipeline_peer(rank_mesh, pipeline.stages[-1].rank)
         self._anchor = torch.zeros((), requires_grad=True)  # what makes the returned loss differentiable
         self._agreed = False
@@ -247,7 +265,9 @@ class PipelinedModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         call = flatten_call(args, kwargs)
-        inputs = microbatch_inputs(self.plan, call, self.rt.device)
+        if self.given is not None:
+            check_local_batches(call, self.rt)
+        inputs = microbatch_inputs(self.plan, call, self.rt.device, self.given is not None)
         _check_modes(self.plan, self.model)
         if not self._agreed:  # every rank must run the same plan, for the same call
             self.rt.agree("the plan and program they run", program_identity(self.plan, call.signature))
@@ -451,20 +471,30 @@ def _pipeline_peer(rt: RankMesh, pipeline_rank: int) -> int:
     return dist.get_global_rank(rt.pipeline_group, pipeline_rank)
 
 
-def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: RankMesh) -> tuple[dict, dict]:
-    """This rank's stages' parameters and buffers as DTensors of its blocks (from its own copy
-    of the model, which every rank must hold alike: checked); every other parameter and buffer
-    is dropped (None, as a Linear without bias holds), so the model's parameters, state dict and
-    checkpoint on this rank are its stages' own, as a torchtitan pipeline rank's model chunk.
-    (name -> parameter, name -> buffer) of the ones it holds."""
+def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: RankMesh,
+                    init: Callable[[nn.Module], None] | None) -> tuple[dict, dict]:
+    """This rank's stages' parameters and buffers as DTensors of its blocks; every other
+    parameter and buffer is dropped (None, as a Linear without bias holds), so the model's
+    parameters, state dict and checkpoint on this rank are its stages' own, as a torchtitan
+    pipeline rank's model chunk. Where every rank holds the model's values, each takes its
+    blocks from its own copy (which must be alike: checked); where any holds it on the meta
+    device, rank 0 sends each rank its blocks, of its own values or of ``init`` run on one
+    module at a time (autopar.runtime.state.distribute), so they equal a single-process
+    initialization from rank 0's random state. (name -> parameter, name -> buffer) of the ones
+    it holds."""
     from autopar.runtime.state import distribute
 
-    _check_models_agree(model, rt.device)
     graph = plan.graph
     held = {ph for p in mine for ph in p.placeholders}
     params = {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items() if ph in held}
     buffers = {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items() if ph in held}
-    distribute(model, params, buffers, plan.mesh, rt, own_copy=True)
+    if _any_rank_on_meta(model, rt.device):
+        distribute(model, {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items()},
+                   {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}, plan.mesh, rt, init=init,
+                   holders=_holders(plan, rt))
+    else:
+        _check_models_agree(model, rt.device)
+        distribute(model, params, buffers, plan.mesh, rt, own_copy=True)
     # every name of a tied weight (a copy per stage that reads it) that this rank does not hold
     for fqn, p in list(model.named_parameters(remove_duplicate=False)):
         if fqn not in params:
@@ -477,6 +507,33 @@ def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: 
     adopt_replacements()  # an optimizer built before: this rank's parameters in place of the model's
     named = dict(model.named_parameters(remove_duplicate=False))
     return {fqn: named[fqn] for fqn in params}, {fqn: model.get_buffer(fqn) for fqn in buffers}
+
+
+def _holders(plan: Plan, rt: RankMesh) -> dict[str, frozenset[int]]:
+    """Each parameter's and buffer's name -> the global ranks that hold it: every rank of the
+    pipeline ranks whose stages read it (for a tied weight, any of its names: they are one
+    tensor in the model, made once)."""
+    graph, pipeline = plan.graph, plan.pipeline
+    names = {**graph.params, **graph.buffers}
+    reading: dict[str, set[int]] = {}
+    for p in stage_programs(plan):
+        for ph in p.placeholders:
+            if ph in names:
+                reading.setdefault(names[ph], set()).add(pipeline.stages[p.index].rank)
+    tie_of = {alias: primary for alias, primary in graph.tied.items()}
+    tie_ranks: dict[str, set[int]] = {}
+    for name, ranks in reading.items():
+        tie_ranks.setdefault(tie_of.get(name, name), set()).update(ranks)
+    return {name: frozenset(r for r in range(rt.whole.size) if rt.whole.coords(r)[0] in
+                            tie_ranks[tie_of.get(name, name)])
+            for name in reading}
+
+
+def _any_rank_on_meta(model: nn.Module, device) -> bool:
+    on_meta = any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    flag = torch.tensor([float(on_meta)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _owner(model: nn.Module, fqn: str) -> nn.Module:
@@ -516,16 +573,19 @@ class MicrobatchInputs:
         return [t.chunk(self.microbatches)[index] if split else t for t, split in zip(self.tensors, self.split)]
 
 
-def microbatch_inputs(plan: Plan, call: FlatCall, device) -> MicrobatchInputs:
+def microbatch_inputs(plan: Plan, call: FlatCall, device, local: bool = False) -> MicrobatchInputs:
     """The call a pipelined plan was made for, as its micro-batches take it: each tensor is m
     micro-batches of the planned one along dim 0 (it carries the batch) or the planned one
-    itself (it goes whole to every micro-batch, as planned: autopar.ir.call.batch_size)."""
+    itself (it goes whole to every micro-batch, as planned: autopar.ir.call.batch_size).
+    ``local``: the call holds this rank's data-parallel blocks (inputs="local"), every tensor
+    its block of m micro-batches."""
     graph, m = plan.graph, plan.pipeline.microbatches
     if call.structure != graph.input_structure or len(call.tensors) != len(graph.inputs):
         raise PlanMismatchError(f"the model is called with other arguments than plan {plan.hash} was made for "
                                 f"(planned: {graph.input_structure}; given: {call.structure})")
     split = []
-    for ph, t in zip(graph.inputs, call.tensors):
+    # the whole batch's shapes (a local call's blocks put together: refused without a batch dim)
+    for ph, t in zip(graph.inputs, global_call(call, plan.mesh).tensors if local else call.tensors):
         meta = graph.node(ph).outputs[0]
         batched = [meta.shape[0] * m, *meta.shape[1:]] if meta.shape else None
         if str(t.dtype).removeprefix("torch.") != meta.dtype or list(t.shape) not in (batched, list(meta.shape)):
@@ -534,6 +594,9 @@ def microbatch_inputs(plan: Plan, call: FlatCall, device) -> MicrobatchInputs:
                                     f"{f', or {list(meta.shape)} whole' if meta.shape else ''}; plan again for "
                                     f"this batch")
         split.append(list(t.shape) == batched)
+    if local and not all(split):
+        raise PlanMismatchError(f"with inputs='local' every tensor of the call is this rank's block of the batch "
+                                f"(m={m} micro-batches of plan {plan.hash}'s); pass each whole batch's block")
     if not any(split):
         raise PlanMismatchError(f"no input of this call carries the batch plan {plan.hash} splits into {m} "
                                 f"micro-batches (each would be the same): pass the batch planned for")

@@ -191,7 +191,7 @@ def check_local_batches(call: FlatCall, rank_mesh: RankMesh) -> None:
     programs and wait on each other), and ranks of one data-parallel block pass the same data
     (else they would compute different steps): a small all-gather of each rank's signature hash
     and checksum of its tensors."""
-    mesh = rank_mesh.mesh
+    mesh = rank_mesh.whole  # every rank's (a pipeline's stages' ranks too)
     signature = int(hashlib.sha256(repr(call.signature).encode()).hexdigest()[:12], 16)  # the same in every process
     digest = [float(signature),
               sum(float(t.detach().sum(dtype=torch.float64)) for t in call.tensors if t.numel())]

@@ -67,6 +67,7 @@ class RankMesh:
         whole.check_world_size(dist.get_world_size())
         offset = whole.ndim - mesh.ndim  # the pp axis, where there is one
         self.mesh = mesh
+        self.whole = whole  # the world's mesh: ``mesh``, or pp x ``mesh``
         self.rank = dist.get_rank() if rank is None else rank
         self.coords = whole.coords(self.rank)[offset:]
         self.pipeline_rank = whole.coords(self.rank)[0] if offset else 0
@@ -88,6 +89,10 @@ class RankMesh:
         self.timeout_s = collective_timeout_s() if timeout_s is None else timeout_s
         self._buckets: dict[tuple, _Bucket] = {}  # (axis, dtype) -> the gradient syncs not sent yet
         self._bucket_buffers: dict[tuple, list[torch.Tensor]] = {}  # (elements, dtype) -> flat buffers
+
+    def coords_of(self, rank: int) -> tuple[int, ...]:
+        """Where global rank ``rank`` sits on its copy of ``mesh`` (its stage's, in a pipeline)."""
+        return self.whole.coords(rank)[self.whole.ndim - self.mesh.ndim:]
 
     def _axis(self, name: str) -> tuple[int, int, object]:
         axis = self.mesh.axis_names.index(name)

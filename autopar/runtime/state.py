@@ -27,7 +27,8 @@ from autopar.runtime.replaced import remember_replaced
 
 def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_mesh: RankMesh,
                init: Callable[[nn.Module], None] | None = None, own_copy: bool = False,
-               host: Callable[[str, tuple], torch.Tensor] | None = None) -> None:
+               host: Callable[[str, tuple], torch.Tensor] | None = None,
+               holders: dict[str, frozenset[int]] | None = None) -> None:
     """Each parameter (``params``: name -> Spec) and buffer (``buffers``: name -> Spec) of
     ``model`` becomes a DTensor holding this rank's block, module by module. The values are
     rank 0's, as its model holds them: rank 0 sends each rank its block alone (a replicated
@@ -42,10 +43,12 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
     blocks from its own model, which holds the values (a pipeline's ranks each hold other
     tensors, so rank 0 sends none). ``host(name, shape)``: the host memory that holds an
     offloaded parameter's block (autopar.runtime.offload.ChunkStore.host_block), for the names
-    it knows."""
+    it knows. ``holders``: the global ranks that hold each name (a pipeline's: the ranks of the
+    stages that read it); the others take no block of it and leave it as it is. None: every rank
+    holds every name."""
     source = "own" if own_copy else _rank0_source(model, init, rank_mesh)
     specs = {**params, **buffers}
-    holders = _holders(model)
+    owners = _owners(model)
     done: set[int] = set()
     for path, module in model.named_modules():
         entries = [(name, t) for name, t in list(module._parameters.items()) + list(module._buffers.items())
@@ -58,7 +61,11 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
             done.add(id(original))
             fqn = _join(path, name)
             values = _tensor(module, name) if source != "none" else None
-            block = _block(values, original, specs[fqn], mesh, rank_mesh, own=source == "own")
+            block = _block(values, original, specs[fqn], mesh, rank_mesh, own=source == "own",
+                           holders=None if holders is None else holders[fqn])
+            if block is None:  # another stage's: rank 0's whole values (init's) are freed
+                (module._buffers if name in module._buffers else module._parameters)[name] = original
+                continue
             if host is not None:
                 block = _in_host_memory(block, host(fqn, tuple(block._local_tensor.shape)))
             if name in module._buffers:
@@ -67,7 +74,7 @@ def distribute(model: nn.Module, params: dict, buffers: dict, mesh: Mesh, rank_m
             new = nn.Parameter(block, requires_grad=original.requires_grad)
             done.add(id(new))  # under a tied weight's other names (a pipeline's copies), it is done too
             new.__dict__.update(original.__dict__)  # attributes users group parameters by
-            for owner, attribute in holders[id(original)]:
+            for owner, attribute in owners[id(original)]:
                 setattr(owner, attribute, new)
             remember_replaced(original, fqn, new)
     _share_random_state(rank_mesh)
@@ -120,7 +127,7 @@ def _initialize_on_rank0(module: nn.Module, init, rank_mesh: RankMesh) -> None:
         raise AutoparError(f"initializing {type(module).__name__} on rank 0 failed: {status[0]}")
 
 
-def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+def _owners(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
     """id of each parameter -> every (module, attribute) that holds it (tied weights: several)."""
     found: dict[int, list] = {}
     for module in model.modules():
@@ -139,25 +146,32 @@ def _join(path: str, name: str) -> str:
 
 
 def _block(values: torch.Tensor | None, like: torch.Tensor, spec: Spec, mesh: Mesh, rank_mesh: RankMesh,
-           own: bool = False) -> DTensor:
+           own: bool = False, holders: frozenset[int] | None = None) -> DTensor | None:
     """The DTensor of this rank's block of a tensor shaped as ``like``, with the values of rank
-    0's ``values`` (None on every rank: left uninitialized)."""
-    block = torch.empty(spec.local_shape(like.shape, mesh), dtype=like.dtype, device=rank_mesh.device)
+    0's ``values`` (None on every rank: left uninitialized); None where this rank is not among
+    ``holders`` (None: every rank holds it)."""
+    mine = holders is None or rank_mesh.rank in holders
+    block = torch.empty(spec.local_shape(like.shape, mesh), dtype=like.dtype, device=rank_mesh.device) \
+        if mine else None
     if own:
         block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
     elif values is None:
         pass
-    elif spec.is_replicated():  # every rank's block is the whole tensor
+    elif holders is None and spec.is_replicated():  # every rank's block is the whole tensor
         if rank_mesh.rank == 0:
             block.copy_(values.detach())
         dist.broadcast(block, src=0)
     elif rank_mesh.rank != 0:
-        dist.recv(block, src=0)
+        if mine:
+            dist.recv(block, src=0)
     else:
-        for rank in range(1, mesh.size):  # one block at a time: rank 0 holds the tensor and one block more
-            dist.send(local_shard(values.detach(), spec, mesh, mesh.coords(rank)).to(rank_mesh.device), dst=rank)
-        block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
-    return as_dtensor(block, rank_mesh.device_mesh, spec.to_dtensor(), like.shape)
+        others = range(1, mesh.size) if holders is None else sorted(holders - {0})
+        for rank in others:  # one block at a time: rank 0 holds the tensor and one block more
+            dist.send(local_shard(values.detach(), spec, mesh, rank_mesh.coords_of(rank)).to(rank_mesh.device),
+                      dst=rank)
+        if mine:
+            block.copy_(local_shard(values.detach(), spec, mesh, rank_mesh.coords))
+    return None if block is None else as_dtensor(block, rank_mesh.device_mesh, spec.to_dtensor(), like.shape)
 
 
 def _in_host_memory(block: DTensor, where: torch.Tensor | None) -> DTensor:
