@@ -5,16 +5,14 @@ import functools
 import inspect
 import logging
 import sys
-import weakref
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
-import torch
 from torch import nn
 
-from autopar.capture.export import capture, program_inputs
+from autopar.capture import recent
+from autopar.capture.export import capture
 from autopar.errors import AutoparError
-from autopar.ir.call import flatten_call, module_modes
 from autopar.ir.options import PLAN, Options, signature, take
 from autopar.ir.plan import Plan
 from autopar.ir.request import PlanRequest
@@ -116,32 +114,9 @@ def _plan(model: nn.Module, example_inputs, o: Options, progress: Callable[[str]
         progress(f"captured: {program.expanded_from}")
     made = plan_program(program, request, model, example_inputs, kwargs=o.kwargs, loss_fn=o.loss_fn,
                         restrict=o.restrict, passes=o.passes, cache=o.cache, cache_dir=o.cache_dir, progress=progress)
-    _remember_source(made, model, _call_key(model, example_inputs, o.kwargs, o.loss_fn))
+    # autopar.check of this plan on this model, so called, need not capture it again
+    recent.remember(model, recent.capture_key(made, model, example_inputs, o.kwargs, o.loss_fn), made.fingerprint)
     return made
-
-
-# A plan made here remembers the model object and the call it was made from (not in its JSON,
-# and not in a copy): autopar.check of that plan on the same model and call need not capture the
-# model again to know the plan is its (check's comparison with eager backs the shortcut up).
-_SOURCE = "_made_from"
-
-
-def _call_key(model: nn.Module, example_inputs, kwargs: dict | None, loss_fn) -> tuple:
-    call = flatten_call(program_inputs(example_inputs), kwargs)
-    others = tuple(repr(leaf) for leaf in call.leaves if not isinstance(leaf, torch.Tensor))
-    return call.signature, others, loss_fn, module_modes(model)
-
-
-def _remember_source(made: Plan, model: nn.Module, key: tuple) -> None:
-    object.__setattr__(made, _SOURCE, (weakref.ref(model), key))  # not a field: to_json and replace drop it
-
-
-def made_here_from(made: Plan, model: nn.Module, example_inputs, kwargs: dict | None, loss_fn) -> bool:
-    """Whether ``made`` was planned in this process from this very model object called so
-    (the same tensors' shapes and dtypes, other arguments, loss_fn and modules' modes)."""
-    source = getattr(made, _SOURCE, None)
-    return source is not None and source[0]() is model and \
-        source[1] == _call_key(model, example_inputs, kwargs, loss_fn)
 
 
 def plan_program(program, request: PlanRequest, model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,

@@ -18,7 +18,7 @@ from autopar.ir.options import CHECK, signature, take
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import STEP
-from autopar.parallelize import check_plan_is_for
+from autopar.parallelize import check_plan_recalling_captures
 from autopar.runtime.local_cluster import get_cluster
 from autopar.runtime.state import whole
 
@@ -153,9 +153,9 @@ def check(model: nn.Module, example_inputs=(), **options) -> CheckReport:
     _check_backend_options(backend, kwargs, compile)
     plan = _plan_to_check(model, inputs, kwargs, loss_fn, mesh, hardware, plan, parse_precision(o.precision),
                           (o.schedule, o.microbatches))
-    if plan.pipeline is not None and (measure_memory or compile):
-        raise ValueError("check of a pipelined plan runs it as planned: measure_memory and compile are not supported "
-                         "for pipelines yet")
+    if plan.pipeline is not None and measure_memory:
+        raise ValueError("check of a pipelined plan runs it as planned: measure_memory is not supported for "
+                         "pipelines yet")
     autocast = plan.graph.autocast
     tolerance = (RTOL, ATOL) if autocast is None else MIXED_TOLERANCE[autocast]
     steps = 1 if backend == "jax" else steps
@@ -199,7 +199,6 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
                    plan: Plan | None, mixed: MixedPrecision | None, pipeline_options: tuple) -> Plan:
     """The plan check runs: ``plan``, refused where it is not a training step of this model and
     these inputs on ``mesh`` in ``mixed`` precision, or one made now."""
-    from autopar.api import made_here_from
     from autopar.api import plan as make_plan
 
     if plan is None:
@@ -223,8 +222,7 @@ def _plan_to_check(model: nn.Module, inputs: tuple, kwargs: dict, loss_fn, mesh,
     if mixed is not None and mixed.compute != plan.graph.autocast:
         raise ValueError(f"precision={str(mixed)!r} differs from plan {plan.hash}'s; leave it out to check the "
                          f"plan as made")
-    if not made_here_from(plan, model, inputs, kwargs, loss_fn):
-        check_plan_is_for(plan, model, *inputs, loss_fn=loss_fn, **kwargs)
+    check_plan_recalling_captures(plan, model, inputs, kwargs, loss_fn)
     return plan
 
 
@@ -290,7 +288,7 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
     plan = Plan.from_json(plan_json)
     if plan.pipeline is not None:
-        return _run_pipeline_on_rank(model, inputs, kwargs, plan, steps, lr)
+        return _run_pipeline_on_rank(model, inputs, kwargs, plan, steps, lr, compile)
     rt = rank_mesh_for(plan.mesh)
     rt.bytes_moved.clear()
     parallel = ParallelModule(model, plan, rt, plan.emit("torch"), compile=compile)
@@ -302,7 +300,8 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
             "peak_memory": peak if measure_memory else None}
 
 
-def _run_pipeline_on_rank(model: nn.Module, inputs: tuple, kwargs: dict, plan: Plan, steps: int, lr: float) -> dict:
+def _run_pipeline_on_rank(model: nn.Module, inputs: tuple, kwargs: dict, plan: Plan, steps: int, lr: float,
+                          compile: bool) -> dict:
     from autopar.runtime.pipeline import PipelinedModule
 
     rt = rank_mesh_for(plan.mesh, plan.pipeline.pp)
@@ -311,7 +310,7 @@ def _run_pipeline_on_rank(model: nn.Module, inputs: tuple, kwargs: dict, plan: P
     # programs' loss and gradients with eager's, so it runs them with that work left out
     # (tests/test_bubbles.py checks K-FAC itself against a reference)
     plan = dataclasses.replace(plan, pipeline=dataclasses.replace(plan.pipeline, fill=None))
-    pipelined = PipelinedModule(model, plan, rt, plan.emit("torch"))
+    pipelined = PipelinedModule(model, plan, rt, plan.emit("torch"), compile=compile)
     losses, grads, _ = train(model, lambda: pipelined(*inputs, **kwargs), steps, lr, _autopar_loss)  # its stages'
     # a tied weight's copies on other stages, each compared under the name eager knows it by
     grads = {plan.graph.tied.get(fqn, fqn): grad for fqn, grad in grads.items()}

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autopar import errors
+from autopar.capture import recent
 from autopar.capture.export import capture, program_inputs
 from autopar.errors import AutoparError, MeshError, NoLossError, PlanMismatchError, user_stacklevel
 from autopar.ir.call import FlatCall, first_microbatch, flatten_call
@@ -108,7 +109,7 @@ class _Runner:
             device = f"cuda:{torch.cuda.current_device()}"
         self.plan, self.mesh = plan, plan.device_mesh
         if plan.pipeline is not None:
-            return _pipelined(model, plan, device, self.local_inputs, initializer(self.options.init))
+            return _pipelined(model, plan, device, self.options)
         # rank 0's values: each rank receives its blocks of them (or, on the meta device, rank 0
         # initializes one module at a time)
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
@@ -141,10 +142,8 @@ class _Runner:
         args, kwargs = call.rebuild(call.tensors)
         program = capture(model, args, kwargs=kwargs, loss_fn=o.loss_fn, training_step=kind == STEP,
                           precision=o.precision)
-        # a searched mesh has a pp axis only where a pipeline can run this model as called
-        pipelines = not o.compile
         mesh = self.mesh if self.mesh is not None else o.mesh
-        request = resolve(mesh, o.hardware, pin=pins, precision=o.precision, pipelines=pipelines,
+        request = resolve(mesh, o.hardware, pin=pins, precision=o.precision,
                           schedule=o.schedule, microbatches=o.microbatches)
         return plan_program(program, request, model, args, kwargs=kwargs, loss_fn=o.loss_fn, passes=tuple(o.passes))
 
@@ -169,8 +168,6 @@ def _checked(o: Options) -> Options:
     """autoparallelize's options, every one checked at decoration time (a malformed mesh, a
     misplaced pass, an unknown init or precision), ``precision`` resolved."""
     parsed = _named_mesh(o.mesh)
-    if parsed is not None and "pp" in parsed.axis_names and o.compile:
-        raise AutoparError(f"mesh {parsed} pipelines the model: compile=True is not supported for pipelined plans yet")
     if parsed is None and o.inputs == "local":
         raise AutoparError(f"mesh={o.mesh!r} is searched on the first call, and with inputs='local' the whole batch "
                            f"depends on the mesh's data-parallel size: name the mesh (mesh='dp=2,tp=2'), or pass "
@@ -197,12 +194,13 @@ def _named_mesh(spec) -> Mesh | None:
     return Mesh.parse(spec)
 
 
-def _pipelined(model: nn.Module, plan: Plan, device: str, local_inputs: bool, init):
+def _pipelined(model: nn.Module, plan: Plan, device: str, o: Options):
     from autopar.runtime.pipeline import PipelinedModule
     from autopar.runtime.rank_mesh import RankMesh
 
     return PipelinedModule(model, plan, RankMesh(plan.mesh, device=device, pipeline_stages=plan.pipeline.pp),
-                           plan.emit("torch"), local_inputs=local_inputs, init=init)
+                           plan.emit("torch"), local_inputs=o.inputs == "local", init=initializer(o.init),
+                           compile=o.compile)
 
 
 def initializer(init) -> Callable[[nn.Module], None] | None:
@@ -272,12 +270,34 @@ def _in_training_mode(model: nn.Module):
 def check_plan_is_for(plan: Plan, model: nn.Module, *args, loss_fn: Callable | None = None, **kwargs) -> None:
     """Refuse a plan of another computation before it runs: one made for another forward, or
     for inputs of other shapes, has the same parameters but would compute something else."""
+    _refuse_another_graph(plan, _captured_fingerprint(plan, model, args, kwargs, loss_fn))
+
+
+def check_plan_recalling_captures(plan: Plan, model: nn.Module, args: tuple, kwargs: dict,
+                                  loss_fn: Callable | None) -> None:
+    """check_plan_is_for, taking the graph this process captured last for this very model object
+    called so where there is one (autopar.capture.recent: for autopar.check, whose comparison
+    with eager backs the shortcut up)."""
+    key = recent.capture_key(plan, model, args, kwargs, loss_fn)
+    fingerprint = recent.recalled(model, key)
+    if fingerprint is None:
+        fingerprint = _captured_fingerprint(plan, model, args, kwargs, loss_fn)
+        recent.remember(model, key, fingerprint)
+    _refuse_another_graph(plan, fingerprint)
+
+
+def _captured_fingerprint(plan: Plan, model: nn.Module, args: tuple, kwargs: dict | None,
+                          loss_fn: Callable | None) -> str:
     precision = None if plan.graph.autocast is None else MixedPrecision(plan.graph.autocast)
+    args = program_inputs(args)
     if plan.pipeline is not None:  # planned for one micro-batch: the first rows of the batch
         args, kwargs = first_microbatch(flatten_call(args, kwargs), plan.pipeline.microbatches)
     program = capture(model, args, kwargs=kwargs, loss_fn=loss_fn, training_step=plan.graph.kind == STEP,
                       precision=precision, untie_tied=plan.pipeline is not None)
-    fingerprint = fingerprint_of(program)
+    return fingerprint_of(program)
+
+
+def _refuse_another_graph(plan: Plan, fingerprint: str) -> None:
     if fingerprint != plan.fingerprint:
         raise PlanMismatchError(
             f"plan {plan.hash} was made for graph {plan.fingerprint}, but this model and these inputs capture as "

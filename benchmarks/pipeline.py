@@ -12,14 +12,22 @@ count and schedule) against Megatron-LM's 3-D layouts, in one cost model.
     ``autopar.baselines``' Megatron 3-D layouts (``megatron-pp{p}-tp8-1f1b`` / ``-interleaved``:
     equal runs of layers, one sample per dp rank in a micro-batch), with each row's search time.
 
+(c) A torchtitan-style training loop for a Hugging Face Llama on 4 CPU processes, every
+    feature on (built on the meta device and initialized by rank 0 module by module, local
+    batches, keyword calls, bf16-mixed, AdamW, two micro-batches accumulated under no_sync,
+    global clipping), one model on pp=2,dp=2 and one on dp=2,tp=2 in the same processes:
+    each one's measured step time (medians of interleaved rounds) against the other's and
+    against its plan's prediction.
+
 Last line: ``worst auto/best-3d-baseline ratio: X.XX``.
 
     python benchmarks/pipeline.py [--models llama-70b,gpt3-175b] [--batches 16,64] [--layers 8] [--time-limit 20]
-                                  [--rounds 5] [--skip-3d]
+                                  [--rounds 5] [--skip-3d] [--skip-loop]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import statistics
@@ -101,6 +109,71 @@ def _time_schedules(rank, world_size, model_bytes, inputs, plan_jsons: dict, rou
     return out
 
 
+LOOP_MESHES = ("pp=2,dp=2", "dp=2,tp=2")
+LOOP_ACCUMULATE = 2  # micro-batches of the loop's step, the first under no_sync
+
+
+def training_loop_on_cpu(rounds: int) -> None:
+    hardware = "cpu" if os.path.exists(calibrated_cpu_path()) else "h100-sxm"
+    timed = get_cluster(4).run(_time_training_loops, hardware, rounds)
+    print(f"\n(c) Hugging Face Llama (2 layers, width 256, batch 8 x 64 tokens per call, {LOOP_ACCUMULATE} calls per "
+          f"step), every feature on, on 4 CPU processes; predicted on {hardware}; medians of {rounds} interleaved "
+          f"rounds")
+    print(f"  {'mesh':<12} {'predicted':>10} {'measured':>10} {'meas/pred':>9} {'vs dp=2,tp=2':>12}")
+    flat = statistics.median(timed[0]["wall"]["dp=2,tp=2"])
+    for mesh in LOOP_MESHES:
+        wall = statistics.median(max(rank["wall"][mesh][i] for rank in timed) for i in range(rounds))
+        predicted = timed[0]["predicted"][mesh] * LOOP_ACCUMULATE
+        print(f"  {mesh:<12} {predicted * 1e3:>8.2f}ms {wall * 1e3:>8.2f}ms {wall / predicted:>9.2f} "
+              f"{wall / flat:>12.2f}")
+
+
+def _time_training_loops(rank, world_size, hardware: str, rounds: int) -> dict:
+    """Both meshes' models built and warmed up, then ``rounds`` rounds of one timed step each,
+    in turn: per mesh, each step's wall time, and its plan's predicted time per call."""
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=1024, max_position_embeddings=64, use_cache=False)
+    tokens = torch.randint(0, 1024, (8, 64), generator=torch.Generator().manual_seed(0))
+    loops = {}
+    for mesh in LOOP_MESHES:
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        model = autopar.autoparallelize(model, mesh=mesh, hardware=hardware, inputs="local", init=model._init_weights,
+                                        precision="bf16-mixed")
+        block, blocks = autopar.data_parallel_info(model)
+        local = tokens.chunk(blocks)[block]
+        autopar.prepare(model, input_ids=local, labels=local)
+        loops[mesh] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3), local)
+        _loop_step(*loops[mesh])  # warm-up
+    out = {"wall": {mesh: [] for mesh in loops}, "predicted": {}}
+    for mesh, (model, _, _) in loops.items():
+        plan = autopar.plan_of(model)
+        out["predicted"][mesh] = plan.pipeline.step_time_s if plan.pipeline else plan.predicted.step_time_s
+    for _ in range(rounds):
+        for mesh, loop in loops.items():
+            dist.barrier()
+            start = time.perf_counter()
+            _loop_step(*loop)
+            dist.barrier()
+            out["wall"][mesh].append(time.perf_counter() - start)
+    return out
+
+
+def _loop_step(model, opt, tokens) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a pipeline returns the loss alone: logits come back None
+        for k in range(LOOP_ACCUMULATE):
+            with model.no_sync() if k < LOOP_ACCUMULATE - 1 else contextlib.nullcontext():
+                (model(input_ids=tokens, labels=tokens).loss / LOOP_ACCUMULATE).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+
+
 def three_d_rows(models, batches, layers: int, time_limit: float) -> float:
     print(f"\n(b) 64 x h100-sxm (8 nodes), {layers} layers per model, Adam, budget 90% of 80 GB; predicted step times")
     print(f"  {'model':<10} {'batch':>5} {'auto mesh':<22} {'schedule':<26} {'auto':>10} {'best 3-D baseline':<30} "
@@ -143,9 +216,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--time-limit", type=float, default=20.0, help="solver time limit per integer program")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds of every schedule in (a)")
-    parser.add_argument("--skip-3d", action="store_true", help="run (a) alone")
+    parser.add_argument("--skip-3d", action="store_true", help="leave (b) out")
+    parser.add_argument("--skip-loop", action="store_true", help="leave (c) out")
     args = parser.parse_args()
     schedules_on_cpu(args.rounds)
+    if not args.skip_loop:
+        training_loop_on_cpu(args.rounds)
     if args.skip_3d:
         return
     worst = three_d_rows(args.models.split(","), [int(b) for b in args.batches.split(",")], args.layers,

@@ -122,8 +122,8 @@ def main() -> None:
                      checkpoint_id=os.path.join(args.checkpoint_dir, f"step{step + 1}"))
     if dist.get_rank() == 0:
         plan = autopar.plan_of(model)
-        print(f"plan {plan.hash} on {plan.device_mesh}: predicted {plan.predicted.step_time_s * 1e3:.3f} ms per micro-batch "
-              f"on {plan.hardware}, computing in {plan.graph.autocast or 'the model dtypes'}", flush=True)
+        print(f"plan {plan.hash} on {plan.device_mesh}: predicted {plan.predicted.step_time_s * 1e3:.3f} ms per "
+              f"micro-batch on {plan.hardware}, computing in {plan.graph.autocast or 'the model dtypes'}", flush=True)
     dist.destroy_process_group()
 
 

@@ -223,8 +223,6 @@ def test_pipeline_options_are_refused_where_they_cannot_apply(demo_pipeline):
         autopar.plan(model, inputs, mesh="pp=2", schedule="Looped")
     with pytest.raises(AutoparError, match="microbatches=3 does not divide the batch of 8"):
         autopar.plan(model, inputs, mesh="pp=2", microbatches=3)
-    with pytest.raises(AutoparError, match="compile=True is not supported"):
-        autopar.autoparallelize(model, mesh="pp=2,dp=2", compile=True)
 
 
 def test_a_model_without_repeated_layers_is_not_pipelined():

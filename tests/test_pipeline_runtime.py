@@ -54,6 +54,18 @@ def test_the_other_zero_bubble_schedules_match_eager(mesh, schedule):
     assert report.ok, str(report)
 
 
+@pytest.mark.parametrize("mesh,schedule", [("pp=2,dp=2", "1F1B"), ("pp=2,tp=2", "ZBVZeroBubble")])
+def test_dropout_in_a_pipeline_draws_eagers_masks(mesh, schedule):
+    """Megatron's block (dropout 0.1 on the attention probabilities and after each sublayer):
+    each micro-batch takes its rows of the masks eager draws for the whole batch, so the
+    pipelined steps equal eager's with dropout on, whichever rank runs which stage when."""
+    model, inputs = gpt2.make(dataclasses.replace(CONFIG, megatron=True))
+    plan = autopar.plan(model, inputs, mesh=mesh, schedule=schedule, microbatches=4, hardware=workers.FAST)
+    assert sum(n.target == "aten.native_dropout.default" for n in plan.graph.nodes) >= 3 * CONFIG.layers
+    report = autopar.check(model, inputs, plan=plan, steps=2)
+    assert report.ok, str(report)
+
+
 def test_a_mixed_precision_pipeline_matches_eager_autocast():
     model, inputs = gpt2.make(CONFIG)
     plan = autopar.plan(model, inputs, mesh="pp=2,dp=2", schedule="1F1B", microbatches=4, hardware=workers.FAST,
@@ -156,11 +168,15 @@ def test_a_head_tied_to_the_embedding_keeps_one_weight_across_stages(mesh, sched
 
 @pytest.mark.slow  # a Hugging Face model end to end
 def test_hugging_face_gpt2_with_its_tied_head_pipelines_called_with_keywords():
+    """Hugging Face's GPT-2 as it is: its head tied to the embedding, dropout 0.1 on the
+    embeddings, the attention probabilities and the residuals (eager's masks:
+    autopar.runtime.microbatch_dropout), called
+    with keywords."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.1,
+                     embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False)
     model = GPT2LMHeadModel(cfg)
     assert model.lm_head.weight is model.transformer.wte.weight
     ids = torch.randint(0, 64, (8, 16))

@@ -26,17 +26,15 @@ from autopar.units import parse_bytes
 PLANNING_DEFAULTS = {o.name: o.default for o in OPTIONS if o.planning}
 
 
-def resolve(mesh, hardware: str | Hardware = DEFAULT_HARDWARE, *, pipelines: bool = True,
-            **planning) -> PlanRequest:
+def resolve(mesh, hardware: str | Hardware = DEFAULT_HARDWARE, **planning) -> PlanRequest:
     """The request that ``mesh``, ``hardware`` and the planning options (autopar.ir.options:
-    those marked ``planning``; the rest keep their declared defaults) stand for; ``pipelines``:
-    whether a device count's candidates include meshes with a pp axis."""
+    those marked ``planning``; the rest keep their declared defaults) stand for."""
     unknown = sorted(set(planning) - set(PLANNING_DEFAULTS))
     if unknown:
         raise TypeError(f"resolve() got an unexpected planning option {unknown[0]!r}")
     o = types.SimpleNamespace(**{**PLANNING_DEFAULTS, **planning})
     hw = get_hardware(hardware)
-    meshes = tuple(candidate_meshes(mesh, hw, pipelines=pipelines))
+    meshes = tuple(candidate_meshes(mesh, hw))
     _check_pipeline_options(meshes, o.schedule, o.microbatches, o.partition)
     if o.solver not in SOLVERS:
         raise AutoparError(f"unknown solver {o.solver!r}; use one of {', '.join(map(repr, SOLVERS))}")

@@ -54,10 +54,19 @@ from autopar.lowering.stages import StageProgram, stage_programs
 from autopar.runtime.checkpoint_options import register_pipelined_model
 from autopar.runtime.clipping import register_pipelined
 from autopar.runtime.kfac import KfacWork
-from autopar.runtime.program import batch_blocks, check_local_batches, global_call, load_program, program_identity
+from autopar.runtime.microbatch_dropout import MicrobatchMasks
+from autopar.runtime.program import (
+    COMPILE_OPTIONS,
+    batch_blocks,
+    check_local_batches,
+    global_call,
+    load_program,
+    program_identity,
+)
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.replaced import adopt_replacements, remember_replaced
 from autopar.runtime.state import as_gradient, local
+from autopar.runtime.traced_collectives import TracedCollectives
 
 # the schedules whose class runs one stage per rank (the others take a list)
 _SINGLE_STAGE = ("GPipe", "1F1B")
@@ -67,13 +76,19 @@ class StageRunner:
     """One stage's programs on this rank, called by its autograd Function."""
 
     def __init__(self, plan: Plan, program: StageProgram, module, rt: RankMesh, params: dict, buffers: dict,
-                 given: Spec | None = None):
+                 given: Spec | None = None, compiled: bool = False):
         """``given``: the layout the call's tensors are in, where each rank passes its block
-        (inputs="local"); None: they are whole."""
-        self.plan, self.program, self.rt, self.given = plan, program, rt, given
-        self.forward_fn = getattr(module, f"forward_{program.index}")
-        self.input_fn = getattr(module, f"backward_input_{program.index}")
-        self.weight_fn = getattr(module, f"backward_weight_{program.index}")
+        (inputs="local"); None: they are whole. ``compiled``: the stage's programs run through
+        torch.compile, as the flat runtime's do (autopar.runtime.program.RankProgram), their
+        collectives functional ones inside the graphs."""
+        self.plan, self.program, self.given = plan, program, given
+        self.rt = TracedCollectives(rt) if compiled else rt  # what the programs call
+        self.rank_mesh = rt
+        functions = [getattr(module, f"{kind}_{program.index}") for kind in ("forward", "backward_input",
+                                                                             "backward_weight")]
+        if compiled:
+            functions = [torch.compile(f, options=COMPILE_OPTIONS) for f in functions]
+        self.forward_fn, self.input_fn, self.weight_fn = functions
         graph = plan.graph
         self.params = {fqn: params[fqn] for ph, fqn in graph.params.items() if ph in program.placeholders}
         self._placeholder_sources = [(ph, graph.params.get(ph), graph.buffers.get(ph)) for ph in program.placeholders]
@@ -89,6 +104,7 @@ class StageRunner:
         self._normalizers = [program.saved.index(v) for v in program.normalizers]
         self.normalizer_values: list[torch.Tensor] = []  # this step's, per micro-batch
         self.kfac = None  # autopar.runtime.kfac.KfacWork, under a K-FAC plan: runs its work after actions
+        self.masks: MicrobatchMasks | None = None  # this step's dropout masks, as eager draws them
         self.counts = {"F": 0, "I": 0, "W": 0}  # this step's actions so far: the next one's micro-batch
 
     def begin_step(self, staged: dict, inputs: MicrobatchInputs) -> None:
@@ -115,9 +131,10 @@ class StageRunner:
                 out.append(local(self._buffers[buffer]))
             elif self.given is None:
                 out.append(local_shard(inputs[self._input_index[ph]], self.plan.out_spec(ph), self.plan.mesh,
-                                       self.rt.coords))
+                                       self.rank_mesh.coords))
             else:
-                out.append(self.rt.redistribute(inputs[self._input_index[ph]], self.given, self.plan.out_spec(ph)))
+                out.append(self.rank_mesh.redistribute(inputs[self._input_index[ph]], self.given,
+                                                       self.plan.out_spec(ph)))
         return out
 
     def forward(self, received: tuple):
@@ -125,7 +142,11 @@ class StageRunner:
         first = self.program.index == 0
         start = time.perf_counter()
         args = self.placeholders(self.inputs.microbatch(int(received[0])) if first else [])
-        loss, sends, saved = self.forward_fn(self.rt, *args, *(() if first else received))
+        self.rank_mesh.given_masks = iter(self.masks.for_microbatch(self.program.index, self.counts["F"]))
+        try:
+            loss, sends, saved = self.forward_fn(self.rt, *args, *(() if first else received))
+        finally:
+            self.rank_mesh.given_masks = None
         self.busy_s += time.perf_counter() - start
         kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
         self.normalizer_values += [saved[i].detach() for i in self._normalizers]
@@ -231,11 +252,11 @@ class PipelinedModule(nn.Module):
     afterwards on ``model.parameters()`` steps this rank's."""
 
     def __init__(self, model: nn.Module, plan: Plan, rank_mesh: RankMesh, source: str, local_inputs: bool = False,
-                 init: Callable[[nn.Module], None] | None = None):
+                 init: Callable[[nn.Module], None] | None = None, compile: bool = False):
         """``local_inputs``: each rank passes its block of the batch (dim 0, split over the
         stage mesh's "dp" axes, as autopar.data_parallel_info says), not the whole batch.
         ``init``: how rank 0 initializes a module of a model on the meta device (see
-        _hold_own_state)."""
+        _hold_own_state). ``compile``: the stages' programs run through torch.compile."""
         super().__init__()
         from autopar.runtime.module import check_plan_matches
 
@@ -249,7 +270,11 @@ class PipelinedModule(nn.Module):
         params, buffers = _hold_own_state(model, plan, mine, rank_mesh, init)
         module = load_program(source, f"autopar_pipeline_{plan.hash}")
         self.given = batch_blocks(plan.mesh) if local_inputs else None
-        self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers, self.given) for p in mine]
+        if compile and plan.pipeline.fill is not None:
+            raise AutoparError(f"plan {plan.hash} fills its pipeline's bubbles with {plan.pipeline.fill.optimizer} "
+                               f"work, which reads the programs' operands from Python between them: run it without "
+                               f"compile=True")
+        self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers, self.given, compile) for p in mine]
         self.kfac = _kfac_work(plan, rank_mesh, mine, params, self.runners)
         self.schedule = _schedule(plan, self.runners, rank_mesh)
         self.tied = _tied_copies(plan, mine)
@@ -262,6 +287,7 @@ class PipelinedModule(nn.Module):
         self._anchor = torch.zeros((), requires_grad=True)  # what makes the returned loss differentiable
         self._agreed = False
         self._warned_missing = False
+        self._masks: MicrobatchMasks | None = None  # made at the first call, which tells the micro-batch's rows
 
     def forward(self, *args, **kwargs):
         call = flatten_call(args, kwargs)
@@ -269,6 +295,7 @@ class PipelinedModule(nn.Module):
             check_local_batches(call, self.rt)
         inputs = microbatch_inputs(self.plan, call, self.rt.device, self.given is not None)
         _check_modes(self.plan, self.model)
+        self._draw_dropout_masks(inputs)
         if not self._agreed:  # every rank must run the same plan, for the same call
             self.rt.agree("the plan and program they run", program_identity(self.plan, call.signature))
             self._agreed = True
@@ -295,6 +322,18 @@ class PipelinedModule(nn.Module):
             self.kfac.end_step(staged)
         loss = _StagedGradients.apply(self._whole_loss(losses), self._anchor, self.runners, staged, self.kfac)
         return self._output(loss)
+
+    def _draw_dropout_masks(self, inputs: MicrobatchInputs) -> None:
+        """This step's dropout masks, every rank drawing them all as eager would (see
+        autopar.runtime.microbatch_dropout), handed to this rank's stages."""
+        if self._masks is None:
+            rows = next(self.plan.graph.node(ph).outputs[0].shape[0]
+                        for ph, split in zip(self.plan.graph.inputs, inputs.split) if split)
+            blocks = None if self.given is None else self.plan.mesh.data_parallel(0)[1]
+            self._masks = MicrobatchMasks(self.plan, [r.program for r in self.runners], rows, blocks)
+            for runner in self.runners:
+                runner.masks = self._masks
+        self._masks.draw(self.rt.device)
 
     def _output(self, loss: torch.Tensor):
         """What the model returns, with the batch's loss in its place. A pipeline's stages send

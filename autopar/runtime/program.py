@@ -67,6 +67,12 @@ def plan_key(plan: Plan) -> tuple:
     return graph.kind, graph.modes, tuple(graph.frozen), call_signature(graph.input_structure, inputs)
 
 
+# fallback_random: random ops draw from torch's generator, as the eager model does; Inductor's
+# own bucketing coalesces the gradient syncs as RankMesh's buckets do (one collective per
+# gradient costs a compiled dp step twice its uncompiled time on gloo)
+COMPILE_OPTIONS = {"fallback_random": True, "bucket_all_reduces_fx": "all", "bucket_reduce_scatters_fx": "all"}
+
+
 class RankProgram:
     """A plan's programs on this rank. ``compiled``: each runs through ``torch.compile``
     (Inductor) and calls functional collectives (autopar.runtime.traced_collectives), so its
@@ -80,12 +86,8 @@ class RankProgram:
         self._forward, self._backward = self.module.forward, getattr(self.module, "backward", None)
         self._rt = rank_mesh
         if compiled:
-            # fallback_random: random ops draw from torch's generator, as the eager model does;
-            # Inductor's own bucketing coalesces the gradient syncs as RankMesh's buckets do (one
-            # collective per gradient costs a compiled dp step twice its uncompiled time on gloo)
-            options = {"fallback_random": True, "bucket_all_reduces_fx": "all", "bucket_reduce_scatters_fx": "all"}
-            self._forward = torch.compile(self._forward, options=options)
-            self._backward = self._backward and torch.compile(self._backward, options=options)
+            self._forward = torch.compile(self._forward, options=COMPILE_OPTIONS)
+            self._backward = self._backward and torch.compile(self._backward, options=COMPILE_OPTIONS)
             self._rt = TracedCollectives(rank_mesh)
         graph = plan.graph
         self.key = plan_key(plan)

@@ -89,6 +89,7 @@ class RankMesh:
         self.timeout_s = collective_timeout_s() if timeout_s is None else timeout_s
         self._buckets: dict[tuple, _Bucket] = {}  # (axis, dtype) -> the gradient syncs not sent yet
         self._bucket_buffers: dict[tuple, list[torch.Tensor]] = {}  # (elements, dtype) -> flat buffers
+        self.given_masks = None  # a pipeline stage's dropout masks for the forward it runs (native_dropout)
 
     def coords_of(self, rank: int) -> tuple[int, ...]:
         """Where global rank ``rank`` sits on its copy of ``mesh`` (its stage's, in a pipeline)."""
@@ -271,11 +272,14 @@ class RankMesh:
 
     def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
         """Dropout whose mask matches a single process's: every rank draws the global mask from the
-        same random state (the caller seeds all ranks alike), then keeps its own block."""
+        same random state (the caller seeds all ranks alike), then keeps its own block. A
+        pipeline's stage hands the masks of its micro-batch in ``given_masks``, in its dropouts'
+        order (autopar.runtime.microbatch_dropout: None where it draws its own)."""
         if not train:
             return torch.ops.aten.native_dropout.default(x, p, train)
-        mask = local_shard(global_dropout_mask(global_shape, x.dtype, p, x.device), Spec.from_json(spec), self.mesh,
-                           self.coords)
+        given = next(self.given_masks) if self.given_masks is not None else None
+        whole = given if given is not None else global_dropout_mask(global_shape, x.dtype, p, x.device)
+        mask = local_shard(whole, Spec.from_json(spec), self.mesh, self.coords)
         scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
         return x.mul(mask).mul_(scale), mask
 
