@@ -162,8 +162,6 @@ def check(model: nn.Module, example_inputs=(), **options) -> CheckReport:
     reference = copy.deepcopy(model)
     reference_losses, reference_grads, reference_values = train(
         reference, _under_autocast(lambda: reference(*inputs, **kwargs), autocast), steps, lr, loss_fn)
-    if plan.pipeline is not None:  # a pipelined step returns the loss alone
-        reference_values = {}
     if backend == "jax":
         return _check_jax(plan, model, inputs, reference_losses, reference_grads, tolerance)
 
@@ -172,6 +170,8 @@ def check(model: nn.Module, example_inputs=(), **options) -> CheckReport:
     results = get_cluster(plan.device_mesh.size).run(_run_on_rank, buffer.getvalue(), inputs, kwargs, plan.to_json(),
                                                      steps, lr, measure_memory, compile)
 
+    if plan.pipeline is not None:  # a pipelined step returns the outputs its last stage computes (the others None)
+        reference_values = {path: v for path, v in reference_values.items() if path in results[0]["values"]}
     moved = {}
     for r in results:
         for kind, n in r["bytes_moved"].items():
@@ -311,10 +311,11 @@ def _run_pipeline_on_rank(model: nn.Module, inputs: tuple, kwargs: dict, plan: P
     # (tests/test_bubbles.py checks K-FAC itself against a reference)
     plan = dataclasses.replace(plan, pipeline=dataclasses.replace(plan.pipeline, fill=None))
     pipelined = PipelinedModule(model, plan, rt, plan.emit("torch"), compile=compile)
-    losses, grads, _ = train(model, lambda: pipelined(*inputs, **kwargs), steps, lr, _autopar_loss)  # its stages'
+    losses, grads, values = train(model, lambda: pipelined(*inputs, **kwargs), steps, lr, _autopar_loss)  # its stages'
     # a tied weight's copies on other stages, each compared under the name eager knows it by
     grads = {plan.graph.tied.get(fqn, fqn): grad for fqn, grad in grads.items()}
-    return {"losses": losses, "grads": grads, "values": {}, "bytes_moved": dict(rt.bytes_moved), "peak_memory": None}
+    return {"losses": losses, "grads": grads, "values": values, "bytes_moved": dict(rt.bytes_moved),
+            "peak_memory": None}
 
 
 def _autopar_loss(output):

@@ -554,7 +554,7 @@ def stop_early_on_rank_1(rank, world_size, plan_json, inputs, timeout_s):
 
 def keyword_call_pipelined(rank, world_size, model_bytes, kwargs, mesh, schedule):
     """One step of an autoparallelized model called with keywords on a pipelined mesh: the
-    output's type, its loss, whether its logits are None, and what was warned."""
+    output's type, its loss, its logits (whole) and what was warned."""
     import io
     import warnings
 
@@ -564,7 +564,7 @@ def keyword_call_pipelined(rank, world_size, model_bytes, kwargs, mesh, schedule
         warnings.simplefilter("always")
         out = wrapped(**kwargs)
         out.loss.backward()
-    return {"type": type(out).__name__, "loss": out.loss.item(), "logits_none": out.logits is None,
+    return {"type": type(out).__name__, "loss": out.loss.item(), "logits": out.logits.full_tensor(),
             "warned": [str(w.message) for w in caught]}
 
 

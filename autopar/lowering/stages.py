@@ -57,6 +57,7 @@ class StageProgram:
     # of ``saved``: the counts of labelled targets a mean loss divides by (nll_loss's total
     # weight), which must be alike in every micro-batch for their mean to be the batch's
     normalizers: tuple[str, ...] = ()
+    values: tuple[str, ...] = ()  # the model's other outputs (logits) it computes: on the last stage
 
     @property
     def grads_in(self) -> tuple[str, ...]:
@@ -258,8 +259,9 @@ class _Splitter:
                       if v in read_back and v in local_fwd and v not in args and v not in back_defined)
         gradients = tuple(g for g in self.graph.gradients if self.node_stage.get(g) == stage)
         loss = self.graph.loss if stage == self.n - 1 else None
+        values = tuple(v for v in self.graph.values if v in local_fwd) if stage == self.n - 1 else ()
         forward_return = Statement("forward_output", None, tuple(s.var for s in sends if not s.carrier)
-                                   + saved + ((loss,) if loss else ()))
+                                   + saved + ((loss,) if loss else ()) + values)
         grads_out = _carried(receives)
         weight_return = Statement("output", None, tuple(self.returned[g] for g in gradients))
         first, rest = _split_input_gradient(backward, grads_out)
@@ -270,7 +272,8 @@ class _Splitter:
         return StageProgram(stage, placeholders, tuple(v for v in placeholders if v in self.graph.inputs),
                             receives, sends, with_frees(forward + [forward_return]),
                             with_frees(first + [Statement("output", None, grads_out + kept)], held=args),
-                            with_frees(rest + [weight_return], held=args), saved, kept, gradients, loss, normalizers)
+                            with_frees(rest + [weight_return], held=args), saved, kept, gradients, loss, normalizers,
+                            values)
 
 
 _MEAN = 1  # torch's Reduction::Mean

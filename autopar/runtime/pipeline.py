@@ -65,7 +65,7 @@ from autopar.runtime.program import (
 )
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.replaced import adopt_replacements, remember_replaced
-from autopar.runtime.state import as_gradient, local
+from autopar.runtime.state import as_dtensor, as_gradient, local
 from autopar.runtime.traced_collectives import TracedCollectives
 
 # the schedules whose class runs one stage per rank (the others take a list)
@@ -105,10 +105,11 @@ class StageRunner:
         self.normalizer_values: list[torch.Tensor] = []  # this step's, per micro-batch
         self.kfac = None  # autopar.runtime.kfac.KfacWork, under a K-FAC plan: runs its work after actions
         self.masks: MicrobatchMasks | None = None  # this step's dropout masks, as eager draws them
+        self.values: list[list[torch.Tensor]] = []  # per micro-batch of this step: the model's other outputs
         self.counts = {"F": 0, "I": 0, "W": 0}  # this step's actions so far: the next one's micro-batch
 
     def begin_step(self, staged: dict, inputs: MicrobatchInputs) -> None:
-        self.staged, self.normalizer_values, self.inputs = staged, [], inputs
+        self.staged, self.normalizer_values, self.inputs, self.values = staged, [], inputs, []
         self.counts = dict.fromkeys(self.counts, 0)
 
     def _done(self, kind: str) -> None:
@@ -144,9 +145,11 @@ class StageRunner:
         args = self.placeholders(self.inputs.microbatch(int(received[0])) if first else [])
         self.rank_mesh.given_masks = iter(self.masks.for_microbatch(self.program.index, self.counts["F"]))
         try:
-            loss, sends, saved = self.forward_fn(self.rt, *args, *(() if first else received))
+            loss, sends, saved, values = self.forward_fn(self.rt, *args, *(() if first else received))
         finally:
             self.rank_mesh.given_masks = None
+        if values:
+            self.values.append([v.detach() for v in values])
         self.busy_s += time.perf_counter() - start
         kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
         self.normalizer_values += [saved[i].detach() for i in self._normalizers]
@@ -288,6 +291,9 @@ class PipelinedModule(nn.Module):
         self._agreed = False
         self._warned_missing = False
         self._masks: MicrobatchMasks | None = None  # made at the first call, which tells the micro-batch's rows
+        self._rows = 0  # a micro-batch's rows (the first call tells)
+        self._blocks = None if self.given is None else plan.mesh.data_parallel(0)[1]  # data-parallel blocks given
+        self._last_values = stage_programs(plan)[-1].values  # the outputs the last stage computes
 
     def forward(self, *args, **kwargs):
         call = flatten_call(args, kwargs)
@@ -327,27 +333,65 @@ class PipelinedModule(nn.Module):
         """This step's dropout masks, every rank drawing them all as eager would (see
         autopar.runtime.microbatch_dropout), handed to this rank's stages."""
         if self._masks is None:
-            rows = next(self.plan.graph.node(ph).outputs[0].shape[0]
-                        for ph, split in zip(self.plan.graph.inputs, inputs.split) if split)
-            blocks = None if self.given is None else self.plan.mesh.data_parallel(0)[1]
-            self._masks = MicrobatchMasks(self.plan, [r.program for r in self.runners], rows, blocks)
+            self._rows = next(self.plan.graph.node(ph).outputs[0].shape[0]
+                              for ph, split in zip(self.plan.graph.inputs, inputs.split) if split)
+            self._masks = MicrobatchMasks(self.plan, [r.program for r in self.runners], self._rows, self._blocks)
             for runner in self.runners:
                 runner.masks = self._masks
         self._masks.draw(self.rt.device)
 
     def _output(self, loss: torch.Tensor):
-        """What the model returns, with the batch's loss in its place. A pipeline's stages send
-        forward only what later stages read, so the other values a model returns (logits) do
-        not reach the caller: they come back as None, said once."""
+        """What the model returns, with the batch's loss in its place and its other outputs
+        (logits) for the whole batch, where the last stage computes them with the batch in dim
+        0 (_whole_values); the others come back as None, said once."""
         tree = self.plan.graph.output_tree
         if tree is None:
             return loss
-        missing = tree.value_names + tree.dropped
+        values = self._whole_values()
+        missing = [name for name, value in zip(tree.value_names, values) if value is None] + tree.dropped
         if missing and not self._warned_missing:
             self._warned_missing = True
-            warnings.warn(f"a pipelined model returns its loss alone: {', '.join(missing)} of its output come back "
-                          f"as None", stacklevel=user_stacklevel())
-        return tree.rebuild(loss, [None] * len(self.plan.graph.values))
+            warnings.warn(f"{', '.join(missing)} of the pipelined model's output come back as None: a pipeline "
+                          f"returns the outputs its last stage computes with the batch in dim 0 (for a Hugging "
+                          f"Face model, pass use_cache=False)", stacklevel=user_stacklevel())
+        return tree.rebuild(loss, values)
+
+    def _whole_values(self) -> list:
+        """Each of the model's other outputs for the whole batch on every rank, as a DTensor
+        replicated over its stage's mesh (the same global value as the flat runtime's): the
+        last stage's ranks gather each micro-batch's over their mesh, put the micro-batches'
+        rows back in the batch's order, and broadcast the result over the pipeline. None for
+        one the last stage does not compute, or whose dim 0 is not the micro-batch's rows."""
+        from torch.distributed.tensor import Replicate
+
+        graph, m = self.plan.graph, self.plan.pipeline.microbatches
+        last = next((r for r in self.runners if r.program.index == len(self.plan.pipeline.stages) - 1), None)
+        computed = self._last_values
+        out = []
+        for name in graph.values:
+            meta = graph.node(name).outputs[0]
+            if name not in computed or not meta.shape or meta.shape[0] != self._rows:
+                out.append(None)
+                continue
+            if last is not None:
+                index = computed.index(name)
+                parts = [as_dtensor(values[index], self.rt.device_mesh, self.plan.out_spec(name).to_dtensor(),
+                                    meta.shape).full_tensor() for values in last.values]
+                whole = self._in_batch_order(torch.stack(parts))
+            else:
+                whole = torch.empty([meta.shape[0] * m, *meta.shape[1:]], dtype=getattr(torch, meta.dtype),
+                                    device=self.rt.device)
+            dist.broadcast(whole, src=self._last_rank, group=self.rt.pipeline_group)
+            out.append(DTensor.from_local(whole, self.rt.device_mesh, [Replicate()] * self.rt.device_mesh.ndim,
+                                          run_check=False))
+        return out
+
+    def _in_batch_order(self, microbatches: torch.Tensor) -> torch.Tensor:
+        """[m, rows, ...] -> the batch's [m * rows, ...]: micro-batch k is the batch's k-th m-th,
+        or (inputs="local") every data-parallel block's k-th part."""
+        if self._blocks is None:
+            return microbatches.flatten(0, 1)
+        return microbatches.unflatten(1, (self._blocks, -1)).transpose(0, 1).flatten(0, 2)
 
     def _check_microbatches_alike(self) -> None:
         """Refuse a step whose micro-batches' mean losses divide by different counts (targets
@@ -559,12 +603,11 @@ def _holders(plan: Plan, rt: RankMesh) -> dict[str, frozenset[int]]:
         for ph in p.placeholders:
             if ph in names:
                 reading.setdefault(names[ph], set()).add(pipeline.stages[p.index].rank)
-    tie_of = {alias: primary for alias, primary in graph.tied.items()}
-    tie_ranks: dict[str, set[int]] = {}
+    tie_ranks: dict[str, set[int]] = {}  # a tied weight's primary name (a name alone) -> its pipeline ranks
     for name, ranks in reading.items():
-        tie_ranks.setdefault(tie_of.get(name, name), set()).update(ranks)
+        tie_ranks.setdefault(graph.tied.get(name, name), set()).update(ranks)
     return {name: frozenset(r for r in range(rt.whole.size) if rt.whole.coords(r)[0] in
-                            tie_ranks[tie_of.get(name, name)])
+                            tie_ranks[graph.tied.get(name, name)])
             for name in reading}
 
 

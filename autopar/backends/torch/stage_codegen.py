@@ -75,7 +75,8 @@ def _forward(plan, printer: StatementPrinter, stage: StageProgram) -> list[str]:
                         f"  # carries {slot.carries} back")
     sends = [s.var for s in stage.sends]
     body += ["return ("] + indented([f"{stage.loss or 'None'},"] + wrapped("[", sends, "],  # to the next stage")
-                                    + wrapped("[", list(stage.saved), "],  # saved for backward")) + [")"]
+                                    + wrapped("[", list(stage.saved), "],  # saved for backward")
+                                    + wrapped("[", list(stage.values), "],  # the model's other outputs")) + [")"]
     return lines + indented(body)
 
 
