@@ -6,7 +6,7 @@ the others are dropped), so torch's ``clip_grad_norm_`` on
 eager computes is the whole model's: ``(Σ_stages ‖g_s‖_p^p)^(1/p)`` (the max for p = ∞), each
 stage's own norm taken over its mesh first (DTensor's reductions), then combined over the
 pipeline group, as torchtitan does for its pipelines. A tied weight's copies all carry the
-summed gradient (autopar.runtime.pipeline.TiedCopies), so only the copy on the rank that holds
+summed gradient (autopar.runtime.stage_state.TiedCopies), so only the copy on the rank that holds
 its first name counts.
 
 ``clip_grad_norm_`` takes torch's signature. Once a pipelined model exists, torch's own

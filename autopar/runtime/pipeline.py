@@ -16,7 +16,8 @@ ids of shape [1, S], say, must reach every micro-batch whole); the runner takes 
 from the call's tensors itself: rows of those that carry the batch, the others whole. With
 inputs="local" each rank passes its data-parallel block of the batch, and micro-batch k is made
 of every block's k-th m-th (the whole batch's rows in another order: the loss is the mean over
-all rows, and each micro-batch's mean divides by as many, so the step is the same).
+all rows, and each micro-batch's mean divides by as many, so the step is the same):
+autopar.runtime.microbatch_inputs.
 
 Static metadata: every slot's local shape and dtype are known from the plan, so each
 ``PipelineStage`` is built with its inputs' and outputs' examples and needs no shape-inference
@@ -26,7 +27,8 @@ Tied weights (Megatron's embedding group): a parameter read on two stages (an em
 head that reads its weight) was captured as one copy per name (autopar.capture.capture's
 untie_tied), each stage holds its own, and after the schedule's last micro-batch the ranks add
 their copies' gradients over the pipeline group, so every copy takes the same gradient and, from
-the same values, the same optimizer step.
+the same values, the same optimizer step (autopar.runtime.stage_state, which also holds each
+rank's stages' parameters).
 
 Gradients: each micro-batch's loss weighs 1/m (the loss function the schedule runs divides by
 m), so the step's gradient is the mean of the micro-batches', as eager's mean over the whole
@@ -47,7 +49,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
-from autopar.ir.call import FlatCall, flatten_call, module_modes
+from autopar.ir.call import flatten_call, module_modes
 from autopar.ir.placement import Spec
 from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram, stage_programs
@@ -55,16 +57,16 @@ from autopar.runtime.checkpoint_options import register_pipelined_model
 from autopar.runtime.clipping import register_pipelined
 from autopar.runtime.kfac import KfacWork
 from autopar.runtime.microbatch_dropout import MicrobatchMasks
+from autopar.runtime.microbatch_inputs import MicrobatchInputs, microbatch_inputs
 from autopar.runtime.program import (
     COMPILE_OPTIONS,
     batch_blocks,
     check_local_batches,
-    global_call,
     load_program,
     program_identity,
 )
 from autopar.runtime.rank_mesh import RankMesh, local_shard
-from autopar.runtime.replaced import adopt_replacements, remember_replaced
+from autopar.runtime.stage_state import hold_own_state, tied_copies
 from autopar.runtime.state import as_dtensor, as_gradient, local
 from autopar.runtime.traced_collectives import TracedCollectives
 
@@ -269,8 +271,9 @@ class PipelinedModule(nn.Module):
                                f"pipeline_stages={plan.pipeline.pp}")
         self.model, self.plan, self.rt = model, plan, rank_mesh
         pipeline = plan.pipeline
-        mine = [p for p in stage_programs(plan) if pipeline.stages[p.index].rank == rank_mesh.pipeline_rank]
-        params, buffers = _hold_own_state(model, plan, mine, rank_mesh, init)
+        programs = stage_programs(plan)
+        mine = [p for p in programs if pipeline.stages[p.index].rank == rank_mesh.pipeline_rank]
+        params, buffers = hold_own_state(model, plan, programs, mine, rank_mesh, init)
         module = load_program(source, f"autopar_pipeline_{plan.hash}")
         self.given = batch_blocks(plan.mesh) if local_inputs else None
         if compile and plan.pipeline.fill is not None:
@@ -280,7 +283,7 @@ class PipelinedModule(nn.Module):
         self.runners = [StageRunner(plan, p, module, rank_mesh, params, buffers, self.given, compile) for p in mine]
         self.kfac = _kfac_work(plan, rank_mesh, mine, params, self.runners)
         self.schedule = _schedule(plan, self.runners, rank_mesh)
-        self.tied = _tied_copies(plan, mine)
+        self.tied = tied_copies(plan, programs, mine)
         # clip_grad_norm_ takes the whole model's norm: a tied weight's copy counts on one rank only
         elsewhere = [params[name] for copies in self.tied if copies.names[0] not in copies.held
                      for name in copies.held]
@@ -293,7 +296,7 @@ class PipelinedModule(nn.Module):
         self._masks: MicrobatchMasks | None = None  # made at the first call, which tells the micro-batch's rows
         self._rows = 0  # a micro-batch's rows (the first call tells)
         self._blocks = None if self.given is None else plan.mesh.data_parallel(0)[1]  # data-parallel blocks given
-        self._last_values = stage_programs(plan)[-1].values  # the outputs the last stage computes
+        self._last_values = programs[-1].values  # the outputs the last stage computes
 
     def forward(self, *args, **kwargs):
         call = flatten_call(args, kwargs)
@@ -462,45 +465,6 @@ class _StagedGradients(torch.autograd.Function):
         return None, None, None, None, None
 
 
-class TiedCopies:
-    """The names of one tied weight in a pipelined plan, and the local block of its gradient."""
-
-    def __init__(self, names: list[str], held: list[str], shape: tuple, dtype: str):
-        self.names, self.held, self.shape, self.dtype = names, held, shape, dtype
-
-    def sum_gradients(self, staged: dict, rt: RankMesh) -> None:
-        """Every copy's gradient, added over the pipeline group, in place of this rank's: under the
-        first name it holds (the copies it holds are one parameter here, whose gradient they share)."""
-        mine = [staged.pop(name) for name in self.held if name in staged]
-        total = sum(mine[1:], mine[0]) if mine else torch.zeros(self.shape, dtype=getattr(torch, self.dtype),
-                                                                 device=rt.device)
-        # ranks that hold no copy add zeros: the pipeline group is every rank's, so no group per tie
-        dist.all_reduce(total, group=rt.pipeline_group)
-        if self.held:
-            staged[self.held[0]] = total
-
-
-def _tied_copies(plan: Plan, mine: list[StageProgram]) -> list[TiedCopies]:
-    """The tied weights whose copies lie on more than one pipeline rank, in one order on every rank."""
-    graph, pipeline = plan.graph, plan.pipeline
-    placeholder_of = {fqn: ph for ph, fqn in graph.params.items()}
-    stage_of = {graph.params[ph]: p.index for p in stage_programs(plan) for ph in p.placeholders
-                if ph in graph.params}
-    held = {graph.params[ph] for p in mine for ph in p.placeholders if ph in graph.params}
-    names: dict[str, list[str]] = {}
-    for alias, primary in sorted(graph.tied.items()):
-        names.setdefault(primary, [primary]).append(alias)
-    found = []
-    for primary, group in sorted(names.items()):
-        if len({pipeline.stages[stage_of[n]].rank for n in group if n in stage_of}) < 2:
-            continue  # one rank holds every copy: they are one parameter there, whose gradient adds them
-        ph = placeholder_of[primary]
-        meta = graph.node(ph).outputs[0]
-        shape = tuple(plan.out_spec(ph).local_shape(meta.shape, plan.mesh))
-        found.append(TiedCopies(group, [n for n in group if n in held], shape, meta.dtype))
-    return found
-
-
 def _kfac_work(plan: Plan, rt: RankMesh, mine: list[StageProgram], params: dict, runners: list[StageRunner]):
     """The K-FAC work of this rank's stages, hooked to their runners (None without K-FAC)."""
     fill = plan.pipeline.fill
@@ -554,132 +518,9 @@ def _pipeline_peer(rt: RankMesh, pipeline_rank: int) -> int:
     return dist.get_global_rank(rt.pipeline_group, pipeline_rank)
 
 
-def _hold_own_state(model: nn.Module, plan: Plan, mine: list[StageProgram], rt: RankMesh,
-                    init: Callable[[nn.Module], None] | None) -> tuple[dict, dict]:
-    """This rank's stages' parameters and buffers as DTensors of its blocks; every other
-    parameter and buffer is dropped (None, as a Linear without bias holds), so the model's
-    parameters, state dict and checkpoint on this rank are its stages' own, as a torchtitan
-    pipeline rank's model chunk. Where every rank holds the model's values, each takes its
-    blocks from its own copy (which must be alike: checked); where any holds it on the meta
-    device, rank 0 sends each rank its blocks, of its own values or of ``init`` run on one
-    module at a time (autopar.runtime.state.distribute), so they equal a single-process
-    initialization from rank 0's random state. (name -> parameter, name -> buffer) of the ones
-    it holds."""
-    from autopar.runtime.state import distribute
-
-    graph = plan.graph
-    held = {ph for p in mine for ph in p.placeholders}
-    params = {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items() if ph in held}
-    buffers = {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items() if ph in held}
-    if _any_rank_on_meta(model, rt.device):
-        distribute(model, {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items()},
-                   {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}, plan.mesh, rt, init=init,
-                   holders=_holders(plan, rt))
-    else:
-        _check_models_agree(model, rt.device)
-        distribute(model, params, buffers, plan.mesh, rt, own_copy=True)
-    # every name of a tied weight (a copy per stage that reads it) that this rank does not hold
-    for fqn, p in list(model.named_parameters(remove_duplicate=False)):
-        if fqn not in params:
-            _owner(model, fqn)._parameters[fqn.rpartition(".")[2]] = None
-            if not isinstance(p.data, DTensor):  # the model's own, not the copy this rank holds
-                remember_replaced(p, fqn, None)
-    for fqn, _ in list(model.named_buffers(remove_duplicate=False)):
-        if fqn not in buffers:
-            _owner(model, fqn)._buffers[fqn.rpartition(".")[2]] = None
-    adopt_replacements()  # an optimizer built before: this rank's parameters in place of the model's
-    named = dict(model.named_parameters(remove_duplicate=False))
-    return {fqn: named[fqn] for fqn in params}, {fqn: model.get_buffer(fqn) for fqn in buffers}
-
-
-def _holders(plan: Plan, rt: RankMesh) -> dict[str, frozenset[int]]:
-    """Each parameter's and buffer's name -> the global ranks that hold it: every rank of the
-    pipeline ranks whose stages read it (for a tied weight, any of its names: they are one
-    tensor in the model, made once)."""
-    graph, pipeline = plan.graph, plan.pipeline
-    names = {**graph.params, **graph.buffers}
-    reading: dict[str, set[int]] = {}
-    for p in stage_programs(plan):
-        for ph in p.placeholders:
-            if ph in names:
-                reading.setdefault(names[ph], set()).add(pipeline.stages[p.index].rank)
-    tie_ranks: dict[str, set[int]] = {}  # a tied weight's primary name (a name alone) -> its pipeline ranks
-    for name, ranks in reading.items():
-        tie_ranks.setdefault(graph.tied.get(name, name), set()).update(ranks)
-    return {name: frozenset(r for r in range(rt.whole.size) if rt.whole.coords(r)[0] in
-                            tie_ranks[graph.tied.get(name, name)])
-            for name in reading}
-
-
-def _any_rank_on_meta(model: nn.Module, device) -> bool:
-    on_meta = any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
-    flag = torch.tensor([float(on_meta)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-def _owner(model: nn.Module, fqn: str) -> nn.Module:
-    return model.get_submodule(fqn.rpartition(".")[0])
-
-
-def _check_models_agree(model: nn.Module, device: torch.device) -> None:
-    """Every rank takes its blocks from its own copy of the model: refuse copies that differ
-    (built without a common seed, say), which would train a model no rank was given."""
-    with torch.no_grad():
-        sums = [float(t.double().sum()) for t in list(model.parameters()) + list(model.buffers())
-                if not t.is_meta and t.is_floating_point()]
-    mine = torch.tensor([len(sums), sum(sums), sum(abs(x) for x in sums)], dtype=torch.float64, device=device)
-    lowest, highest = mine.clone(), mine.clone()
-    dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
-    dist.all_reduce(highest, op=dist.ReduceOp.MAX)
-    if not torch.allclose(lowest, highest, rtol=1e-12, atol=0.0):
-        raise AutoparError("a pipelined model takes each rank's parameters from its own copy of the model, and the "
-                           "ranks' copies differ: build the model on every rank from the same seed (torch.manual_seed "
-                           "before constructing it), or load the same checkpoint on every rank")
-
-
 def _check_modes(plan: Plan, model: nn.Module) -> None:
     if module_modes(model) != plan.graph.modes:
         raise PlanMismatchError(f"the model's modules are in other train/eval modes than plan {plan.hash} was made "
                                 f"for; a pipelined plan runs the modes it was planned in: plan again in these modes")
 
 
-class MicrobatchInputs:
-    """A call's tensors as the micro-batches take them: the rows of each tensor that carries the
-    batch (``split``), every other tensor whole."""
-
-    def __init__(self, tensors: list[torch.Tensor], split: list[bool], microbatches: int):
-        self.tensors, self.split, self.microbatches = tensors, split, microbatches
-
-    def microbatch(self, index: int) -> list[torch.Tensor]:
-        return [t.chunk(self.microbatches)[index] if split else t for t, split in zip(self.tensors, self.split)]
-
-
-def microbatch_inputs(plan: Plan, call: FlatCall, device, local: bool = False) -> MicrobatchInputs:
-    """The call a pipelined plan was made for, as its micro-batches take it: each tensor is m
-    micro-batches of the planned one along dim 0 (it carries the batch) or the planned one
-    itself (it goes whole to every micro-batch, as planned: autopar.ir.call.batch_size).
-    ``local``: the call holds this rank's data-parallel blocks (inputs="local"), every tensor
-    its block of m micro-batches."""
-    graph, m = plan.graph, plan.pipeline.microbatches
-    if call.structure != graph.input_structure or len(call.tensors) != len(graph.inputs):
-        raise PlanMismatchError(f"the model is called with other arguments than plan {plan.hash} was made for "
-                                f"(planned: {graph.input_structure}; given: {call.structure})")
-    split = []
-    # the whole batch's shapes (a local call's blocks put together: refused without a batch dim)
-    for ph, t in zip(graph.inputs, global_call(call, plan.mesh).tensors if local else call.tensors):
-        meta = graph.node(ph).outputs[0]
-        batched = [meta.shape[0] * m, *meta.shape[1:]] if meta.shape else None
-        if str(t.dtype).removeprefix("torch.") != meta.dtype or list(t.shape) not in (batched, list(meta.shape)):
-            raise PlanMismatchError(f"an input has shape {list(t.shape)} ({t.dtype}) where plan {plan.hash} takes "
-                                    f"{batched} ({meta.dtype}): {m} micro-batches of {list(meta.shape)}"
-                                    f"{f', or {list(meta.shape)} whole' if meta.shape else ''}; plan again for "
-                                    f"this batch")
-        split.append(list(t.shape) == batched)
-    if local and not all(split):
-        raise PlanMismatchError(f"with inputs='local' every tensor of the call is this rank's block of the batch "
-                                f"(m={m} micro-batches of plan {plan.hash}'s); pass each whole batch's block")
-    if not any(split):
-        raise PlanMismatchError(f"no input of this call carries the batch plan {plan.hash} splits into {m} "
-                                f"micro-batches (each would be the same): pass the batch planned for")
-    return MicrobatchInputs([t.to(device) for t in call.tensors], split, m)
