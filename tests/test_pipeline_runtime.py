@@ -120,6 +120,27 @@ def test_a_hugging_face_llama_called_with_keywords_pipelines_and_returns_its_out
         assert not any("None" in w for w in r["warned"]), r["warned"]
 
 
+def test_logits_of_local_batches_come_back_in_the_batchs_row_order():
+    """With inputs="local" micro-batch k holds every data-parallel block's k-th part; the logits
+    the pipeline returns are put back in the whole batch's order (the blocks one after another),
+    equal to eager's on the whole batch."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, use_cache=False)
+    model = LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 64, (8, 8))
+    kwargs = {"input_ids": ids, "labels": ids}
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(workers.keyword_call_pipelined, buffer.getvalue(), kwargs, "pp=2,dp=2", "1F1B", "local")
+    eager = model(**kwargs)
+    for r in got:
+        assert r["loss"] == pytest.approx(eager.loss.item(), rel=1e-5)
+        torch.testing.assert_close(r["logits"], eager.logits.detach(), rtol=1e-4, atol=1e-5)
+
+
 class _WithPositions(nn.Module):
     """A model with an input that carries no batch dim: position embeddings indexed by ids of
     shape [1, S], broadcast over the batch."""

@@ -552,14 +552,19 @@ def stop_early_on_rank_1(rank, world_size, plan_json, inputs, timeout_s):
     return {"error": None}
 
 
-def keyword_call_pipelined(rank, world_size, model_bytes, kwargs, mesh, schedule):
+def keyword_call_pipelined(rank, world_size, model_bytes, kwargs, mesh, schedule, given="global"):
     """One step of an autoparallelized model called with keywords on a pipelined mesh: the
-    output's type, its loss, its logits (whole) and what was warned."""
+    output's type, its loss, its logits (whole) and what was warned. ``given="local"``: each
+    rank passes its data-parallel block of every keyword's tensor."""
     import io
     import warnings
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule=schedule, microbatches=4)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule=schedule, microbatches=4,
+                                      inputs=given)
+    if given == "local":
+        block, blocks = autopar.data_parallel_info(wrapped)
+        kwargs = {name: t.chunk(blocks)[block] for name, t in kwargs.items()}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = wrapped(**kwargs)
