@@ -150,9 +150,9 @@ def convergence(steps: int) -> None:
                         cache=False)
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    from tests import workers
+    from tests import pipeline_workers
 
-    ranks = get_cluster(2).run(workers.train_kfac, buffer.getvalue(), inputs, plan.to_json(), steps + 1,
+    ranks = get_cluster(2).run(pipeline_workers.train_kfac, buffer.getvalue(), inputs, plan.to_json(), steps + 1,
                                ill_conditioned.KFAC_SETTINGS)
     print(f"\n(c) ill-conditioned regression (examples/ill_conditioned.py: 2 linear layers of width 16, condition "
           f"1e4, 128 rows), loss after {steps} full-batch steps (initial {ranks[0]['losses'][0]:.4f})")

@@ -16,7 +16,7 @@ from autopar.inspect.report_html import render_html
 from autopar.ir.bubbles import END, FACTOR, INVERT, PRECONDITION, REDUCE, START, TAIL
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2, ill_conditioned
-from tests import workers
+from tests import pipeline_workers, workers
 from tests.kfac_reference import reference_kfac
 
 SETTINGS = dict(lr=0.05, momentum=0.9, damping=1e-2, factor_decay=0.9, kl_clip=1e-2)
@@ -48,8 +48,8 @@ def _kfac_plan(model, inputs, mesh, schedule, inv_every=None, microbatches=4):
 def _run(model, inputs, plan, steps=3, autoparallelized=False):
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    ranks = get_cluster(plan.device_mesh.size).run(workers.train_kfac, buffer.getvalue(), inputs, plan.to_json(),
-                                                   steps, SETTINGS, autoparallelized)
+    ranks = get_cluster(plan.device_mesh.size).run(pipeline_workers.train_kfac, buffer.getvalue(), inputs,
+                                                   plan.to_json(), steps, SETTINGS, autoparallelized)
     params = {}
     for r in ranks:
         params.update(r["params"])
@@ -270,7 +270,7 @@ def test_kfac_reaches_a_lower_loss_than_sgd_and_adamw_on_an_ill_conditioned_regr
     plan = _kfac_plan(model, inputs, "pp=2", "1F1B", inv_every=1)
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    ranks = get_cluster(2).run(workers.train_kfac, buffer.getvalue(), inputs, plan.to_json(), steps + 1,
+    ranks = get_cluster(2).run(pipeline_workers.train_kfac, buffer.getvalue(), inputs, plan.to_json(), steps + 1,
                                ill_conditioned.KFAC_SETTINGS)
     kfac = ranks[0]["losses"][-1]  # the loss after `steps` updates
     assert kfac < 0.75 * adamw and kfac < 0.75 * sgd, (kfac, adamw, sgd)
@@ -339,8 +339,8 @@ def test_the_refresh_period_is_the_shortest_cycle_within_a_percent_of_the_best()
 
 
 @pytest.mark.parametrize("worker, refusal", [
-    (workers.kfac_accumulating_two_calls, "one step per training call"),  # gradients accumulated over calls
-    (workers.kfac_with_two_parameter_groups, "one learning rate"),  # a second parameter group
+    (pipeline_workers.kfac_accumulating_two_calls, "one step per training call"),  # gradients accumulated over calls
+    (pipeline_workers.kfac_with_two_parameter_groups, "one learning rate"),  # a second parameter group
 ])
 def test_kfac_refuses_what_it_cannot_precondition(worker, refusal):
     model, inputs = _deep()

@@ -16,7 +16,7 @@ from autopar.errors import AutoparError
 from autopar.lowering.stages import stage_programs
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2
-from tests import workers
+from tests import pipeline_workers, workers
 from tests.tiers import sampled
 
 CONFIG = gpt2.GPT2Config(vocab=256, seq=32, layers=4, heads=4, width=128, batch=8)
@@ -111,7 +111,7 @@ def test_a_hugging_face_llama_called_with_keywords_pipelines_and_returns_its_out
     assert len(report.losses) == 3
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    got = get_cluster(4).run(workers.keyword_call_pipelined, buffer.getvalue(), kwargs, "pp=2,dp=2", "1F1B")
+    got = get_cluster(4).run(pipeline_workers.keyword_call_pipelined, buffer.getvalue(), kwargs, "pp=2,dp=2", "1F1B")
     assert any("logits" in t.name for t in report.tensors), [t.name for t in report.tensors]
     eager = model(**kwargs)
     for r in got:
@@ -134,7 +134,8 @@ def test_logits_of_local_batches_come_back_in_the_batchs_row_order():
     kwargs = {"input_ids": ids, "labels": ids}
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    got = get_cluster(4).run(workers.keyword_call_pipelined, buffer.getvalue(), kwargs, "pp=2,dp=2", "1F1B", "local")
+    got = get_cluster(4).run(pipeline_workers.keyword_call_pipelined, buffer.getvalue(), kwargs, "pp=2,dp=2", "1F1B",
+                             "local")
     eager = model(**kwargs)
     for r in got:
         assert r["loss"] == pytest.approx(eager.loss.item(), rel=1e-5)
@@ -289,7 +290,7 @@ def test_autoparallelize_on_a_pipelined_mesh_trains_as_eager(given):
     model, inputs = gpt2.make(CONFIG)
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    got = get_cluster(4).run(workers.train_pipelined, buffer.getvalue(), inputs, "pp=2,dp=2", "1F1B", 2, given)
+    got = get_cluster(4).run(pipeline_workers.train_pipelined, buffer.getvalue(), inputs, "pp=2,dp=2", "1F1B", 2, given)
     eager = copy.deepcopy(model)
     opt = torch.optim.SGD(eager.parameters(), lr=0.1)
     losses, grads = [], {}
@@ -324,7 +325,7 @@ def test_clipping_a_pipelined_model_takes_the_whole_models_norm(schedule):
     model, inputs = gpt2.make(dataclasses.replace(CONFIG, tied=True))
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    got = get_cluster(4).run(workers.clipped_pipelined, buffer.getvalue(), inputs, "pp=2,dp=2", schedule)
+    got = get_cluster(4).run(pipeline_workers.clipped_pipelined, buffer.getvalue(), inputs, "pp=2,dp=2", schedule)
     eager = copy.deepcopy(model)
     eager(*inputs).backward()
     norm = torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.5).item()
@@ -342,7 +343,7 @@ def test_calls_under_no_sync_accumulate_their_gradients_as_eager():
     batches = [inputs, tuple(torch.randint(0, CONFIG.vocab, x.shape) for x in inputs)]
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    got = get_cluster(4).run(workers.accumulate_pipelined, buffer.getvalue(), batches, plan.to_json())
+    got = get_cluster(4).run(pipeline_workers.accumulate_pipelined, buffer.getvalue(), batches, plan.to_json())
     eager = copy.deepcopy(model)
     for batch in batches:
         (eager(*batch) / len(batches)).backward()
@@ -397,5 +398,5 @@ def test_micro_batches_with_different_label_counts_are_refused_not_averaged_wron
         autopar.check(model, (idx, padded), plan=plan)
     buffer = io.BytesIO()  # an evaluation's loss would be off alike
     torch.save(model, buffer)
-    got = get_cluster(2).run(workers.evaluate_pipelined, buffer.getvalue(), (idx, padded), "pp=2")
+    got = get_cluster(2).run(pipeline_workers.evaluate_pipelined, buffer.getvalue(), (idx, padded), "pp=2")
     assert all(r["loss"] is None and "different numbers of labelled targets" in r["error"] for r in got)
