@@ -24,6 +24,7 @@ call; ``replan=False`` refuses another input shape instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 import warnings
@@ -42,6 +43,7 @@ from autopar.ir.call import FlatCall, first_microbatch, flatten_call
 from autopar.ir.graph import fingerprint_of
 from autopar.ir.mesh import Mesh
 from autopar.ir.options import PARALLELIZE, Options, signature, take
+from autopar.ir.pipeline import Pipeline
 from autopar.ir.plan import Plan
 from autopar.ir.precision import MixedPrecision, parse_precision
 from autopar.ir.program import FORWARD, STEP
@@ -109,7 +111,7 @@ class _Runner:
             device = f"cuda:{torch.cuda.current_device()}"
         self.plan, self.mesh = plan, plan.device_mesh
         if plan.pipeline is not None:
-            return _pipelined(model, plan, device, self.options)
+            return _pipelined(model, plan, device, self.options, self._pipeline_planner)
         # rank 0's values: each rank receives its blocks of them (or, on the meta device, rank 0
         # initializes one module at a time)
         return ParallelModule(model, plan, RankMesh(self.mesh, device=device), plan.emit("torch"),
@@ -134,7 +136,13 @@ class _Runner:
         plan = _planned_on_rank0(lambda: self._plan(model, call, kind, pins))
         return plan, plan.emit("torch")
 
-    def _plan(self, model: nn.Module, call: FlatCall, kind: str, pins: dict) -> Plan:
+    def _pipeline_planner(self, model: nn.Module, call: FlatCall, pins: dict, like: Pipeline) -> tuple[Plan, str]:
+        """PipelinedModule's planner: the step in the model's current modes on ``like``'s
+        stages, schedule and micro-batches; rank 0 plans, every rank gets the plan."""
+        plan = _planned_on_rank0(lambda: self._plan(model, call, STEP, pins, like))
+        return plan, plan.emit("torch")
+
+    def _plan(self, model: nn.Module, call: FlatCall, kind: str, pins: dict, like: Pipeline | None = None) -> Plan:
         from autopar.api import plan_program
         from autopar.planning.request import resolve
 
@@ -145,6 +153,9 @@ class _Runner:
         mesh = self.mesh if self.mesh is not None else o.mesh
         request = resolve(mesh, o.hardware, pin=pins, precision=o.precision,
                           schedule=o.schedule, microbatches=o.microbatches)
+        if like is not None:
+            request = dataclasses.replace(request, schedule=like.schedule, microbatches=like.microbatches,
+                                          stages=tuple(stage.units for stage in like.stages))
         return plan_program(program, request, model, args, kwargs=kwargs, loss_fn=o.loss_fn, passes=tuple(o.passes))
 
 
@@ -194,13 +205,13 @@ def _named_mesh(spec) -> Mesh | None:
     return Mesh.parse(spec)
 
 
-def _pipelined(model: nn.Module, plan: Plan, device: str, o: Options):
+def _pipelined(model: nn.Module, plan: Plan, device: str, o: Options, planner):
     from autopar.runtime.pipeline import PipelinedModule
     from autopar.runtime.rank_mesh import RankMesh
 
     return PipelinedModule(model, plan, RankMesh(plan.mesh, device=device, pipeline_stages=plan.pipeline.pp),
                            plan.emit("torch"), local_inputs=o.inputs == "local", init=initializer(o.init),
-                           compile=o.compile)
+                           compile=o.compile, planner=planner)
 
 
 def initializer(init) -> Callable[[nn.Module], None] | None:

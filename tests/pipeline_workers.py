@@ -167,3 +167,26 @@ def accumulate_pipelined(rank, world_size, model_bytes, batches, plan_json):
         with pipelined.no_sync() if k < len(batches) - 1 else contextlib.nullcontext():
             (pipelined(*batch) / len(batches)).backward()
     return {n: p.grad.full_tensor().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def validate_between_steps_pipelined(rank, world_size, model_bytes, inputs, mesh, steps):
+    """``steps`` rounds of a training step (SGD, the random state seeded with the step's index)
+    and a validation call in evaluation mode under no_grad, as training scripts interleave them:
+    the losses in that order."""
+    import io
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule="1F1B", microbatches=4)
+    opt, losses = None, []
+    for i in range(steps):
+        model.train()
+        torch.manual_seed(i)
+        loss = wrapped(*inputs)
+        opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            losses += [loss.item(), wrapped(*inputs).item()]
+    return losses

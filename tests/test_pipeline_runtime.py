@@ -66,6 +66,31 @@ def test_dropout_in_a_pipeline_draws_eagers_masks(mesh, schedule):
     assert report.ok, str(report)
 
 
+def test_evaluation_mode_between_training_steps_runs_its_own_pipeline_equal_to_eager():
+    """``model.eval()`` for a validation loss between training steps, as training scripts do:
+    the call in evaluation mode (dropout off) runs a plan made in that mode on the same stages
+    and parameter layouts, and training resumes in training mode (dropout on, eager's masks)."""
+    model, inputs = gpt2.make(dataclasses.replace(CONFIG, megatron=True))
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    got = get_cluster(4).run(pipeline_workers.validate_between_steps_pipelined, buffer.getvalue(), inputs,
+                             "pp=2,dp=2", 2)
+    opt, expected = torch.optim.SGD(model.parameters(), lr=0.1), []
+    for i in range(2):
+        model.train()
+        torch.manual_seed(i)
+        loss = model(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            expected += [loss.item(), model(*inputs).item()]
+    assert expected[0] != expected[1]  # dropout makes the training loss another than evaluation's
+    for losses in got:
+        assert losses == pytest.approx(expected, rel=1e-5)
+
+
 def test_a_mixed_precision_pipeline_matches_eager_autocast():
     model, inputs = gpt2.make(CONFIG)
     plan = autopar.plan(model, inputs, mesh="pp=2,dp=2", schedule="1F1B", microbatches=4, hardware=workers.FAST,

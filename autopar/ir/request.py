@@ -48,6 +48,9 @@ class PlanRequest:
     # how layers are split into stages: "balanced" (the least predicted time under memory) or
     # "even" (equal runs of layers, as Megatron-LM splits them)
     partition: str = "balanced"
+    # the stages pinned, each a run of unit names (autopar.ir.pipeline.Stage.units): a later plan
+    # of a pipelined model in other modes runs on the stages its parameters already live on
+    stages: tuple[tuple[str, ...], ...] | None = None
     # the share of a step's gradient syncs one run of the program pays in the sharding objective:
     # 1/m for a pipeline stage's micro-batch, whose gradients sync once per m micro-batches
     sync_share: float = 1.0

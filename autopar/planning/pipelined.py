@@ -18,6 +18,7 @@ run once per step, after the last micro-batch), so every stage shares one layout
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -62,7 +63,7 @@ def plan_pipeline(planner, request: PlanRequest) -> Plan:
         report(f"pipeline: planning a micro-batch of {batch // m} on {stage_mesh} ...")
         micro = _plan_microbatch(planner, dataclasses.replace(inner, sync_share=1.0 / m), batch, m)
         units = micro.units
-        for schedule, virtual in _schedules(request.schedule):
+        for schedule, virtual in _schedules(request, pp):
             try:
                 pipeline = _price(units, pp, m, schedule, virtual, send, request)
             except _RuledOut as why:
@@ -116,9 +117,10 @@ def microbatch_counts(pp: int, batch: int, pinned) -> list[int]:
     return counts
 
 
-def _schedules(pinned):
-    names = [pinned] if pinned is not None else list(SCHEDULES)
-    return [(name, v) for name in names for v in virtual_choices(name)]
+def _schedules(request: PlanRequest, pp: int):
+    names = [request.schedule] if request.schedule is not None else list(SCHEDULES)
+    pinned = None if request.stages is None else len(request.stages) // pp  # stages per rank
+    return [(name, v) for name in names for v in virtual_choices(name) if pinned in (None, v)]
 
 
 def _batch_size(call: FlatCall) -> int:
@@ -178,19 +180,12 @@ def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, 
     budget = request.memory_budget_bytes
     # a rank holding v stages gives each a share of its budget (the exact sum is checked below)
     in_flights, budgets = [held.get(s, 0) for s in range(n)], [budget / virtual] * n
-    if request.partition == "even":
-        found = even_partition(chain, n, m)
-        if found is None:
-            raise _RuledOut(f"{n} stages but only {len(units) - 2} layers to split evenly")
-        if not fits(chain, found.ranges, in_flights, budgets):
-            found = None
+    if request.stages is not None:
+        ranges = _pinned_ranges(units, request.stages)
     else:
-        found = partition(chain, n, m, in_flights, budgets)
-    if found is None:
-        raise _RuledOut(f"no {request.partition} partition fits the memory budget with the activations this "
-                        f"schedule keeps in flight")
+        ranges = _partition(chain, n, m, in_flights, budgets, request.partition)
     stages = tuple(_stage(s, ranks[s], units[i:j], send(units[j - 1].send_bytes) if j < len(units) else 0.0,
-                          held.get(s, 0)) for s, (i, j) in enumerate(found.ranges))
+                          held.get(s, 0)) for s, (i, j) in enumerate(ranges))
     timeline = simulate(actions, [StageTimes(st.forward_s, st.backward_input_s, st.backward_weight_s, st.send_s)
                                   for st in stages])
     peaks = tuple(sum(st.parameter_bytes + st.optimizer_bytes for st in stages if st.rank == r)
@@ -207,6 +202,33 @@ def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, 
             for r in range(pp)]
     blocks = tuple(Block(iv.rank, iv.action, iv.start_s, iv.end_s) for iv in timeline.intervals)
     return Pipeline(pp, schedule, m, virtual, stages, max(ends), timeline.bubble_fraction, peaks, blocks)
+
+
+def _partition(chain: Chain, n: int, m: int, in_flights: list, budgets: list, how: str) -> tuple:
+    """The stages' ranges of ``chain`` that ``how`` ("balanced" or "even") partitions."""
+    if how == "even":
+        found = even_partition(chain, n, m)
+        if found is None:
+            raise _RuledOut(f"{n} stages but only {len(chain) - 2} layers to split evenly")
+        if not fits(chain, found.ranges, in_flights, budgets):
+            found = None
+    else:
+        found = partition(chain, n, m, in_flights, budgets)
+    if found is None:
+        raise _RuledOut(f"no {how} partition fits the memory budget with the activations this schedule keeps in "
+                        f"flight")
+    return found.ranges
+
+
+def _pinned_ranges(units: list[UnitCost], stages: tuple[tuple[str, ...], ...]) -> list[tuple[int, int]]:
+    """The ranges of ``units`` that run ``stages``' units, or an error where the model's units
+    (in the modes it was captured in) are others."""
+    names = [u.name for u in units]
+    if [name for stage in stages for name in stage] != names:
+        raise AutoparError(f"the pipeline's stages run units {[list(s) for s in stages]}, but in its current modes "
+                           f"the model's units are {names}: plan the pipeline again in these modes")
+    ends = list(itertools.accumulate(len(stage) for stage in stages))
+    return list(zip([0] + ends[:-1], ends))
 
 
 def _stage(index: int, rank: int, units: list[UnitCost], send_s: float, held: int) -> Stage:

@@ -144,3 +144,37 @@ def tied_copies(plan: Plan, programs: list[StageProgram], mine: list[StageProgra
         shape = tuple(plan.out_spec(ph).local_shape(meta.shape, plan.mesh))
         found.append(TiedCopies(group, [n for n in group if n in held], shape, meta.dtype))
     return found
+
+
+def whole_stand_in(model: nn.Module, plan: Plan) -> nn.Module:
+    """A copy of ``model`` with every parameter and buffer ``plan`` names, in its whole shape on
+    the meta device, and its tied names one tensor again (this rank holds only its stages'
+    blocks, and a copy of a tied weight per stage): what a plan of the model in other modes is
+    captured from."""
+    import copy
+
+    def meta(shape, dtype, requires_grad=None):
+        empty = torch.empty(tuple(shape), dtype=dtype, device="meta")
+        return empty if requires_grad is None else nn.Parameter(empty, requires_grad=requires_grad)
+
+    graph = plan.graph
+    memo = {id(p): meta(p.shape, p.dtype, p.requires_grad) for p in model.parameters()}
+    memo.update({id(b): meta(b.shape, b.dtype) for b in model.buffers()})
+    stand_in = copy.deepcopy(model, memo)
+    for ph, fqn in graph.params.items():
+        if fqn not in graph.tied and _slot(stand_in, fqn) is None:
+            out = graph.node(ph).outputs[0]
+            setattr(_owner(stand_in, fqn), fqn.rpartition(".")[2],
+                    meta(out.shape, getattr(torch, out.dtype), fqn not in graph.frozen))
+    for alias, primary in graph.tied.items():
+        setattr(_owner(stand_in, alias), alias.rpartition(".")[2], _slot(stand_in, primary))
+    for ph, fqn in graph.buffers.items():
+        if _slot(stand_in, fqn) is None:
+            out = graph.node(ph).outputs[0]
+            _owner(stand_in, fqn).register_buffer(fqn.rpartition(".")[2], meta(out.shape, getattr(torch, out.dtype)))
+    return stand_in
+
+
+def _slot(model: nn.Module, fqn: str):
+    """The parameter or buffer named ``fqn``, or None where the rank dropped it."""
+    return getattr(_owner(model, fqn), fqn.rpartition(".")[2])
