@@ -36,7 +36,7 @@ A baseline whose memory does not fit the budget is left out (``skipped`` says wh
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 from torch import nn
@@ -47,6 +47,7 @@ from autopar.cost_models.hardware import get_hardware
 from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Shard
+from autopar.ir.precision import parse_precision
 from autopar.ir.program import descendants, output_metas, tensor_inputs
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.passes.base import Pass
@@ -71,10 +72,11 @@ class Baselines(dict):
 
 def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAULT_HARDWARE, heads: int | None = None,
               tp_degrees: list[int] | None = None, progress: Callable[[str], None] | None = None,
-              program=None, **plan_options) -> Baselines:
+              program=None, only: Collection[str] | None = None, **plan_options) -> Baselines:
     """The baselines for ``devices`` devices as Plans; ``plan_options`` go to autopar.plan
     (memory_budget, optimizer, solver_time_limit_s, ...), so they meet the same budget.
-    ``program``: the step as autopar.capture.capture gave it, to skip capturing it again."""
+    ``program``: the step as autopar.capture.capture gave it, to skip capturing it again.
+    ``only``: the names of the baselines to plan (e.g. ["megatron-tp2-sp"]), not all."""
 
     hw = get_hardware(hardware)
     heads = heads or _heads_of(model)
@@ -82,8 +84,8 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
     tokens = _tokens(example_inputs)
     batch = _batch(example_inputs)
     batch_over_dp = (BatchOverDataParallel(frozenset({batch} | ({batch * tokens[1]} if tokens else set()))),)
-    if program is None:
-        program = capture(model, example_inputs)
+    if program is None:  # under mixed precision the step's graph holds autocast's casts
+        program = capture(model, example_inputs, precision=parse_precision(plan_options.get("precision")))
     layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None, ()),
                "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None, ())}
     degrees = tp_degrees if tp_degrees is not None else [
@@ -92,14 +94,17 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
     for t in degrees:
         mesh = Mesh.of(dp=devices // t, tp=t)
         for fsdp in (False, True) if devices > t else (False,):
-            pin = {n: _megatron(n, p, t, devices // t if fsdp else 1) for n, p in params.items()}
+            pin = megatron_pins(model, t, devices // t if fsdp else 1)
             for sp in (False, True):
                 name = f"megatron-tp{t}" + ("-fsdp" if fsdp else "") + ("-sp" if sp else "")
                 layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1),
                                  (NormsOverSequence(tokens[1]),) if sp and tokens else ())
     out = Baselines()
     plan_options.setdefault("offload", False)  # the hand-written configurations hold their state on the device
+    wanted = _wanted(only, layouts, devices)
     for name, (mesh, pin, restrict, passes) in layouts.items():
+        if not wanted(name):
+            continue
         if batch % mesh.shape[0]:
             out.skipped[name] = (f"the batch of {batch} samples does not split over dp={mesh.shape[0]}: data "
                                  f"parallelism needs a multiple of {mesh.shape[0]}")
@@ -113,12 +118,24 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
         except AutoparError as exc:  # e.g. replicated parameters do not fit the memory budget
             out.skipped[name] = str(exc)
     _add_3d(out, program, model, example_inputs, devices, hw, params, tokens, batch, max(degrees, default=1),
-            progress, plan_options)
+            progress, plan_options, wanted)
     return out
 
 
+def _wanted(only: Collection[str] | None, layouts: dict, devices: int) -> Callable[[str], bool]:
+    """Whether a baseline's name is one ``only`` asks for (all where None); an error names
+    the ones it asks for that do not exist."""
+    if only is None:
+        return lambda name: True
+    unknown = [n for n in only if n not in layouts and not re.fullmatch(r"megatron-pp\d+-tp\d+-(1f1b|interleaved)", n)]
+    if unknown:
+        raise AutoparError(f"no baseline named {unknown[0]!r}; for {devices} devices they are "
+                           f"{', '.join(layouts)} and megatron-pp<P>-tp<T>-1f1b or -interleaved")
+    return set(only).__contains__
+
+
 def _add_3d(out: Baselines, program, model, example_inputs, devices: int, hw, params: dict, tokens, batch: int,
-            tp: int, progress, plan_options: dict) -> None:
+            tp: int, progress, plan_options: dict, wanted: Callable[[str], bool]) -> None:
     """Megatron-LM's 3-D layouts: pipelines whose stages hold whole nodes, TP of degree ``tp``
     inside each node, micro-batches of one sample per data-parallel rank."""
     if tp < 2:
@@ -129,6 +146,8 @@ def _add_3d(out: Baselines, program, model, example_inputs, devices: int, hw, pa
         dp = devices // (pp * tp)
         for schedule, label in (("1F1B", "1f1b"), ("Interleaved1F1B", "interleaved")):
             name = f"megatron-pp{pp}-tp{tp}-{label}"
+            if not wanted(name):
+                continue
             if batch % dp or batch // dp < pp:
                 out.skipped[name] = (f"the batch of {batch} samples gives {batch // dp} micro-batches of one sample "
                                      f"per dp rank (dp={dp}), fewer than the {pp} stages")
@@ -154,6 +173,14 @@ def best(plans: dict):
     if not plans:
         raise AutoparError("no baseline has a plan (each was over the memory budget)")
     return min(plans.items(), key=lambda kv: kv[1].predicted.step_time_s)
+
+
+def megatron_pins(model: nn.Module, tp: int, dp: int = 1) -> dict[str, str]:
+    """Megatron-LM's parameter layouts as ``pin=`` for autopar.plan on a mesh (a pipeline's
+    stage mesh) of axes (dp, tp): the column- and row-parallel projections and the vocabulary
+    split over tp (by module name, as the baselines find them), and with dp > 1 every parameter
+    also split over dp (ZeRO-3 beside tensor parallelism, as torchtitan runs FSDP with TP)."""
+    return {n: _megatron(n, p, tp, dp) for n, p in model.named_parameters()}
 
 
 def _megatron(fqn: str, p: torch.Tensor, tp: int, dp: int) -> str:

@@ -170,23 +170,27 @@ def accumulate_pipelined(rank, world_size, model_bytes, batches, plan_json):
 
 
 def validate_between_steps_pipelined(rank, world_size, model_bytes, inputs, mesh, steps):
-    """``steps`` rounds of a training step (SGD, the random state seeded with the step's index)
-    and a validation call in evaluation mode under no_grad, as training scripts interleave them:
-    the losses in that order."""
+    """``train_then_validate`` on the model autoparallelized on a pipelined mesh."""
     import io
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    wrapped = autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule="1F1B", microbatches=4)
-    opt, losses = None, []
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, schedule="1F1B", microbatches=4)
+    return train_then_validate(model, inputs, steps)
+
+
+def train_then_validate(model, inputs, steps):
+    """``steps`` rounds of a training step (SGD, the random state seeded with the step's index)
+    and a validation call in evaluation mode under no_grad, as training scripts interleave them:
+    the losses in that order."""
+    opt, losses = torch.optim.SGD(model.parameters(), lr=0.1), []
     for i in range(steps):
         model.train()
         torch.manual_seed(i)
-        loss = wrapped(*inputs)
-        opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(*inputs)
         loss.backward()
         opt.step()
         opt.zero_grad()
         model.eval()
         with torch.no_grad():
-            losses += [loss.item(), wrapped(*inputs).item()]
+            losses += [loss.item(), model(*inputs).item()]
     return losses

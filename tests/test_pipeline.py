@@ -273,7 +273,9 @@ def test_the_planner_pipelines_across_slow_links_and_not_inside_a_fast_node():
 
 def test_megatron_3d_baselines_split_layers_evenly_and_are_priced_by_the_simulator():
     model, inputs = gpt2.make(gpt2.GPT2Config(vocab=256, seq=32, layers=4, heads=4, width=128, batch=8))
-    plans = autopar.baselines(model, inputs, devices=16, hardware="h100-sxm", tp_degrees=[4])
+    plans = autopar.baselines(model, inputs, devices=16, hardware="h100-sxm", tp_degrees=[4],
+                              only=["megatron-pp2-tp4-1f1b", "megatron-pp2-tp4-interleaved"])
+    assert sorted(plans) == ["megatron-pp2-tp4-1f1b", "megatron-pp2-tp4-interleaved"]
     for name, schedule in (("megatron-pp2-tp4-1f1b", "1F1B"), ("megatron-pp2-tp4-interleaved", "Interleaved1F1B")):
         plan = plans[name]
         pl = plan.pipeline
@@ -284,6 +286,19 @@ def test_megatron_3d_baselines_split_layers_evenly_and_are_priced_by_the_simulat
         stages = [StageTimes(st.forward_s, st.backward_input_s, st.backward_weight_s, st.send_s) for st in pl.stages]
         timeline = simulate(action_lists(schedule, 2, pl.microbatches, pl.virtual), stages)
         assert max(b.end_s for b in pl.timeline) == pytest.approx(timeline.makespan_s)
+
+
+def test_megatron_pins_split_projections_over_tp_and_everything_over_dp_and_an_unknown_baseline_is_named():
+    from autopar.baseline_plans import megatron_pins
+
+    model, inputs = gpt2.make(gpt2.GPT2Config(vocab=96, seq=16, layers=2, heads=2, width=48, batch=8))
+    pins = megatron_pins(model, tp=2, dp=2)
+    assert pins["blocks.0.attn.q.weight"] == "S(1),S(0)"  # column-parallel over tp, its other dim over dp
+    assert pins["blocks.0.attn.proj.weight"] == "S(0),S(1)"  # row-parallel
+    assert pins["blocks.0.ln1.weight"] == "S(0),R"
+    assert set(megatron_pins(model, tp=2).values()) <= {"R,R", "R,S(0)", "R,S(1)"}
+    with pytest.raises(AutoparError, match="no baseline named 'megatron-tp3-sp'"):
+        autopar.baselines(model, inputs, devices=4, only=["megatron-tp3-sp"])
 
 
 def test_explain_of_a_pipelined_plan_reads_the_stage_layout(demo_pipeline):

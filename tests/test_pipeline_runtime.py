@@ -16,7 +16,7 @@ from autopar.errors import AutoparError
 from autopar.lowering.stages import stage_programs
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2
-from tests import pipeline_workers, workers
+from tests import composition, pipeline_workers, workers
 from tests.tiers import sampled
 
 CONFIG = gpt2.GPT2Config(vocab=256, seq=32, layers=4, heads=4, width=128, batch=8)
@@ -66,6 +66,7 @@ def test_dropout_in_a_pipeline_draws_eagers_masks(mesh, schedule):
     assert report.ok, str(report)
 
 
+@pytest.mark.slow  # two plans (training and evaluation modes) and four calls on four ranks
 def test_evaluation_mode_between_training_steps_runs_its_own_pipeline_equal_to_eager():
     """``model.eval()`` for a validation loss between training steps, as training scripts do:
     the call in evaluation mode (dropout off) runs a plan made in that mode on the same stages
@@ -75,17 +76,7 @@ def test_evaluation_mode_between_training_steps_runs_its_own_pipeline_equal_to_e
     torch.save(model, buffer)
     got = get_cluster(4).run(pipeline_workers.validate_between_steps_pipelined, buffer.getvalue(), inputs,
                              "pp=2,dp=2", 2)
-    opt, expected = torch.optim.SGD(model.parameters(), lr=0.1), []
-    for i in range(2):
-        model.train()
-        torch.manual_seed(i)
-        loss = model(*inputs)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        model.eval()
-        with torch.no_grad():
-            expected += [loss.item(), model(*inputs).item()]
+    expected = pipeline_workers.train_then_validate(model, inputs, 2)
     assert expected[0] != expected[1]  # dropout makes the training loss another than evaluation's
     for losses in got:
         assert losses == pytest.approx(expected, rel=1e-5)
@@ -143,6 +134,18 @@ def test_a_hugging_face_llama_called_with_keywords_pipelines_and_returns_its_out
         assert r["type"] == "CausalLMOutputWithPast" and r["loss"] == pytest.approx(eager.loss.item(), rel=1e-5)
         torch.testing.assert_close(r["logits"], eager.logits.detach(), rtol=1e-4, atol=1e-5)
         assert not any("None" in w for w in r["warned"]), r["warned"]
+
+
+@pytest.mark.slow  # a Hugging Face model trained three steps on four ranks, per schedule
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_a_hugging_face_llama_on_pp2_dp2_trains_with_bf16_and_clipping_as_eager_autocast(schedule):
+    """A Hugging Face Llama called with keywords on pp=2,dp=2 with bf16-mixed and the whole
+    model's gradients clipped, the optimizer built right after autoparallelize: three steps equal
+    eager's under autocast (each loss and every parameter after the last step, at the bf16
+    tolerance; SGD with momentum, whose step is linear in the gradients: tests/composition.py)."""
+    outcome = composition.run_recipe(frozenset({"hf", "pp", "bf16", "clip"}), schedule=schedule, steps=3)
+    assert outcome.error is None and not outcome.missing, outcome
+    assert outcome.worst <= 1.0, outcome
 
 
 def test_logits_of_local_batches_come_back_in_the_batchs_row_order():

@@ -178,7 +178,9 @@ def play(model, script, lr=0.1):
     from autopar.capture.export import find_loss
     from autopar.check import output_values
 
-    opt = None  # built after the first call, which shards an autoparallelized model's parameters
+    # built right after wrapping, as training scripts do: the first call shards an autoparallelized
+    # model's parameters, and the optimizer then holds the sharded ones
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     results = []
     for i, (what, args, kwargs) in enumerate(script):
         torch.manual_seed(100 + i)  # dropout draws alike on every rank and in eager
@@ -189,7 +191,6 @@ def play(model, script, lr=0.1):
             if what == "train_in_eval":
                 model.eval()
             output = model(*args, **kwargs)
-            opt = opt or torch.optim.SGD(model.parameters(), lr=lr)
             find_loss(output).backward()
             opt.step()
             opt.zero_grad()

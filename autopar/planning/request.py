@@ -43,6 +43,10 @@ def resolve(mesh, hardware: str | Hardware = DEFAULT_HARDWARE, **planning) -> Pl
     _check_offload(meshes, o.offload)
     budget = parse_bytes(o.memory_budget)
     mixed = parse_precision(o.precision)
+    if mixed is not None and o.optimizer == "kfac":
+        raise AutoparError(f"optimizer='kfac' with precision={str(mixed)!r}: K-FAC finds its layers as the matmuls "
+                           f"that read a weight, and under mixed precision they read the weight's low-precision cast; "
+                           f"K-FAC runs in float32 for now: plan it with precision=None")
     if mixed is not None and o.optimizer == "adam-mixed":
         raise AutoparError(f"optimizer='adam-mixed' counts a float32 master copy beside low-precision parameters; "
                            f"under precision={str(mixed)!r} the parameters are the float32 masters: use "

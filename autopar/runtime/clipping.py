@@ -24,18 +24,26 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from autopar.errors import AutoparError
+
 # id of a parameter -> the process group of its pipeline (the ranks holding the other stages);
 # by id, as tensors compare elementwise, and dropped with the parameter
 _PIPELINE_GROUPS: dict[int, object] = {}
 # ids of the copies of a tied weight whose gradient another rank's copy counts
 _COUNTED_ELSEWHERE: set[int] = set()
+# ids of the parameters of a model whose .grad K-FAC preconditions in its step
+_PRECONDITIONED: set[int] = set()
 
 
-def register_pipelined(params, group, counted_elsewhere=()) -> None:
-    """Mark ``params`` as one rank's share of a pipelined model whose stages ``group`` joins."""
+def register_pipelined(params, group, counted_elsewhere=(), preconditioned: bool = False) -> None:
+    """Mark ``params`` as one rank's share of a pipelined model whose stages ``group`` joins;
+    ``preconditioned``: its step leaves K-FAC's preconditioned gradients in ``.grad``."""
     for p in params:
         _PIPELINE_GROUPS[id(p)] = group
         weakref.finalize(p, _PIPELINE_GROUPS.pop, id(p), None)
+        if preconditioned:
+            _PRECONDITIONED.add(id(p))
+            weakref.finalize(p, _PRECONDITIONED.discard, id(p))
     for p in counted_elsewhere:
         _COUNTED_ELSEWHERE.add(id(p))
         weakref.finalize(p, _COUNTED_ELSEWHERE.discard, id(p))
@@ -49,6 +57,10 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     the norm, the same on every rank (as torch's: a replicated DTensor where the parameters are
     DTensors, so ``norm.full_tensor()`` reads it as on the flat runtime)."""
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    if any(id(p) in _PRECONDITIONED for p in params):
+        raise AutoparError("clip_grad_norm_ on a model trained by autopar.KFAC: its .grad holds K-FAC's "
+                           "preconditioned gradients, whose step K-FAC bounds by its own KL clip, measured before "
+                           "any clipping; bound the step with autopar.KFAC(kl_clip=...) instead")
     with_grad = [p for p in params if p.grad is not None]
     counted = [p.grad for p in with_grad if id(p) not in _COUNTED_ELSEWHERE]
     norm_type = float(norm_type)

@@ -50,6 +50,12 @@ def microbatch_inputs(plan: Plan, call: FlatCall, device, local: bool = False) -
     if local and not all(split):
         raise PlanMismatchError(f"with inputs='local' every tensor of the call is this rank's block of the batch "
                                 f"(m={m} micro-batches of plan {plan.hash}'s); pass each whole batch's block")
+    rows = {t.shape[0] for t in call.tensors}
+    if local and any(r % m for r in rows):  # every rank's blocks alike: every rank refuses, none waits
+        raise PlanMismatchError(f"with inputs='local' micro-batch k is every data-parallel block's k-th part, and "
+                                f"this rank's block of {min(rows)} rows does not split into plan {plan.hash}'s {m} "
+                                f"micro-batches: pass blocks of a multiple of {m} rows, or plan fewer micro-batches "
+                                f"(microbatches=)")
     if not any(split):
         raise PlanMismatchError(f"no input of this call carries the batch plan {plan.hash} splits into {m} "
                                 f"micro-batches (each would be the same): pass the batch planned for")

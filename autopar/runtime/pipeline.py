@@ -101,7 +101,7 @@ class PipelinedModule(nn.Module):
         # clip_grad_norm_ takes the whole model's norm: a tied weight's copy counts on one rank only
         elsewhere = [self.params[name] for copies in first.tied if copies.names[0] not in copies.held
                      for name in copies.held]
-        register_pipelined(self.params.values(), rank_mesh.pipeline_group, elsewhere)
+        register_pipelined(self.params.values(), rank_mesh.pipeline_group, elsewhere, self.kfac is not None)
         register_pipelined_model(model)  # its optimizer's state dict keyed by parameter name, for DCP
         graph = plan.graph
         # later plans (other modes) lay the parameters and buffers out where this one put them

@@ -72,10 +72,11 @@ def _refuse_stale_parameters(optimizer, args, kwargs) -> None:
     if stale:
         named = ", ".join(stale[:4]) + (", ..." if len(stale) > 4 else "")
         raise AutoparError(f"this {type(optimizer).__name__} holds state for parameters that autopar has since "
-                           f"replaced by their sharded DTensors ({named}): it stepped before the model was "
-                           f"sharded, and its state belongs to the old tensors. Build it again after the model's "
-                           f"first call (or after autopar.prepare(model, *example_inputs)), or load its state dict "
-                           f"into the new one")
+                           f"replaced by their sharded DTensors ({named}): it stepped, or loaded a state dict (a "
+                           f"checkpoint), before the model was sharded, and its state belongs to the old tensors. "
+                           f"Shard the model first (autopar.prepare(model, *example_inputs), or example_inputs= on "
+                           f"autoparallelize), then load the checkpoint into it and its optimizer; or build the "
+                           f"optimizer again after the model's first call")
 
 
 register_optimizer_step_pre_hook(_refuse_stale_parameters)

@@ -129,6 +129,10 @@ def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float =
     if choice is None:
         if hint is None or math.isinf(evaluate(node_costs, edges, hint, overlap)) or \
                 (memory is not None and memory.used(hint) > memory.limit):
+            if status == "infeasible":
+                raise SolverError(f"the sharding solver ({backend}) proved in {time.perf_counter() - start:.1f} s "
+                                  f"that no plan meets the constraints (pins, restrictions, the memory limit): "
+                                  f"relax a pin or a restriction")
             raise SolverError(f"the sharding solver ({backend}) found no feasible plan within {time_limit_s:.0f} s; "
                               f"raise solver_time_limit_s")
         choice, status, bound = tuple(hint), "feasible", 0.0  # the warm start is always a valid plan
@@ -175,7 +179,7 @@ def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory, relative_
     polytope = LocalPolytope.build(node_costs, edges, overlap, memory)
     solution = solve_proto(polytope.proto(hint=hint), "scip", time_limit_s, relative_gap)
     if solution.values is None:
-        return None, None, 0.0, polytope.n_variables
+        return None, solution.status, 0.0, polytope.n_variables
     return polytope.choice(solution.values), solution.status, solution.bound / SCALE, polytope.n_variables
 
 
