@@ -9,6 +9,7 @@ step, so every copy takes the same optimizer step.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -151,7 +152,6 @@ def whole_stand_in(model: nn.Module, plan: Plan) -> nn.Module:
     the meta device, and its tied names one tensor again (this rank holds only its stages'
     blocks, and a copy of a tied weight per stage): what a plan of the model in other modes is
     captured from."""
-    import copy
 
     def meta(shape, dtype, requires_grad=None):
         empty = torch.empty(tuple(shape), dtype=dtype, device="meta")

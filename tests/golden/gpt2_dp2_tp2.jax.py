@@ -207,11 +207,18 @@ def aten_view(x, size):
 def aten_t(x):
     return x.T if x.ndim == 2 else x
 
+def _float32_product(a, b):
+    """``a @ b`` of low-precision operands in float32. The operands are cast first rather than
+    asking the dot for a float32 result (preferred_element_type), which XLA's CPU dot does not
+    run for every layout ("Unsupported element type for DotThunk: BF16 x BF16 = F32"); a product
+    of two bf16 or fp16 numbers is exact in float32, so the sums are the same."""
+    return jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32))
+
 def aten_addmm(bias, a, b, beta=1, alpha=1):
     if not jnp.issubdtype(a.dtype, jnp.inexact):  # integer tensors take the integral part of the scalars
         beta, alpha = int(beta), int(alpha)
     if a.dtype in (jnp.bfloat16, jnp.float16):  # the sum and the bias in float32, rounded once
-        product = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+        product = _float32_product(a, b)
         return (beta * bias.astype(jnp.float32) + alpha * product).astype(a.dtype)
     return beta * bias + alpha * (a @ b)
 
@@ -247,7 +254,7 @@ def aten_gelu(x, approximate="none"):
 
 def aten_mm(a, b):
     if a.dtype in (jnp.bfloat16, jnp.float16):  # accumulated in float32 and rounded once, as torch does
-        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+        return _float32_product(a, b).astype(a.dtype)
     return a @ b
 
 def aten_log_softmax(x, dim, half_to_float=False):
