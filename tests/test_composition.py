@@ -56,6 +56,7 @@ def test_torchtitans_stack_trains_equal_to_eager_or_is_refused_as_the_table_says
 _REFUSED_PAIRS = sorted(REFUSED, key=sorted)
 
 
+@pytest.mark.slow  # some refusals come from the ranks, after planning and starting the run
 @pytest.mark.parametrize("pair", _REFUSED_PAIRS, ids=["+".join(sorted(p)) for p in _REFUSED_PAIRS])
 def test_a_refused_pair_is_refused_with_its_reason(pair):
     outcome = composition.run_recipe(pair)
