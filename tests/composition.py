@@ -213,8 +213,7 @@ def ranks_of(mesh: str) -> int:
 def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B") -> autopar.Plan:
     """The plan of the recipe, as a user asks for it (an AutoparError is a refusal): for the
     calls the loop makes (half-batches, where it accumulates under no_sync)."""
-    if "no_sync" in recipe:
-        inputs, kwargs = _half(inputs), {k: v for k, v in zip(kwargs, _half(tuple(kwargs.values())))}
+    inputs, kwargs = first_call(recipe, inputs, kwargs)
     mesh = mesh_of(recipe)
     options = dict(hardware=FAST, precision=_precision(recipe), cache=True)
     if "pp" in mesh:
@@ -240,8 +239,12 @@ def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B"
     return autopar.plan(model, inputs, kwargs=kwargs or None, mesh=mesh, **options)
 
 
-def _half(tensors: tuple) -> tuple:
-    return tuple(t[: t.shape[0] // 2] for t in tensors)
+def first_call(recipe: frozenset, inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """What the loop's calls pass: the first half of the batch where it accumulates two halves
+    under no_sync, else the batch."""
+    if "no_sync" not in recipe:
+        return inputs, kwargs
+    return tuple(t[: t.shape[0] // 2] for t in inputs), {k: t[: t.shape[0] // 2] for k, t in kwargs.items()}
 
 
 def _precision(recipe: frozenset) -> str | None:
@@ -386,9 +389,8 @@ def _build(model_bytes, inputs, kwargs, plan_json, recipe: frozenset, shard_now:
         inputs = tuple(t.chunk(blocks)[block] for t in inputs)
         kwargs = {k: t.chunk(blocks)[block] for k, t in kwargs.items()}
     if shard_now or "meta" in recipe or "kfac" in recipe:  # the state dict and K-FAC need the sharded model
-        first = (_half(inputs), dict(zip(kwargs, _half(tuple(kwargs.values()))))) if "no_sync" in recipe else \
-            (inputs, kwargs)  # as the loop's first call
-        autopar.prepare(model, *first[0], **first[1])
+        args, keywords = first_call(recipe, inputs, kwargs)
+        autopar.prepare(model, *args, **keywords)
     if "meta" in recipe:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
