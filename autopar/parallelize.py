@@ -101,9 +101,10 @@ class _Runner:
             plan = _planned_on_rank0(lambda: self._first_plan(model, call))
         elif self.mesh is not None and plan.device_mesh != self.mesh:
             raise MeshError(f"the given plan is for mesh {plan.device_mesh}, not {self.mesh}")
-        else:  # on every rank, so that all of them raise
+        else:  # rank 0 captures (every rank runs the same model on the same call); all of them raise
             args, kwargs = call.rebuild(call.tensors)
-            check_plan_is_for(plan, model, *args, loss_fn=self.options.loss_fn, **kwargs)
+            _on_rank0("checking the given plan",
+                      lambda: check_plan_is_for(plan, model, *args, loss_fn=self.options.loss_fn, **kwargs))
         plan.device_mesh.check_world_size(world)  # a searched mesh (mesh=8 on 4 ranks), a given plan's
         device = self.options.device or ("cuda" if dist.get_backend() == "nccl" else "cpu")
         if device == "cuda":
@@ -245,10 +246,17 @@ class _ResetParameters:
 
 def _planned_on_rank0(make_plan: Callable[[], Plan]) -> Plan:
     """Rank 0's plan on every rank; where planning fails, every rank raises its error."""
+    return Plan.from_json(_on_rank0("planning", lambda: make_plan().to_json()))
+
+
+def _on_rank0(what: str, work: Callable[[], object]):
+    """``work()``'s result, computed on rank 0 alone and broadcast to every rank (ranks of one
+    program capture and plan alike, and on a shared host the others would only slow rank 0
+    down); where it raises, every rank raises its error, saying ``what`` failed."""
     message: list = [None]
     if dist.get_rank() == 0:
         try:
-            message = [("plan", make_plan().to_json())]
+            message = [("done", work())]
         except Exception as exc:
             dist.broadcast_object_list([("error", type(exc).__name__, str(exc))], src=0)
             raise
@@ -257,8 +265,8 @@ def _planned_on_rank0(make_plan: Callable[[], Plan]) -> Plan:
         _, kind, text = message[0]
         error = getattr(errors, kind, None)
         raise (error if isinstance(error, type) and issubclass(error, AutoparError) else AutoparError)(
-            f"planning failed on rank 0: {text}")
-    return Plan.from_json(message[0][1])
+            f"{what} failed on rank 0: {text}")
+    return message[0][1]
 
 
 @contextlib.contextmanager

@@ -23,13 +23,36 @@ def _outputs(value) -> list:
     return [value]
 
 
-def _mismatch(call: Call) -> str | None:
-    import jax.numpy as jnp
-
+def _jax_inputs(call: Call) -> tuple[tuple, dict]:
     args, kwargs = to_jax(call.args), {k: to_jax(v) for k, v in call.kwargs.items()}
     if call.target == "aten.native_dropout.default":  # the program passes the mask it drew: here torch's
         kwargs["mask"] = to_jax(call.out[1])
-    mine = _outputs(_jitted(TABLE[call.target], args, kwargs))
+    return args, kwargs
+
+
+def _mismatches(calls: list[Call]) -> list[str | None]:
+    """What differs from torch in each call's translation (None where nothing does). The calls
+    are compiled as one program (a compile per sample was most of this test's time); where that
+    raises, one by one, so that the sample whose translation raises is named."""
+    try:
+        results = _jitted([(TABLE[call.target], *_jax_inputs(call)) for call in calls])
+    except Exception:  # noqa: BLE001 - each call again, alone, to tell which one raises
+        return [_alone(call) for call in calls]
+    return [_compared(call, result) for call, result in zip(calls, results)]
+
+
+def _alone(call: Call) -> str | None:
+    try:
+        (result,) = _jitted([(TABLE[call.target], *_jax_inputs(call))])
+    except Exception as e:  # a translation that raises on torch's own sample is wrong
+        return f"raised {type(e).__name__}: {str(e)[:200]}"
+    return _compared(call, result)
+
+
+def _compared(call: Call, result) -> str | None:
+    import jax.numpy as jnp
+
+    mine = _outputs(result)
     theirs = _outputs(call.out)
     if len(mine) != len(theirs):
         return f"{len(mine)} outputs, torch {len(theirs)}"
@@ -57,22 +80,26 @@ def _mismatch(call: Call) -> str | None:
     return None
 
 
-def _jitted(function, args: tuple, kwargs: dict):
-    """``function(*args, **kwargs)`` under jax.jit, as the emitted program runs it: the arrays
-    traced, every other argument (sizes, dims, flags, dtypes) static."""
+def _jitted(work: list[tuple]) -> list:
+    """``function(*args, **kwargs)`` of each ``(function, args, kwargs)``, in one function under
+    jax.jit, as the emitted program runs them: the arrays traced, every other argument (sizes,
+    dims, flags, dtypes) static."""
     import jax
 
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    traced = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+    flat = [jax.tree_util.tree_flatten((args, kwargs)) for _, args, kwargs in work]
+    traced = [[i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)] for leaves, _ in flat]
 
-    def run(*arrays):
-        filled = list(leaves)
-        for i, array in zip(traced, arrays):
-            filled[i] = array
-        a, k = jax.tree_util.tree_unflatten(tree, filled)
-        return function(*a, **k)
+    def run(*arrays_of_each):
+        results = []
+        for (function, _, _), (leaves, tree), places, arrays in zip(work, flat, traced, arrays_of_each):
+            filled = list(leaves)
+            for i, array in zip(places, arrays):
+                filled[i] = array
+            a, k = jax.tree_util.tree_unflatten(tree, filled)
+            results.append(function(*a, **k))
+        return results
 
-    return jax.jit(run)(*[leaves[i] for i in traced])
+    return jax.jit(run)(*[[leaves[i] for i in places] for (leaves, _), places in zip(flat, traced)])
 
 
 def _keepdim(indices, x, dim):
@@ -89,19 +116,15 @@ def _data_dependent(call: Call) -> bool:
         isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in call.args[1])
 
 
-@pytest.mark.slow  # about 10k jit compiles of OpInfo samples
+@pytest.mark.slow  # about 10k OpInfo samples, compiled a target and dtype at a time
 @pytest.mark.parametrize("target", sorted(TABLE))
 def test_translation_matches_torch_on_opinfo_samples(target):
     tried, failures = {}, []
     for dtype in DTYPES:
-        for call in recorded_calls(target, dtype):
-            if _data_dependent(call):
-                continue
-            tried[dtype] = tried.get(dtype, 0) + 1
-            try:
-                problem = _mismatch(call)
-            except Exception as e:  # a translation that raises on torch's own sample is wrong
-                problem = f"raised {type(e).__name__}: {str(e)[:200]}"
+        calls = [call for call in recorded_calls(target, dtype) if not _data_dependent(call)]
+        if calls:
+            tried[dtype] = len(calls)
+        for call, problem in zip(calls, _mismatches(calls)):
             if problem:
                 shapes = [tuple(a.shape) for a in call.args if isinstance(a, torch.Tensor)]
                 others = [a for a in call.args if not isinstance(a, torch.Tensor)]
