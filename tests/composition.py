@@ -85,12 +85,13 @@ for _loop in ("dcp", "clip", "meta", "local", "no_sync", "fp16"):
 NOT_EXPRESSIBLE[frozenset({"sp", "hf"})] = (
     "`autopar.baselines` takes positional example inputs: a `kwargs=` argument would lift it")
 
-# features whose pairs are not proven yet, and why: shown as such, neither run nor refused
+# features whose pairs (but those REFUSED holds) are not proven yet, and why: shown as such,
+# neither run nor refused
 PENDING = {
     "recompute": "the test's budget (the plan's peak less half its activations) does not make every combination "
-                 "recompute: the planner meets it with other layouts (ZeRO, offload) or, on a pipeline, finds no "
-                 "partition (recomputation is not decided per stage); a budget the planner can only meet by "
-                 "recomputing would make these pairs checkable",
+                 "recompute: the planner meets it with other layouts (ZeRO, offload), or the peak is where "
+                 "backward holds the gradients and recomputing cannot lower it; a budget the planner can only "
+                 "meet by recomputing would make these pairs checkable",
 }
 
 # the refusals: the pair -> (a part of autopar's message, the reason the docs give)
@@ -100,7 +101,13 @@ _KFAC_PRECISION = ("K-FAC runs in float32 for now", "K-FAC finds its layers as t
                    "under mixed precision they read its low-precision cast: following the cast would lift it")
 _NO_JAX_PIPELINE = ("which only the torch backend emits", "the JAX backend emits no pipeline (K-FAC runs in a "
                     "pipeline's bubbles): a JAX pipeline runtime would lift it")
+_NO_PIPELINE_RECOMPUTE = ("no balanced partition fits the memory budget", "a pipeline's stages are cut after "
+                          "recomputation is chosen for the micro-batch's whole program, so a budget that needs it "
+                          "leaves no partition that fits with the activations the schedule keeps in flight: "
+                          "recomputation chosen per stage would lift it")
 REFUSED: dict[frozenset, tuple[str, str]] = {
+    frozenset({"pp", "recompute"}): _NO_PIPELINE_RECOMPUTE,
+    frozenset({"kfac", "recompute"}): _NO_PIPELINE_RECOMPUTE,
     frozenset({"pp", "offload"}): _NO_PIPELINE_OFFLOAD,
     frozenset({"kfac", "offload"}): _NO_PIPELINE_OFFLOAD,
     frozenset({"bf16", "kfac"}): _KFAC_PRECISION,
@@ -136,9 +143,9 @@ RUN_SIZE = 7
 
 
 def pairs() -> list[tuple[str, str]]:
-    """The pairs a test can try: neither inexpressible nor pending."""
-    return [(a, b) for a, b in itertools.combinations(FEATURES, 2)
-            if frozenset({a, b}) not in NOT_EXPRESSIBLE and not {a, b} & set(PENDING)]
+    """The pairs a test can try: those that can be said and are not pending."""
+    return [(a, b) for a, b in itertools.combinations(FEATURES, 2) if frozenset({a, b}) not in NOT_EXPRESSIBLE
+            and (frozenset({a, b}) in REFUSED or not {a, b} & set(PENDING))]
 
 
 def cover() -> list[frozenset]:
@@ -540,14 +547,14 @@ def matrix_markdown() -> str:
         if a == b:
             return "·"
         pair = frozenset({a, b})
-        pending = next((PENDING[f] for f in pair if f in PENDING), None)
         refused = pair in REFUSED
+        pending = None if refused or pair in NOT_EXPRESSIBLE else next((PENDING[f] for f in pair if f in PENDING), None)
         reason = REFUSED[pair][1] if refused else NOT_EXPRESSIBLE.get(pair) or pending
         if reason is None:
             return "✓"
         if reason not in notes:
             notes.append(reason)
-        return f"{'✗' if refused else '?' if pending and pair not in NOT_EXPRESSIBLE else '—'}{notes.index(reason) + 1}"
+        return f"{'✗' if refused else '?' if pending else '—'}{notes.index(reason) + 1}"
 
     for a in keys:
         lines.append(f"| {FEATURES[a].title} | " + " | ".join(cell(a, b) for b in keys) + " |")
