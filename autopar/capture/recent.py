@@ -3,7 +3,7 @@
 
 Only check reads them: its comparison with eager backs the shortcut up (a model changed in
 place since its capture, which the key cannot see, would fail that comparison, not pass it).
-autoparallelize's given plans are always checked against a fresh capture.
+autoparallelize's given plans are always checked against a fresh capture (rank 0's, broadcast).
 """
 from __future__ import annotations
 
