@@ -101,7 +101,9 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
                                  (NormsOverSequence(tokens[1]),) if sp and tokens else ())
     out = Baselines()
     plan_options.setdefault("offload", False)  # the hand-written configurations hold their state on the device
-    wanted = _wanted(only, layouts, devices)
+    tp = max(degrees, default=1)
+    pipelines = _pipelined_layouts(devices, tp, hw)
+    wanted = _wanted(only, list(layouts) + list(pipelines))
     for name, (mesh, pin, restrict, passes) in layouts.items():
         if not wanted(name):
             continue
@@ -117,55 +119,54 @@ def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAUL
                                       progress=progress, **plan_options)
         except AutoparError as exc:  # e.g. replicated parameters do not fit the memory budget
             out.skipped[name] = str(exc)
-    _add_3d(out, program, model, example_inputs, devices, hw, params, tokens, batch, max(degrees, default=1),
-            progress, plan_options, wanted)
+    _add_3d(out, program, model, example_inputs, {n: v for n, v in pipelines.items() if wanted(n)}, tp, hw,
+            tokens, batch, progress, plan_options)
     return out
 
 
-def _wanted(only: Collection[str] | None, layouts: dict, devices: int) -> Callable[[str], bool]:
+def _wanted(only: Collection[str] | None, names: list[str]) -> Callable[[str], bool]:
     """Whether a baseline's name is one ``only`` asks for (all where None); an error names
-    the ones it asks for that do not exist."""
+    the ones it asks for that these devices have none of."""
     if only is None:
         return lambda name: True
-    unknown = [n for n in only if n not in layouts and not re.fullmatch(r"megatron-pp\d+-tp\d+-(1f1b|interleaved)", n)]
+    unknown = [n for n in only if n not in names]
     if unknown:
-        raise AutoparError(f"no baseline named {unknown[0]!r}; for {devices} devices they are "
-                           f"{', '.join(layouts)} and megatron-pp<P>-tp<T>-1f1b or -interleaved")
+        raise AutoparError(f"no baseline named {unknown[0]!r}; for these devices they are {', '.join(names)}")
     return set(only).__contains__
 
 
-def _add_3d(out: Baselines, program, model, example_inputs, devices: int, hw, params: dict, tokens, batch: int,
-            tp: int, progress, plan_options: dict, wanted: Callable[[str], bool]) -> None:
-    """Megatron-LM's 3-D layouts: pipelines whose stages hold whole nodes, TP of degree ``tp``
-    inside each node, micro-batches of one sample per data-parallel rank."""
+def _pipelined_layouts(devices: int, tp: int, hw) -> dict[str, tuple[int, int, str]]:
+    """Megatron-LM's 3-D layouts for ``devices``: name -> (pp, dp, schedule), pipelines whose
+    stages hold whole nodes, TP of degree ``tp`` inside each node."""
     if tp < 2:
-        return
-    for pp in (2, 4, 8):
-        if devices % (pp * tp) or (devices // pp) % hw.devices_per_node:
+        return {}
+    return {f"megatron-pp{pp}-tp{tp}-{label}": (pp, devices // (pp * tp), schedule) for pp in (2, 4, 8)
+            if not devices % (pp * tp) and not (devices // pp) % hw.devices_per_node
+            for schedule, label in (("1F1B", "1f1b"), ("Interleaved1F1B", "interleaved"))}
+
+
+def _add_3d(out: Baselines, program, model, example_inputs, layouts: dict, tp: int, hw, tokens, batch: int,
+            progress, plan_options: dict) -> None:
+    """The 3-D ``layouts`` (_pipelined_layouts), micro-batches of one sample per data-parallel rank."""
+    for name, (pp, dp, schedule) in layouts.items():
+        if batch % dp or batch // dp < pp:
+            out.skipped[name] = (f"the batch of {batch} samples gives {batch // dp} micro-batches of one sample "
+                                 f"per dp rank (dp={dp}), fewer than the {pp} stages")
             continue
-        dp = devices // (pp * tp)
-        for schedule, label in (("1F1B", "1f1b"), ("Interleaved1F1B", "interleaved")):
-            name = f"megatron-pp{pp}-tp{tp}-{label}"
-            if not wanted(name):
-                continue
-            if batch % dp or batch // dp < pp:
-                out.skipped[name] = (f"the batch of {batch} samples gives {batch // dp} micro-batches of one sample "
-                                     f"per dp rank (dp={dp}), fewer than the {pp} stages")
-                continue
-            m = batch // dp
-            micro = (batch // m, tokens[1]) if tokens else None
-            micro_batch = frozenset({batch // m} | ({(batch // m) * tokens[1]} if tokens else set()))
-            if progress is not None:
-                progress(f"baseline {name} on (pp={pp}, dp={dp}, tp={tp}) ...")
-            try:
-                out[name] = plan_captured(
-                    program, model, example_inputs, mesh=Mesh.of(pp=pp, dp=dp, tp=tp), hardware=hw,
-                    pin={n: _megatron(n, p, tp, 1) for n, p in params.items()},
-                    restrict=_no_sequence_split(program, micro, axis=1),
-                    passes=(BatchOverDataParallel(micro_batch),) if dp > 1 else (), progress=progress,
-                    schedule=schedule, microbatches=m, partition="even", **plan_options)
-            except AutoparError as exc:
-                out.skipped[name] = str(exc)
+        m = batch // dp
+        micro = (batch // m, tokens[1]) if tokens else None
+        micro_batch = frozenset({batch // m} | ({(batch // m) * tokens[1]} if tokens else set()))
+        if progress is not None:
+            progress(f"baseline {name} on (pp={pp}, dp={dp}, tp={tp}) ...")
+        try:
+            out[name] = plan_captured(
+                program, model, example_inputs, mesh=Mesh.of(pp=pp, dp=dp, tp=tp), hardware=hw,
+                pin=megatron_pins(model, tp),
+                restrict=_no_sequence_split(program, micro, axis=1),
+                passes=(BatchOverDataParallel(micro_batch),) if dp > 1 else (), progress=progress,
+                schedule=schedule, microbatches=m, partition="even", **plan_options)
+        except AutoparError as exc:
+            out.skipped[name] = str(exc)
 
 
 def best(plans: dict):

@@ -10,6 +10,7 @@ tests.composition`` prints it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import itertools
@@ -24,6 +25,7 @@ from autopar.baseline_plans import megatron_pins
 from autopar.check import MIXED_TOLERANCE
 from autopar.ir.placement import Shard
 from examples import gpt2
+from tests.models import tiny_llama
 from tests.workers import FAST
 
 RANKS = 4
@@ -179,14 +181,8 @@ def model_and_batch(recipe: frozenset):
     """(model, positional inputs, keyword inputs) of the recipe: a tiny GPT-2-style decoder, or
     a tiny Hugging Face Llama called with keywords."""
     if "hf" in recipe:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        torch.manual_seed(0)
-        cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, use_cache=False)
-        model = LlamaForCausalLM(cfg)
-        ids = torch.randint(0, 64, (8, 8))
-        return model, (), {"input_ids": ids, "labels": ids}
+        model, kwargs = tiny_llama(heads=2, positions=16)
+        return model, (), kwargs
     model, inputs = gpt2.make(TINY)
     return model, inputs, {}
 
@@ -295,7 +291,7 @@ def train_loop(model, step_model, opt, recipe: frozenset, inputs, kwargs, steps,
         with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
             if "no_sync" in recipe:
                 halves = (slice(0, rows // 2), slice(rows // 2, rows))
-                with step_model.no_sync() if hasattr(step_model, "no_sync") else _nothing():
+                with step_model.no_sync() if hasattr(step_model, "no_sync") else contextlib.nullcontext():
                     first = call_loss(step_model, recipe, inputs, kwargs, halves[0]) / 2
                     _backward(first, scaler)
                 second = call_loss(step_model, recipe, inputs, kwargs, halves[1]) / 2
@@ -319,14 +315,6 @@ def train_loop(model, step_model, opt, recipe: frozenset, inputs, kwargs, steps,
         if between is not None:
             model, step_model, opt, scaler = between(step, model, step_model, opt, scaler)
     return losses, model
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _backward(loss, scaler) -> None:

@@ -299,6 +299,8 @@ def test_megatron_pins_split_projections_over_tp_and_everything_over_dp_and_an_u
     assert set(megatron_pins(model, tp=2).values()) <= {"R,R", "R,S(0)", "R,S(1)"}
     with pytest.raises(AutoparError, match="no baseline named 'megatron-tp3-sp'"):
         autopar.baselines(model, inputs, devices=4, only=["megatron-tp3-sp"])
+    with pytest.raises(AutoparError, match="no baseline named 'megatron-pp2-tp4-1f1b'"):  # 4 devices fill no node
+        autopar.baselines(model, inputs, devices=4, only=["megatron-pp2-tp4-1f1b"])
 
 
 def test_explain_of_a_pipelined_plan_reads_the_stage_layout(demo_pipeline):

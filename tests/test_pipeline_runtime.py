@@ -17,6 +17,7 @@ from autopar.lowering.stages import stage_programs
 from autopar.runtime.local_cluster import get_cluster
 from examples import gpt2
 from tests import composition, pipeline_workers, workers
+from tests.models import tiny_llama
 from tests.tiers import sampled
 
 CONFIG = gpt2.GPT2Config(vocab=256, seq=32, layers=4, heads=4, width=128, batch=8)
@@ -106,24 +107,12 @@ def test_a_hugging_face_llama_pipelines_over_two_stages_of_two_data_parallel_ran
     assert report.ok, str(report)
 
 
-def _tiny_llama():
-    """A two-layer Hugging Face Llama and the keywords it is called with (a batch of 8)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, use_cache=False)
-    model = LlamaForCausalLM(cfg)
-    ids = torch.randint(0, 64, (8, 8))
-    return model, {"input_ids": ids, "labels": ids}
-
-
 def test_a_hugging_face_llama_called_with_keywords_pipelines_and_returns_its_output_type():
     """``model(input_ids=ids, labels=ids)`` as Hugging Face is called: the keywords are split into
     micro-batches as positional inputs are, and the output is the model's CausalLMOutputWithPast
     with the batch's loss and its logits, the whole batch's on every rank (check compares them
     with eager's too)."""
-    model, kwargs = _tiny_llama()
+    model, kwargs = tiny_llama(heads=4, positions=32)
     plan = autopar.plan(model, kwargs=kwargs, mesh="pp=2,dp=2", schedule="1F1B", microbatches=4,
                         hardware=workers.FAST)
     assert plan.pipeline.microbatches == 4
@@ -157,7 +146,7 @@ def test_logits_of_local_batches_come_back_in_the_batchs_row_order():
     """With inputs="local" micro-batch k holds every data-parallel block's k-th part; the logits
     the pipeline returns are put back in the whole batch's order (the blocks one after another),
     equal to eager's on the whole batch."""
-    model, kwargs = _tiny_llama()
+    model, kwargs = tiny_llama(heads=4, positions=32)
     buffer = io.BytesIO()
     torch.save(model, buffer)
     got = get_cluster(4).run(pipeline_workers.keyword_call_pipelined, buffer.getvalue(), kwargs, "pp=2,dp=2", "1F1B",

@@ -54,21 +54,6 @@ OUTPUT_SPECS = (P(), P('tp', None), P('tp'), P(None, 'tp'), P(None),)
 def aten_t(x):
     return x.T if x.ndim == 2 else x
 
-def _float32_product(a, b):
-    """``a @ b`` of low-precision operands in float32. The operands are cast first rather than
-    asking the dot for a float32 result (preferred_element_type), which XLA's CPU dot does not
-    run for every layout ("Unsupported element type for DotThunk: BF16 x BF16 = F32"); a product
-    of two bf16 or fp16 numbers is exact in float32, so the sums are the same."""
-    return jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32))
-
-def aten_addmm(bias, a, b, beta=1, alpha=1):
-    if not jnp.issubdtype(a.dtype, jnp.inexact):  # integer tensors take the integral part of the scalars
-        beta, alpha = int(beta), int(alpha)
-    if a.dtype in (jnp.bfloat16, jnp.float16):  # the sum and the bias in float32, rounded once
-        product = _float32_product(a, b)
-        return (beta * bias.astype(jnp.float32) + alpha * product).astype(a.dtype)
-    return beta * bias + alpha * (a @ b)
-
 def _wide(x):
     return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
 
@@ -82,6 +67,12 @@ def _in_float32(function, *xs):
     if isinstance(out, tuple):
         return tuple(None if o is None else o.astype(dtype) for o in out)
     return out.astype(dtype)
+
+def aten_addmm(bias, a, b, beta=1, alpha=1):
+    if not jnp.issubdtype(a.dtype, jnp.inexact):  # integer tensors take the integral part of the scalars
+        beta, alpha = int(beta), int(alpha)
+    # the product, the sum and the bias in float32, rounded once (as aten_mm)
+    return _in_float32(lambda x, y, c: beta * c + alpha * jnp.matmul(x, y), a, b, bias)
 
 def aten_gelu(x, approximate="none"):
     return _in_float32(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
@@ -167,9 +158,10 @@ def aten_mul(a, b):
     return a * b
 
 def aten_mm(a, b):
-    if a.dtype in (jnp.bfloat16, jnp.float16):  # accumulated in float32 and rounded once, as torch does
-        return _float32_product(a, b).astype(a.dtype)
-    return a @ b
+    # accumulated in float32 and rounded once, as torch does: the operands are cast first, as XLA's
+    # CPU dot does not run a bf16 x bf16 = f32 product for every layout, and a product of two bf16
+    # or fp16 numbers is exact in float32, so the sums are the same
+    return _in_float32(jnp.matmul, a, b)
 
 def aten_view(x, size):
     return jnp.reshape(x, size)
