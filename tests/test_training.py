@@ -494,6 +494,13 @@ def test_a_synchronous_collective_never_waits_behind_a_gradient_sync():
     assert results == [([0, 1], [3.0] * 4), ([0, 1], [3.0] * 4)]
 
 
+def test_rank_meshes_of_one_mesh_share_their_process_groups():
+    """Each process group holds threads and sockets until its process ends: a process that builds
+    many modules on one mesh (a worker pool, a notebook, eval plans) keeps one set."""
+    for got in get_cluster(2).run(workers.process_groups_of_rank_meshes):
+        assert got == {"same": True, "threads unchanged": True, "distinct": True, "summed": 3.0}
+
+
 def test_an_all_reduce_at_its_inputs_last_read_reuses_its_memory_only_where_nothing_else_reads_it():
     for rank, got in enumerate(get_cluster(2).run(workers.all_reduces_at_their_inputs_last_read)):
         assert got["in place"] and got["reduced"] == [3.0] * 4

@@ -1,5 +1,6 @@
 """Jobs run on every rank of a local gloo group by tests (importable by workers)."""
 import dataclasses
+import os
 
 import torch
 import torch.nn.functional as F
@@ -240,6 +241,25 @@ def synchronous_collective_while_a_gradient_sync_waits(rank, world_size):
     if rank == 1:
         pending = rt.start_all_reduce(grad, "dp")
     return gathered.tolist(), pending.wait().tolist()
+
+
+def process_groups_of_rank_meshes(rank, world_size):
+    """Three RankMeshes, two of one mesh: the same mesh's share their process groups and
+    threads (a pool process builds hundreds of modules), another mesh gets its own."""
+    import threading
+
+    from autopar.runtime.rank_mesh import RankMesh
+
+    first = RankMesh(autopar.Mesh.of(dp=2))
+    threads = threading.active_count(), len(os.listdir("/proc/self/task"))
+    again = RankMesh(autopar.Mesh.of(dp=2))
+    same = (again.groups["dp"] is first.groups["dp"] and again.sync_groups["dp"] is first.sync_groups["dp"]
+            and again.device_mesh is first.device_mesh)
+    unchanged = (threading.active_count(), len(os.listdir("/proc/self/task"))) == threads
+    other = RankMesh(autopar.Mesh.of(tp=2))
+    distinct = other.sync_groups["tp"] is not first.sync_groups["dp"]
+    summed = other.all_reduce(torch.tensor([rank + 1.0]), "tp").item()
+    return {"same": same, "threads unchanged": unchanged, "distinct": distinct, "summed": summed}
 
 
 def step_counting_gradient_buckets(rank, world_size, model_bytes, batch, plan_json, bucket_bytes):

@@ -59,8 +59,6 @@ class RankMesh:
         own copy, and ``pipeline_group`` joins it with the ranks of the same place in the others.
         ``timeout_s``: a collective that has not completed after so long raises
         CollectiveTimeoutError (default: collective_timeout_s())."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         if not dist.is_initialized():
             raise RuntimeError("RankMesh needs an initialised process group (torchrun or autopar.check)")
         whole = mesh if pipeline_stages == 1 else Mesh(("pp",) + mesh.axis_names, (pipeline_stages,) + mesh.shape)
@@ -72,16 +70,11 @@ class RankMesh:
         self.coords = whole.coords(self.rank)[offset:]
         self.pipeline_rank = whole.coords(self.rank)[0] if offset else 0
         self.device = torch.device(device)
-        full = init_device_mesh(self.device.type, whole.shape, mesh_dim_names=whole.axis_names)
+        full, sync_groups = _process_groups(self.device.type, whole)
         self.device_mesh = full[mesh.axis_names] if offset else full
         self.groups = {name: full.get_group(name) for name in mesh.axis_names}
         self.pipeline_group = full.get_group("pp") if offset else None
-        # gradient syncs run on groups of their own: gloo and NCCL run one group's collectives in
-        # the order they were issued, so a synchronous collective later in backward (an
-        # all-gather) would otherwise wait behind every sync queued before it (every rank makes
-        # every group, its own copy's and the others')
-        self.sync_groups = {name: _new_group_along(full.mesh, axis + offset)
-                            for axis, name in enumerate(mesh.axis_names)}
+        self.sync_groups = {name: sync_groups[name] for name in mesh.axis_names}
         self._gloo = dist.get_backend() == "gloo"
         self.bytes_moved: Counter = Counter()  # collective kind -> message bytes, as the cost model counts them
         self.calls: Counter = Counter()  # collective kind (or "gradient bucket") -> calls made to the library
@@ -294,6 +287,34 @@ def _tensors_sharing_memory(x: torch.Tensor) -> int:
     DTensor's local tensor each count: a tensor's own use count would miss the last two)."""
     storage = x.untyped_storage()
     return torch._C._storage_Use_Count(storage._cdata) - 1  # less the storage object made here
+
+
+# (device type, mesh) -> (DeviceMesh, {axis name: gradient-sync group}), for the process group
+# they were made in. Every RankMesh of a process shares them: each process group holds its own
+# threads and sockets until the process ends (torch offers no way to destroy a subgroup alone),
+# so a process that builds many modules (a worker pool, a notebook) would otherwise gather
+# hundreds of them.
+_GROUPS: dict = {}
+_GROUPS_WORLD: list = [None]  # the default process group the cached groups belong to
+
+
+def _process_groups(device_type: str, whole: Mesh):
+    """The DeviceMesh over the world's mesh ``whole`` and its gradient-sync groups, made once per
+    process group. Gradient syncs run on groups of their own: gloo and NCCL run one group's
+    collectives in the order they were issued, so a synchronous collective later in backward (an
+    all-gather) would otherwise wait behind every sync queued before it (every rank makes every
+    group, its own copy's and the others')."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.group.WORLD
+    if _GROUPS_WORLD[0] is not world:  # a new process group: the old one's groups are gone with it
+        _GROUPS.clear()
+        _GROUPS_WORLD[0] = world
+    key = (device_type, whole)
+    if key not in _GROUPS:
+        full = init_device_mesh(device_type, whole.shape, mesh_dim_names=whole.axis_names)
+        _GROUPS[key] = full, {name: _new_group_along(full.mesh, axis) for axis, name in enumerate(whole.axis_names)}
+    return _GROUPS[key]
 
 
 def _new_group_along(ranks: torch.Tensor, axis: int):
