@@ -151,14 +151,15 @@ class SoftplusStack(nn.Module):
         return F.mse_loss(x, y)
 
 
-def tiny_llama(heads: int, positions: int):
+def tiny_llama(heads: int, positions: int, sequence: int = 8):
     """A two-layer Hugging Face Llama (width 32, vocabulary 64, ``heads`` attention heads over 2
-    key-value heads) from seed 0, and the keywords it is called with: a batch of 8 sequences of 8."""
+    key-value heads) from seed 0, and the keywords it is called with: a batch of 8 sequences of
+    ``sequence`` tokens."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=heads,
                       num_key_value_heads=2, vocab_size=64, max_position_embeddings=positions, use_cache=False)
     model = LlamaForCausalLM(cfg)
-    ids = torch.randint(0, 64, (8, 8))
+    ids = torch.randint(0, 64, (8, sequence))
     return model, {"input_ids": ids, "labels": ids}

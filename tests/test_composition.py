@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 from tests import composition
-from tests.composition import FEATURES, NOT_EXPRESSIBLE, PENDING, REFUSED, STACK
+from tests.composition import FEATURES, NOT_EXPRESSIBLE, REFUSED, STACK
 
 RUNS = composition.cover()
 
@@ -23,8 +23,7 @@ def test_every_pair_is_run_refused_or_said_to_be_inexpressible():
     covered = {frozenset(p) for run in RUNS for p in itertools.combinations(run, 2)}
     for a, b in itertools.combinations(FEATURES, 2):
         pair = frozenset({a, b})
-        pending = bool(pair & set(PENDING)) and pair not in NOT_EXPRESSIBLE and pair not in REFUSED
-        assert (pair in covered) + (pair in REFUSED) + (pair in NOT_EXPRESSIBLE) + pending == 1, (a, b)
+        assert (pair in covered) + (pair in REFUSED) + (pair in NOT_EXPRESSIBLE) == 1, (a, b)
     for run in RUNS:
         assert set(run) <= set(FEATURES)
         assert composition.ranks_of(composition.mesh_of(run)) == composition.RANKS, sorted(run)
@@ -43,12 +42,10 @@ def test_a_run_of_several_features_trains_equal_to_eager(run):
 @pytest.mark.slow
 def test_torchtitans_stack_trains_equal_to_eager():
     """ZeRO-3 + TP + PP + bf16 + compile + recompute + DCP + clipping in one run on eight ranks
-    (pp=2,dp=2,tp=2): equal to eager, every feature in the plan but a pending one (on this mesh
-    the planner meets the recompute budget without recomputing; on pp=2,dp=2 the same budget is
-    refused, as the table says)."""
+    (pp=2,dp=2,tp=2): equal to eager, every feature in the plan."""
     outcome = composition.run_recipe(STACK)
     assert outcome.error is None and outcome.worst <= 1.0, outcome
-    assert set(outcome.missing) <= set(PENDING), outcome
+    assert not outcome.missing, outcome
 
 
 _REFUSED_PAIRS = sorted(REFUSED, key=sorted)

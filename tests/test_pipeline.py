@@ -213,6 +213,24 @@ def test_pinned_schedule_and_micro_batches_are_kept_and_priced_by_the_simulator(
     assert all(st.in_flight == 2 - st.index for st in pl.stages)
 
 
+def test_a_budget_only_the_micro_batches_in_flight_exceed_is_met_by_recomputing(demo_pipeline):
+    """Below a 1F1B pipeline's peak by half its activations, with the state as it was (no ZeRO on
+    one dp rank): the first stage's micro-batches in flight fit only by recomputing, which the
+    micro-batch's program chooses when fitted with them; every rank's peak, the in-flight
+    activations included, is under the budget. With recompute="none" it is refused."""
+    model, inputs, _ = demo_pipeline
+    options = dict(mesh="pp=2", schedule="1F1B", microbatches=4, cache=False)
+    free = autopar.plan(model, inputs, recompute="none", **options)
+    memory = free.predicted.memory_bytes
+    budget = sum(memory.values()) - 0.5 * memory["activations"]
+    plan = autopar.plan(model, inputs, memory_budget=budget, **options)
+    assert plan.recompute and not free.recompute
+    assert max(plan.pipeline.rank_peak_bytes) <= budget < max(free.pipeline.rank_peak_bytes)
+    assert "micro-batches' saved activations in flight" in plan.history[0].note
+    with pytest.raises(AutoparError, match="no balanced partition fits the memory budget"):
+        autopar.plan(model, inputs, memory_budget=budget, recompute="none", **options)
+
+
 def test_pipeline_options_are_refused_where_they_cannot_apply(demo_pipeline):
     model, inputs, plan = demo_pipeline
     with pytest.raises(MeshError, match="'pp' goes first"):

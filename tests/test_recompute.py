@@ -1,5 +1,6 @@
 """Recomputation: the solver against brute force, and recompute plans that run, match eager,
 and hold the memory they predict."""
+import dataclasses
 import math
 import random
 import re
@@ -74,6 +75,28 @@ def test_the_recompute_solver_equals_brute_force_on_small_problems():
         with pytest.raises(SolverError):
             solve(problem, least.memory - 1.0)
     assert compared == 160
+
+
+def test_with_micro_batches_in_flight_the_solver_equals_brute_force_and_counts_their_saved_values():
+    """A pipeline stage holds other micro-batches' saved values (those held where backward
+    starts, the first point) all through one micro-batch's backward: recomputing more of them
+    pays k - 1 times over, and the solver still finds brute force's optimum."""
+    rng = random.Random(11)
+    for trial in range(15):
+        alone = random_problem(rng, n=rng.randint(5, 10), points=rng.randint(2, 4))
+        problem = dataclasses.replace(alone, in_flight=3)
+        for recomputed in ({}, set(range(0, alone.n, 2))):
+            one, three = memory_of(alone, recomputed), memory_of(problem, recomputed)
+            saved_at_start = one[0] - alone.fixed[0]
+            assert three == pytest.approx([m + 2 * saved_at_start for m in one])
+        least = min(max(memory_of(problem, set(s))) for k in range(problem.n + 1) for s in _subsets(problem, k))
+        assert solve(problem, None).memory == pytest.approx(least)
+        for share in (0.2, 0.7):
+            limit = least + share * (max(memory_of(problem, set())) - least)
+            seconds, subset = brute_force(problem, limit)
+            found = solve(problem, limit)
+            assert found.seconds == pytest.approx(seconds, abs=1e-9), (trial, share, subset, found)
+            assert max(memory_of(problem, set(found.recomputed))) <= limit + 1e-6
 
 
 def test_the_recompute_shortcuts_give_real_plans_and_a_long_horizon_changes_nothing():

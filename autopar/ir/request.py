@@ -54,6 +54,10 @@ class PlanRequest:
     # the share of a step's gradient syncs one run of the program pays in the sharding objective:
     # 1/m for a pipeline stage's micro-batch, whose gradients sync once per m micro-batches
     sync_share: float = 1.0
+    # micro-batches whose saved activations a device holds at once: a pipeline stage keeps several
+    # in flight (autopar.planning.pipelined), so its micro-batch's program is fitted to the budget
+    # with the others' saved activations beside it
+    activations_in_flight: int = 1
     # optimizer="kfac": the steps between curvature refreshes (its factors and inverses); None:
     # chosen by the planner (autopar.planning.bubbles._refresh_period)
     inv_every: int | None = None

@@ -9,6 +9,7 @@ moment.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -33,6 +34,21 @@ class MemoryEstimate:
     timeline: tuple  # (variable, live bytes after its statement) in program order
     peak_at: str  # the statement (variable) where the peak occurs
     during: tuple = ()  # per statement, the bytes held while it runs (autopar.passes.recompute reads it)
+    saved_bytes: float = 0.0  # forward values held where backward starts: what each micro-batch in flight keeps
+
+
+def with_in_flight(memory: MemoryEstimate, in_flight: int) -> MemoryEstimate:
+    """The memory of a device that keeps ``in_flight`` micro-batches' saved values at once (a
+    pipeline stage's first micro-batches wait for their backward while later ones run forward):
+    the other micro-batches' saved values are held all through this one's step."""
+    extra = (in_flight - 1) * memory.saved_bytes
+    if not extra:
+        return memory
+    breakdown = dict(memory.breakdown)
+    breakdown["activations"] += extra
+    return dataclasses.replace(memory, peak_bytes=memory.peak_bytes + extra, breakdown=breakdown,
+                               timeline=tuple((v, held + extra) for v, held in memory.timeline),
+                               during=tuple(held + extra for held in memory.during))
 
 
 def optimizer_bytes_per_element(optimizer: str, itemsize: int) -> float:
@@ -60,6 +76,7 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
     live = {c: 0.0 for c in CATEGORIES}
     peak, peak_breakdown, peak_at, timeline, during = -1.0, {}, "", [], []
     held_all_step = sum(persistent.values())
+    saved = 0.0  # the activations live at forward's return: every one is kept for backward
 
     def release(var: str) -> None:
         sid = storage_of.pop(var, None)
@@ -71,6 +88,7 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
 
     for s, on_device in zip(statements, chunks):
         if s.kind in ("placeholder",) + RETURNS:
+            saved = live["activations"] if s.kind == "forward_output" else saved
             during.append(held_all_step + sum(live.values()) + on_device)
             continue
         old = storage_of.get(s.defines)
@@ -99,7 +117,7 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
             release(s.defines)
         timeline.append((s.defines, held_all_step + sum(live.values()) + on_device))
     breakdown = {c: persistent[c] + peak_breakdown.get(c, 0.0) for c in CATEGORIES}
-    return MemoryEstimate(sum(breakdown.values()), breakdown, tuple(timeline), peak_at, tuple(during))
+    return MemoryEstimate(sum(breakdown.values()), breakdown, tuple(timeline), peak_at, tuple(during), saved)
 
 
 def _held_all_step(graph, strategies, mesh, optimizer: str, offloaded) -> dict:

@@ -323,8 +323,8 @@ def _memory_rows(program: Program, problem: ShardingProblem, ctx: PassContext):
             per_element = kept + m.itemsize  # and the gradient
         elif node.op == "placeholder":
             kept = per_element = m.itemsize
-        elif node.name in saved:
-            kept, per_element = 0, m.itemsize
+        elif node.name in saved:  # one copy per micro-batch in flight
+            kept, per_element = 0, m.itemsize * ctx.request.activations_in_flight
         else:
             continue
         g = problem.group_of[node.name]

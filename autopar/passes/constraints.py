@@ -6,6 +6,7 @@ A pass reaches them as ``ctx.constraints``:
     ctx.constraints.forbid(lambda node, strategy: ...)    # True rules that strategy of that node out
     ctx.constraints.forbid_collective("dp", kinds=("all_gather",))
     ctx.constraints.cap_memory("40GiB")
+    ctx.constraints.keep(["add_7", ...])                  # forward values never recomputed
 
 Node constraints become forbidden strategies (``allowed``); layer clustering only ties
 layers whose constraints agree, so a constraint on one layer never leaks onto another.
@@ -35,6 +36,7 @@ class Constraints:
     forbidden: list[Callable[[fx.Node, Strategy], bool]] = field(default_factory=list)
     forbidden_collectives: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (axis, kinds)
     memory_cap: float | None = None
+    kept: set[str] = field(default_factory=set)  # forward values recomputation must keep
 
     # ---- what passes call ------------------------------------------------------------
     def pin(self, target: str, placement) -> None:
@@ -58,6 +60,10 @@ class Constraints:
         """Per-device memory at most ``budget`` (bytes or text such as "40GiB")."""
         cap = parse_bytes(budget)
         self.memory_cap = cap if self.memory_cap is None else min(self.memory_cap, cap)
+
+    def keep(self, names) -> None:
+        """Never recompute these forward values (node names): backward reads them as forward left them."""
+        self.kept.update(names)
 
     # ---- what autopar's passes read ----------------------------------------------------
     def allowed(self, program: Program, strategies: dict, mesh: Mesh) -> dict[str, tuple[bool, ...]]:

@@ -44,6 +44,25 @@ class PipelineUnitsPass(Pass):
         return f"{count} layers of {prefix} between what comes before and after them"
 
 
+class StageValuesPass(Pass):
+    """Before the sharding solve of a pipeline's micro-batch: the forward values another unit
+    reads (a rotary table the part before the layers makes, a layer's output) are never
+    recomputed. A recomputed copy runs in backward in the unit of its value, and a stage's
+    backward sends gradients back, never values on to later stages: the stage that reads such
+    a value keeps what it received in forward instead."""
+    name = "stage_values"
+    before = "solve_sharding"
+
+    def run(self, program: Program, ctx: PassContext) -> str:
+        prefix, count = _layers(program)
+        unit_of = _node_units(program, prefix, count)
+        forward = _forward_part(program)
+        crossing = {n.name for n in program.nodes() if n.name in forward and n.name in unit_of
+                    and any(unit_of.get(u.name, unit_of[n.name]) != unit_of[n.name] for u in n.users)}
+        ctx.constraints.keep(crossing)
+        return f"{len(crossing)} forward values read in another unit, never recomputed"
+
+
 def _layers(program: Program) -> tuple[str, int]:
     """The longest run of repeated layers: (prefix, how many), numbered from 0."""
     runs = layer_runs(program, min_layers=2)

@@ -27,7 +27,7 @@ from autopar.errors import AutoparError, SolverError
 from autopar.ir.graph import to_ir
 from autopar.ir.offload import Offload
 from autopar.ir.program import STEP, Program
-from autopar.lowering.memory import MemoryEstimate, simulate
+from autopar.lowering.memory import MemoryEstimate, simulate, with_in_flight
 from autopar.lowering.schedule import (
     RETURNS,
     Statement,
@@ -143,15 +143,18 @@ class _Fitter:
         self.ctx, self.budget = ctx, budget
         # recomputation is solved on the program whose parameter gathers run where they are read:
         # prefetching them holds two layers' parameters at once, the memory recomputing is for
-        self.plain_statements, self.plain = self.program_of()
+        # the simulated program without recomputation; ``plain`` adds the micro-batches in flight
+        self.plain_statements, self.plain_alone = self.program_of()
+        self.plain = self.held(self.plain_alone)
         self.extra_points: list[int] = []
         self.problem, self.names = None, []
 
     def build(self) -> bool:
         """The solver's problem for this layout (built only once recomputation is needed); False
         where no forward value could be recomputed."""
-        self.problem, self.names = build_problem(self.plain_statements, self.plain.during, self.strategies,
-                                                 self.extra_points)
+        self.problem, self.names = build_problem(self.plain_statements, self.plain_alone.during, self.strategies,
+                                                 self.extra_points, self.ctx.request.activations_in_flight,
+                                                 self.ctx.constraints.kept)
         return bool(self.names)
 
     def prefetched(self) -> Recompute | None:
@@ -160,12 +163,17 @@ class _Fitter:
         prefetching = prefetch_parameter_gathers(self.plain_statements, self.graph)
         if len(prefetching) == len(self.plain_statements):  # each parameter gather gains a start
             return None
-        memory = simulate(with_frees(prefetching), self.graph, self.strategies, self.ctx.mesh,
-                          self.ctx.request.optimizer)
+        memory = self.held(simulate(with_frees(prefetching), self.graph, self.strategies, self.ctx.mesh,
+                                    self.ctx.request.optimizer))
         return Recompute((), 0.0, memory, prefetch=True, ahead=tuple(s.redistribution.id for s in prefetching
                                                                       if s.prefetch))
 
+    def held(self, memory: MemoryEstimate) -> MemoryEstimate:
+        """``memory`` with the saved activations of the other micro-batches in flight."""
+        return with_in_flight(memory, self.ctx.request.activations_in_flight)
+
     def program_of(self, variables=()) -> tuple[list[Statement], MemoryEstimate]:
+        """The program recomputing ``variables``, and its memory for one micro-batch alone."""
         ctx = self.ctx
         statements = schedule(self.graph, self.strategies, self.redistributions, ctx.mesh, variables,
                               ctx.cost.hardware.collectives_library)
@@ -177,7 +185,7 @@ class _Fitter:
         # a free value (a view) may be marked recomputed without backward needing it: leave it out
         copies = {s.defines for s in statements if s.recomputed}
         variables = tuple(names[v] for v in choice.recomputed if recomputed_name(names[v]) in copies)
-        return statements, Recompute(variables, choice.seconds, memory)
+        return statements, Recompute(variables, choice.seconds, self.held(memory))
 
     def least(self) -> Fit:
         """The least memory recomputation reaches, at the least time if that fits the budget (the
@@ -230,8 +238,9 @@ class _Fitter:
 
 
 def build_problem(statements: list[Statement], during, strategies: dict,
-                  extra_points=()) -> tuple[RecomputeProblem, list[str]]:
-    """The solver's view of a program without recomputation: (problem, variable of each value)."""
+                  extra_points=(), in_flight: int = 1, kept=frozenset()) -> tuple[RecomputeProblem, list[str]]:
+    """The solver's view of a program without recomputation (``during``: its memory for one
+    micro-batch alone; ``kept``: values that may not be recomputed): (problem, variable of each value)."""
     boundary = backward_start(statements)
     returned = {u for s in statements if s.kind in RETURNS for u in s.uses}  # the caller holds these anyway
     defining: dict[str, list[Statement]] = {}
@@ -260,12 +269,12 @@ def build_problem(statements: list[Statement], during, strategies: dict,
         return next((k for k in range(len(points) - 1, -1, -1) if points[k] <= i), None)
 
     problem = RecomputeProblem(
-        seconds=[_recompute_seconds(defining[name], strategies) for name in names],
+        seconds=[math.inf if name in kept else _recompute_seconds(defining[name], strategies) for name in names],
         inputs=inputs, storage=storage, storage_bytes=storage_bytes,
         first_use=[first_point(first[v]) if v in first else None for v in range(len(names))],
         last_use=[last_point(last[v]) if v in last else None for v in range(len(names))],
         hold_until=[last_point(held_until[v]) if held_until[v] >= 0 else None for v in range(len(names))],
-        fixed=fixed, at=tuple(points))
+        fixed=fixed, at=tuple(points), in_flight=in_flight)
     return problem, names
 
 

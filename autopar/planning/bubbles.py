@@ -153,6 +153,14 @@ def _quiet(a: Action, stages: int) -> bool:
         (a.kind in (ActionKind.B, ActionKind.I) and a.stage == 0)
 
 
+class FactorsDoNotFit(AutoparError):
+    """K-FAC's factors do not fit beside the pipeline: ``factor_bytes`` is the most a rank holds."""
+
+    def __init__(self, message: str, factor_bytes: float):
+        super().__init__(message)
+        self.factor_bytes = factor_bytes
+
+
 class _StageWork:
     """The pieces of K-FAC's work of each stage, priced on the plan's hardware, and the gaps and
     memory headroom they may go into: what every refresh cycle's placement problem shares."""
@@ -183,10 +191,10 @@ class _StageWork:
                          for r in range(pipeline.pp)}
         if min(self.headroom.values()) < 0:
             r = min(self.headroom, key=self.headroom.get)
-            raise AutoparError(f"K-FAC's factors ({self.factor_bytes(r) / 2**30:.2f} GiB on pipeline rank {r}) do "
-                               f"not fit the memory budget beside the pipeline's "
-                               f"{pipeline.rank_peak_bytes[r] / 2**30:.2f} GiB: use more stages or a first-order "
-                               f"optimizer")
+            raise FactorsDoNotFit(f"K-FAC's factors ({self.factor_bytes(r) / 2**30:.2f} GiB on pipeline rank {r}) "
+                                  f"do not fit the memory budget beside the pipeline's "
+                                  f"{pipeline.rank_peak_bytes[r] / 2**30:.2f} GiB: use more stages or a first-order "
+                                  f"optimizer", max(self.factor_bytes(r) for r in range(pipeline.pp)))
 
     def problem(self, refresh: int) -> PlacementProblem:
         """The placement problem over a cycle of ``refresh`` steps."""
@@ -281,5 +289,7 @@ def with_fill(plan, request):
     """``plan`` with K-FAC's work placed in its bubbles, its predicted step time the filled one."""
     fill = fill_bubbles(plan, request)
     pipeline = dataclasses.replace(plan.pipeline, fill=fill)
-    predicted = dataclasses.replace(plan.predicted, step_time_s=fill.step_filled_s)
+    memory = dict(plan.predicted.memory_bytes)
+    memory["optimizer_state"] += fill.factor_bytes  # K-FAC's state: its factors and their inverses
+    predicted = dataclasses.replace(plan.predicted, step_time_s=fill.step_filled_s, memory_bytes=memory)
     return dataclasses.replace(plan, pipeline=pipeline, predicted=predicted)

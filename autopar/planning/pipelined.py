@@ -35,9 +35,9 @@ from autopar.ir.pipeline import Block, Candidate, Pipeline, Stage, UnitCost
 from autopar.ir.plan import Plan
 from autopar.ir.records import PassRecord, Predicted
 from autopar.ir.request import PlanRequest
-from autopar.passes.pipeline_units import PipelineUnitsPass
+from autopar.passes.pipeline_units import PipelineUnitsPass, StageValuesPass
 from autopar.passes.predict import exposed
-from autopar.planning.bubbles import with_fill
+from autopar.planning.bubbles import FactorsDoNotFit, with_fill
 from autopar.planning.meshes import split_mesh
 from autopar.planning.state import planning_state, remember
 from autopar.solvers.stage_partition import Chain, even_partition, fits, partition
@@ -48,7 +48,25 @@ MICROBATCHES_PER_RANK = (1, 2, 4)
 
 
 def plan_pipeline(planner, request: PlanRequest) -> Plan:
-    """The best pipelined plan of ``planner``'s model on ``request``'s one mesh (which has pp)."""
+    """The best pipelined plan of ``planner``'s model on ``request``'s one mesh (which has pp),
+    with K-FAC's work in its bubbles where it is the optimizer: where its factors do not fit
+    beside the pipeline, the pipeline is planned again in the budget they leave."""
+    plan, micro = _pipelined(planner, request)
+    if request.optimizer == "kfac":
+        try:
+            plan = _with_kfac(plan, request)
+        except FactorsDoNotFit as exc:
+            left = dataclasses.replace(request, memory_budget_bytes=request.memory_budget_bytes - exc.factor_bytes)
+            if left.memory_budget_bytes <= 0:
+                raise
+            plan, micro = _pipelined(planner, left)
+            plan = _with_kfac(plan, request)
+    remember(plan, lambda: planning_state(micro))  # explain reads the micro-batch's planning state
+    return plan
+
+
+def _pipelined(planner, request: PlanRequest) -> tuple[Plan, Plan]:
+    """(the best pipelined plan, its micro-batch's plan)."""
     start = time.perf_counter()
     mesh = request.meshes[0]
     pp, stage_mesh = split_mesh(mesh)
@@ -61,34 +79,75 @@ def plan_pipeline(planner, request: PlanRequest) -> Plan:
     report = planner.progress or (lambda message: None)
     for m in microbatch_counts(pp, batch, request.microbatches):
         report(f"pipeline: planning a micro-batch of {batch // m} on {stage_mesh} ...")
-        micro = _plan_microbatch(planner, dataclasses.replace(inner, sync_share=1.0 / m), batch, m)
-        units = micro.units
-        for schedule, virtual in _schedules(request, pp):
-            try:
-                pipeline = _price(units, pp, m, schedule, virtual, send, request)
-            except _RuledOut as why:
-                candidates.append(Candidate(schedule, m, virtual, math.inf, 0.0, str(why)))
-                continue
-            candidates.append(Candidate(schedule, m, virtual, pipeline.step_time_s, pipeline.bubble_fraction, ""))
-            built[schedule, m, virtual] = (pipeline, micro)
+        found, micro, note = _fitted_microbatch(planner, dataclasses.replace(inner, sync_share=1.0 / m), batch, m,
+                                                pp, send, request)
+        candidates.extend(c for c, _ in found)
+        built.update(((c.schedule, m, c.virtual), (p, micro, note)) for c, p in found if p is not None)
     if not built:
         raise AutoparError(f"no pipeline schedule fits mesh {mesh}: " + "; ".join(
             f"{c.schedule} with {c.microbatches} micro-batches: {c.note}" for c in candidates))
     candidates.sort(key=lambda c: c.step_time_s)
     best = candidates[0]
-    pipeline, micro = built[best.schedule, best.microbatches, best.virtual]
+    pipeline, micro, note = built[best.schedule, best.microbatches, best.virtual]
     pipeline = dataclasses.replace(pipeline, candidates=tuple(candidates), node_units=micro.node_units)
     record = PassRecord("pipeline", time.perf_counter() - start,
                         f"{best.schedule} with {best.microbatches} micro-batches on {pp} stages"
                         f"{f' x {best.virtual} virtual' if best.virtual > 1 else ''}: step "
                         f"{human_seconds(best.step_time_s)}, bubble {best.bubble_fraction:.1%} "
-                        f"({len(candidates)} candidates)")
+                        f"({len(candidates)} candidates){note}")
     result = dataclasses.replace(micro.plan, pipeline=pipeline, predicted=_predicted(micro.plan.predicted, pipeline),
                                  history=(record,) + micro.plan.history)
-    if request.optimizer == "kfac":
-        result = _with_kfac(result, request)
-    remember(result, lambda: planning_state(micro.plan))  # explain reads the micro-batch's planning state
-    return result
+    return result, micro.plan
+
+
+# how many more micro-batches in flight a micro-batch's program is fitted with, pp at a time,
+# where every schedule's stages are over the budget with the micro-batches they keep in flight
+_IN_FLIGHT_ATTEMPTS = 3
+_IN_FLIGHT = "; the micro-batch fitted to the budget with {} micro-batches' saved activations in flight"
+
+
+def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, pp: int, send, request: PlanRequest):
+    """([(candidate, its pipeline or None)], the micro-batch plan, what the pipeline's record
+    adds): planned again, with more micro-batches' saved activations in flight, while every
+    schedule's stages are over the budget with the micro-batches they keep in flight.
+
+    The micro-batch is first planned under pp times the budget, as if each rank held 1/pp of
+    its state and one micro-batch's activations. But a rank's stage keeps up to pp micro-batches
+    in flight under 1F1B (more under others), about the whole micro-batch's activations at once:
+    fitted with pp (then 2 pp) micro-batches' saved values held through its backward, the
+    micro-batch's budget search recomputes (or shards) to meet that, as it would any budget;
+    recomputation is so chosen for the whole micro-batch's program, not per stage."""
+    micro = _plan_microbatch(planner, micro_request, batch, m)
+    priced = _priced(micro, pp, m, send, request)
+    for attempt in range(1, _IN_FLIGHT_ATTEMPTS):
+        if request.recompute == "none" or any(p is not None for _, p, _ in priced) \
+                or not all(over for _, _, over in priced):
+            break
+        held = dataclasses.replace(micro_request, activations_in_flight=attempt * pp)
+        try:
+            micro = _plan_microbatch(planner, held, batch, m)
+        except AutoparError as why:  # no layout fits with so many in flight: the last answer stands
+            if planner.progress:
+                planner.progress(f"pipeline: with {held.activations_in_flight} micro-batches in flight, {why}")
+            break
+        priced = _priced(micro, pp, m, send, request)
+        micro_request = held
+    note = _IN_FLIGHT.format(micro_request.activations_in_flight) if micro_request.activations_in_flight > 1 else ""
+    return [(c, p) for c, p, _ in priced], micro, note
+
+
+def _priced(micro: _Microbatch, pp: int, m: int, send, request: PlanRequest) -> list[tuple]:
+    """Each schedule's (candidate, its pipeline or None, whether it was ruled out for memory)."""
+    out = []
+    for schedule, virtual in _schedules(request, pp):
+        try:
+            pipeline = _price(micro.units, pp, m, schedule, virtual, send, request)
+        except _RuledOut as why:
+            out.append((Candidate(schedule, m, virtual, math.inf, 0.0, str(why)), None, why.over_memory))
+            continue
+        out.append((Candidate(schedule, m, virtual, pipeline.step_time_s, pipeline.bubble_fraction, ""), pipeline,
+                    False))
+    return out
 
 
 def _with_kfac(plan: Plan, request: PlanRequest) -> Plan:
@@ -148,7 +207,8 @@ def _plan_microbatch(planner, request: PlanRequest, batch: int, m: int) -> _Micr
                           untie_tied=True)
         planner.microbatch_captures[size] = (program, module_paths(program))
     program, modules = planner.microbatch_captures[size]
-    micro = dataclasses.replace(planner, program=program, example_inputs=args, example_kwargs=kwargs, modules=modules)
+    micro = dataclasses.replace(planner, program=program, example_inputs=args, example_kwargs=kwargs, modules=modules,
+                                passes=tuple(planner.passes) + (StageValuesPass(),))
     plan, tables = micro.plan_with(request, (PipelineUnitsPass(),))
     return _Microbatch(plan, tables["pipeline_units"], tables["pipeline_node_units"])
 
@@ -160,7 +220,12 @@ def _send_seconds(mesh: Mesh, hw) -> Callable[[float], float]:
 
 
 class _RuledOut(Exception):
-    """A schedule that cannot run this pipeline, and why."""
+    """A schedule that cannot run this pipeline, and why (``over_memory``: its stages do not fit
+    the budget)."""
+
+    def __init__(self, why: str, over_memory: bool = False):
+        super().__init__(why)
+        self.over_memory = over_memory
 
 
 def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, send, request) -> Pipeline:
@@ -193,7 +258,7 @@ def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, 
                   for r in range(pp))
     if max(peaks) > budget:
         raise _RuledOut(f"pipeline rank {peaks.index(max(peaks))} would hold {max(peaks) / 2**30:.2f} GiB, over the "
-                        f"budget of {budget / 2**30:.2f} GiB")
+                        f"budget of {budget / 2**30:.2f} GiB", over_memory=True)
     overlap = request.hardware.gradient_overlap
     # gradients sync once a step, from the last micro-batch's backward on (as DDP's no_sync
     # accumulation does): only that backward can hide them
@@ -216,7 +281,7 @@ def _partition(chain: Chain, n: int, m: int, in_flights: list, budgets: list, ho
         found = partition(chain, n, m, in_flights, budgets)
     if found is None:
         raise _RuledOut(f"no {how} partition fits the memory budget with the activations this schedule keeps in "
-                        f"flight")
+                        f"flight", over_memory=True)
     return found.ranges
 
 

@@ -44,6 +44,10 @@ class RecomputeProblem:
     # recomputation that reads it)
     fixed: Sequence[float]  # per point: bytes held regardless of the choice
     at: Sequence[int] = ()  # per point, for the caller: the program statement it stands for
+    # micro-batches whose saved values the device holds at once (a pipeline stage's in flight):
+    # the storages held at the first point (where backward starts) count that many times at
+    # every point, the other micro-batches' copies held all through this one's backward
+    in_flight: int = 1
 
     @property
     def n(self) -> int:
@@ -95,7 +99,7 @@ def memory_of(problem: RecomputeProblem, recomputed: set) -> list[float]:
         return start[v]
 
     last = problem.storage_last_use()
-    out = []
+    held_bytes = []
     for t in problem.points:
         held = set()
         for v in range(problem.n):
@@ -103,8 +107,9 @@ def memory_of(problem: RecomputeProblem, recomputed: set) -> list[float]:
             kept_here = kept[v] and problem.hold_until[v] is not None and problem.hold_until[v] >= t
             if kept_here or (v in recomputed and started(v) <= t <= last[s]):
                 held.add(s)
-        out.append(problem.fixed[t] + sum(problem.storage_bytes[s] for s in held))
-    return out
+        held_bytes.append(sum(problem.storage_bytes[s] for s in held))
+    in_flight = (problem.in_flight - 1) * held_bytes[0] if held_bytes else 0.0
+    return [fixed + held + in_flight for fixed, held in zip(problem.fixed, held_bytes)]
 
 
 def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[int, ...]]:
@@ -195,7 +200,7 @@ def _fold_free_views(problem: RecomputeProblem) -> tuple[RecomputeProblem, list[
     return RecomputeProblem(
         seconds=[problem.seconds[b] for b in roots], inputs=inputs, storage=[problem.storage[b] for b in roots],
         storage_bytes=problem.storage_bytes, first_use=merged("first_use", min), last_use=merged("last_use", max),
-        hold_until=merged("hold_until", max), fixed=problem.fixed, at=problem.at), group_of
+        hold_until=merged("hold_until", max), fixed=problem.fixed, at=problem.at, in_flight=problem.in_flight), group_of
 
 
 def _solve(problem: RecomputeProblem, limit: float | None, time_limit_s: float,
@@ -313,6 +318,7 @@ class _Model:
         for v in range(problem.n):
             by_storage.setdefault(problem.storage[v], []).append(v)
         peak = self.solver.NumVar(0, inf, "peak")
+        in_flight: list = []  # the other micro-batches' copies of what is held at the first point
         for t in problem.points:
             terms = []
             for s, values in by_storage.items():
@@ -321,6 +327,9 @@ class _Model:
                 holders += [started[v][t] for v in values if v in started and t in started[v] and t <= last[s]]
                 if holders and problem.storage_bytes[s]:
                     terms.append((self._any_of(holders), problem.storage_bytes[s]))
+            if t == 0 and problem.in_flight > 1:
+                in_flight = [(held, (problem.in_flight - 1) * b) for held, b in terms]
+            terms = _summed(terms + in_flight)
             if limit is not None:  # fixed + sum(bytes * held) <= limit
                 self.row(-inf, limit - problem.fixed[t], terms)
             else:  # peak >= fixed + sum(bytes * held)
@@ -345,3 +354,12 @@ class _Model:
                 if var is not None and self.problem.seconds[v]:
                     objective.SetCoefficient(var, self.problem.seconds[v] * 1e9)
         objective.SetMinimization()
+
+
+def _summed(terms: list) -> list:
+    """(variable, coefficient) terms with each variable once: a row sets coefficients, not adds them."""
+    coefficients: dict[int, list] = {}
+    for var, coef in terms:
+        entry = coefficients.setdefault(id(var), [var, 0.0])
+        entry[1] += coef
+    return [(var, coef) for var, coef in coefficients.values()]
