@@ -70,22 +70,28 @@ class Baselines(dict):
         self.skipped: dict[str, str] = {}
 
 
-def baselines(model: nn.Module, example_inputs, *, devices: int, hardware=DEFAULT_HARDWARE, heads: int | None = None,
-              tp_degrees: list[int] | None = None, progress: Callable[[str], None] | None = None,
-              program=None, only: Collection[str] | None = None, **plan_options) -> Baselines:
+def baselines(model: nn.Module, example_inputs=(), *, devices: int, hardware=DEFAULT_HARDWARE,
+              heads: int | None = None, tp_degrees: list[int] | None = None,
+              progress: Callable[[str], None] | None = None, program=None, only: Collection[str] | None = None,
+              kwargs: dict | None = None, **plan_options) -> Baselines:
     """The baselines for ``devices`` devices as Plans; ``plan_options`` go to autopar.plan
     (memory_budget, optimizer, solver_time_limit_s, ...), so they meet the same budget.
     ``program``: the step as autopar.capture.capture gave it, to skip capturing it again.
-    ``only``: the names of the baselines to plan (e.g. ["megatron-tp2-sp"]), not all."""
+    ``only``: the names of the baselines to plan (e.g. ["megatron-tp2-sp"]), not all.
+    ``kwargs``: the call's keyword inputs, as autopar.plan takes them (a Hugging Face model's
+    ``input_ids=``, ``labels=``)."""
 
     hw = get_hardware(hardware)
     heads = heads or _heads_of(model)
     params = dict(model.named_parameters())
-    tokens = _tokens(example_inputs)
-    batch = _batch(example_inputs)
+    tensors = _call_tensors(example_inputs, kwargs)
+    tokens = _tokens(tensors)
+    batch = _batch(tensors)
     batch_over_dp = (BatchOverDataParallel(frozenset({batch} | ({batch * tokens[1]} if tokens else set()))),)
     if program is None:  # under mixed precision the step's graph holds autocast's casts
-        program = capture(model, example_inputs, precision=parse_precision(plan_options.get("precision")))
+        program = capture(model, example_inputs, kwargs=kwargs,
+                          precision=parse_precision(plan_options.get("precision")))
+    plan_options["kwargs"] = kwargs
     layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None, ()),
                "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None, ())}
     degrees = tp_degrees if tp_degrees is not None else [
@@ -317,18 +323,22 @@ def _shapes(node) -> list[tuple]:
     return [() if meta is None else meta.shape for meta in output_metas(node)]
 
 
-def _batch(example_inputs) -> int:
+def _call_tensors(example_inputs, kwargs: dict | None) -> list:
+    """The call's inputs, positional then keyword."""
+    inputs = list(example_inputs) if isinstance(example_inputs, (tuple, list)) else [example_inputs]
+    return inputs + list((kwargs or {}).values())
+
+
+def _batch(inputs: list) -> int:
     """The batch size: the first tensor input's dim 0."""
-    inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
     if first is None:
         raise AutoparError("baselines split the batch over dp, and the example inputs hold no batched tensor")
     return int(first.shape[0])
 
 
-def _tokens(example_inputs) -> tuple[int, int] | None:
+def _tokens(inputs: list) -> tuple[int, int] | None:
     """(batch, sequence length) of the first integer input of rank 2 (token ids)."""
-    inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     for x in inputs:
         if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and x.dim() == 2:
             return int(x.shape[0]), int(x.shape[1])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import itertools
 import os
@@ -55,7 +56,7 @@ FEATURES = {
     "recompute": Feature("recompute under a budget", "`memory_budget=` below the peak of the plan without "
                                                      "recomputing by half its activations, that plan's parameter "
                                                      "layouts pinned and offload as the recipe has it, so only "
-                                                     "recomputing meets it (the keyword Llama on sequences of 64)"),
+                                                     "recomputing meets it (on sequences of 64)"),
     "offload": Feature("offload", "`offload=True`"),
     "bf16": Feature("bf16-mixed", "`precision='bf16-mixed'`"),
     "fp16": Feature("fp16-mixed + GradScaler", "`precision='fp16-mixed'`, `torch.amp.GradScaler`"),
@@ -87,8 +88,6 @@ for _loop in ("dcp", "clip", "meta", "local", "no_sync", "fp16"):
     NOT_EXPRESSIBLE[frozenset({"jax", _loop})] = (
         "the JAX backend is reached through `autopar.check`, which compares one step function with eager; "
         "autopar emits no JAX training loop to carry this: a JAX runtime would lift it")
-NOT_EXPRESSIBLE[frozenset({"sp", "hf"})] = (
-    "`autopar.baselines` takes positional example inputs: a `kwargs=` argument would lift it")
 
 # the refusals: the pair -> (a part of autopar's message, the reason the docs give)
 _NO_PIPELINE_OFFLOAD = ("offload=True on a mesh with 'pp'", "a pipeline's stages keep their state on the device: "
@@ -166,13 +165,14 @@ def cover() -> list[frozenset]:
 
 def model_and_batch(recipe: frozenset):
     """(model, positional inputs, keyword inputs) of the recipe: a tiny GPT-2-style decoder, or
-    a tiny Hugging Face Llama called with keywords (on sequences long enough, where the recipe
-    recomputes, that activations, not the gradients, make its peak)."""
+    a tiny Hugging Face Llama called with keywords (on sequences of 64 where the recipe
+    recomputes, long enough that activations, not the gradients, make the peak)."""
+    recomputes = "recompute" in recipe
     if "hf" in recipe:
-        sequence = 64 if "recompute" in recipe else 8
+        sequence = 64 if recomputes else 8
         model, kwargs = tiny_llama(heads=2, positions=sequence, sequence=sequence)
         return model, (), kwargs
-    model, inputs = gpt2.make(TINY)
+    model, inputs = gpt2.make(dataclasses.replace(TINY, seq=64) if recomputes else TINY)
     return model, inputs, {}
 
 
@@ -219,8 +219,9 @@ def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B"
         name = "megatron-tp2" + ("-fsdp" if "zero3" in recipe else "") + "-sp"
 
         def megatron(**budget):
-            plans = autopar.baselines(model, inputs, devices=RANKS, hardware=FAST, tp_degrees=[2], only=[name],
-                                      precision=options["precision"], offload=options.get("offload", False), **budget)
+            plans = autopar.baselines(model, inputs, kwargs=kwargs or None, devices=RANKS, hardware=FAST,
+                                      tp_degrees=[2], only=[name], precision=options["precision"],
+                                      offload=options.get("offload", False), **budget)
             if name not in plans:
                 raise autopar.AutoparError(plans.skipped[name])
             return plans[name]

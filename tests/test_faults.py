@@ -1,6 +1,12 @@
 """Ranks agree or stop: ranks that run different plans, or a rank that stops running the step,
 end in an error on the ranks that can still report, within the collective timeout: never a hang."""
+import os
 import re
+import subprocess
+import sys
+import time
+
+import pytest
 
 import autopar
 from autopar.runtime.local_cluster import get_cluster
@@ -37,3 +43,41 @@ def test_a_rank_that_stops_running_the_step_ends_in_a_timeout_naming_the_collect
     assert re.search(r"(all_reduce|all_gather|reduce_scatter) over mesh axis 'dp' did not complete within 3 s at "
                      r"<autopar_plan_\w+>:\d+: \w+ = rt\.", waiting["message"]), waiting["message"]
     assert results[1]["error"] is None
+
+
+_ORPHANING_PARENT = """
+import os, sys
+from autopar.runtime.local_cluster import get_cluster
+
+def pid(rank, world_size):
+    return os.getpid()
+
+if __name__ == "__main__":
+    with open(sys.argv[1], "w") as out:
+        print(*get_cluster(2).run(pid), file=out)
+    os._exit(0)  # as a test process ending without atexit: the pool is never closed
+"""
+
+
+@pytest.mark.slow  # starts a process that starts a pool
+def test_a_pools_workers_end_when_their_parent_dies_without_closing_it(tmp_path):
+    script, pids = tmp_path / "orphaning_parent.py", tmp_path / "pids"
+    script.write_text(_ORPHANING_PARENT)
+    # the workers would hold captured pipes open: their output goes nowhere
+    subprocess.run([sys.executable, str(script), str(pids)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=300, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True)
+    workers = [int(p) for p in pids.read_text().split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(_alive(p) for p in workers):
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in workers)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie no one has reaped yet has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

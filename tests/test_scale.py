@@ -176,6 +176,26 @@ def _not_split_along_the_batch(plan, batch_sizes: set) -> list:
     return found
 
 
+def test_a_hugging_face_models_baselines_take_its_keyword_call(fast_network):
+    """``kwargs=`` as autopar.plan takes it: Megatron's sequence-parallel layout of a Llama called
+    with ``input_ids=`` and ``labels=``, its projections split over tp and its norms on sequence
+    shards (the tokens found among the keywords)."""
+    from tests.models import tiny_llama
+
+    model, kwargs = tiny_llama(heads=2, positions=16, sequence=16)
+    plans = autopar.baselines(model, kwargs=kwargs, devices=4, hardware=fast_network, tp_degrees=[2],
+                              only=["megatron-tp2-sp"])
+    plan = plans["megatron-tp2-sp"]
+    assert str(plan.param_spec("model.layers.0.self_attn.q_proj.weight")) == "(R, S(0))"
+    assert str(plan.param_spec("model.layers.0.mlp.down_proj.weight")) == "(R, S(1))"
+    paths = module_paths(capture(model, (), kwargs=kwargs))
+    norms = [out.placements[1] for node in plan.graph.nodes if node.op == "call"
+             and re.search(r"norm$", paths.get(node.name, ""))
+             for meta, out in zip(node.outputs, plan.strategies[node.name].out_specs)
+             if meta is not None and meta.shape[:2] == (8, 16)]
+    assert len(norms) >= 5 and set(norms) == {autopar.Shard(1)}, norms
+
+
 def test_a_baseline_whose_dp_does_not_divide_the_batch_is_skipped_with_the_reason(fast_network):
     model, inputs = gpt2.make(dataclasses.replace(SMALL, batch=2))
     with warnings.catch_warnings():

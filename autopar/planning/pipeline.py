@@ -38,12 +38,13 @@ FINALIST_MARGIN = 0.05
 
 def plan_captured(program, model: nn.Module, example_inputs, *, mesh, hardware=DEFAULT_HARDWARE,
                   restrict: Callable | None = None, passes: Sequence[Pass] = (),
-                  progress: Callable[[str], None] | None = None, **options) -> Plan:
+                  progress: Callable[[str], None] | None = None, kwargs: dict | None = None, **options) -> Plan:
     """autopar.plan for a step already captured (autopar.capture.capture), so that several plans
     of one model (baselines, meshes) share the capture; ``options`` as autopar.plan takes them.
     The program is not modified."""
     request = resolve(mesh, hardware, **options)
-    return run(program, request, model, example_inputs, restrict=restrict, passes=passes, progress=progress)
+    return run(program, request, model, example_inputs, kwargs=kwargs, restrict=restrict, passes=passes,
+               progress=progress)
 
 
 def run(program, request: PlanRequest, model: nn.Module, example_inputs, *, kwargs=None, loss_fn=None, restrict=None,

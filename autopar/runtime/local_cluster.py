@@ -31,7 +31,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads: int) -> None:
+def _next_job(tasks, parent: int):
+    """The next job from the parent; where the parent has died without closing the pool (a test
+    process that ended with os._exit), nothing will come: the worker ends instead of idling in
+    its gloo group's threads for good."""
+    while True:
+        try:
+            return tasks.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                os._exit(0)
+
+
+def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads: int, parent: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -40,7 +52,7 @@ def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads:
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
     results.put((rank, True, "ready"))
     while True:
-        job = tasks.get()
+        job = _next_job(tasks, parent)
         if job is None:
             break
         fn, args = job
@@ -61,7 +73,7 @@ class LocalCluster:
         threads = max(1, (os.cpu_count() or 1) // world_size)
         port = _free_port()
         self.procs = [ctx.Process(target=_worker_main, args=(r, world_size, port, self.tasks[r], self.results,
-                                                             threads), daemon=True)
+                                                             threads, os.getpid()), daemon=True)
                       for r in range(world_size)]
         for p in self.procs:
             p.start()
