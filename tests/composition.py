@@ -227,8 +227,8 @@ def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B"
             return plans[name]
         if "recompute" not in recipe:
             return megatron()
-        budget = _budget(recipe, lambda: megatron(recompute="none"))
-        return megatron(memory_budget=budget["memory_budget"], recompute="auto")  # the baseline pins its layouts
+        # the baseline pins its layouts and offloads as the recipe says already
+        return megatron(memory_budget=_budget(megatron(recompute="none")), recompute="auto")
     if {"zero3", "tp"} <= recipe:  # Megatron's layout over tp, every parameter also split over dp
         options["pin"] = megatron_pins(model, tp=2, dp=2)
     elif "zero3" in recipe:
@@ -236,7 +236,10 @@ def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B"
 
     def plan(**more):
         return autopar.plan(model, inputs, kwargs=kwargs or None, mesh=mesh, **{**options, **more})
-    return plan(**_budget(recipe, lambda: plan(recompute="none"))) if "recompute" in recipe else plan()
+    if "recompute" not in recipe:
+        return plan()
+    free = plan(recompute="none")
+    return plan(memory_budget=_budget(free), recompute="auto", **_recompute_only(recipe, free))
 
 
 def first_call(recipe: frozenset, inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -251,18 +254,20 @@ def _precision(recipe: frozenset) -> str | None:
     return "bf16-mixed" if "bf16" in recipe else "fp16-mixed" if "fp16" in recipe else None
 
 
-def _budget(recipe: frozenset, free_plan) -> dict:
-    """With recompute: a memory budget below the peak of ``free_plan()`` (the recipe's plan
-    without recomputing) by half its activations, which only recomputing can meet: the free
-    plan's parameter layouts are pinned (no leaner sharding) and, where the recipe does not
-    offload, nothing is offloaded (where it does, every chunk already is)."""
-    free = free_plan()
+def _budget(free: autopar.Plan) -> float:
+    """A memory budget below the peak of ``free`` (the recipe's plan without recomputing) by half
+    its activations."""
     memory = free.predicted.memory_bytes
-    options = {"memory_budget": sum(memory.values()) - 0.5 * memory["activations"], "recompute": "auto"}
+    return sum(memory.values()) - 0.5 * memory["activations"]
+
+
+def _recompute_only(recipe: frozenset, free: autopar.Plan) -> dict:
+    """Options that leave recomputing the only way to meet the budget: ``free``'s parameter
+    layouts pinned (no leaner sharding; not on a pipeline, which plans a micro-batch) and, where the recipe
+    does not offload, nothing offloaded (where it does, every chunk already is)."""
+    options = {} if "offload" in recipe else {"offload": False}
     if free.pipeline is None:
         options["pin"] = {fqn: free.param_spec(fqn).to_json() for fqn in free.graph.params.values()}
-    if "offload" not in recipe:
-        options["offload"] = False
     return options
 
 

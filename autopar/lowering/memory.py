@@ -69,55 +69,73 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
     # what the programs return stays held by the caller: gradients, and forward's loss and values
     gradients = {v for s in statements if s.kind == "output" for v in s.uses}
     returned = gradients | {v for s in statements if s.kind == "forward_output" for v in s.uses}
-    storage_of: dict[str, int] = {}  # variable -> storage id
-    refs: dict[int, int] = {}
-    size: dict[int, float] = {}
-    category: dict[int, str] = {}
-    live = {c: 0.0 for c in CATEGORIES}
+    storages = _LiveStorages(gradients)
     peak, peak_breakdown, peak_at, timeline, during = -1.0, {}, "", [], []
     held_all_step = sum(persistent.values())
     saved = 0.0  # the activations live at forward's return: every one is kept for backward
-
-    def release(var: str) -> None:
-        sid = storage_of.pop(var, None)
-        if sid is None:
-            return
-        refs[sid] -= 1
-        if refs[sid] == 0:
-            live[category[sid]] -= size[sid]
-
     for s, on_device in zip(statements, chunks):
         if s.kind in ("placeholder",) + RETURNS:
-            saved = live["activations"] if s.kind == "forward_output" else saved
-            during.append(held_all_step + sum(live.values()) + on_device)
+            saved = storages.live["activations"] if s.kind == "forward_output" else saved
+            during.append(held_all_step + storages.total() + on_device)
             continue
-        old = storage_of.get(s.defines)
-        if s.alias_of is not None and s.alias_of in storage_of:
-            sid = storage_of[s.alias_of]
-        else:
-            sid = len(size)
-            size[sid], refs[sid] = s.nbytes, 0
-            category[sid] = _category(s, gradients)
-            live[category[sid]] += s.nbytes
-        now = sum(live.values()) + s.scratch + on_device  # a rebound name's old value is still held here
+        sid = storages.allocate(s)
+        now = storages.total() + s.scratch + on_device  # a rebound name's old value is still held here
         during.append(held_all_step + now)
         if now > peak:
             peak, peak_at = now, s.defines
-            peak_breakdown = dict(live)
+            peak_breakdown = dict(storages.live)
             peak_breakdown["communication"] += s.scratch
             peak_breakdown["parameters"] += on_device
-        if old is not None:  # rebinding a name drops its old value after the statement
-            release(s.defines)
-        storage_of[s.defines] = sid
-        refs[sid] += 1
+        storages.bind(s.defines, sid)
         for var in s.frees:
             if var not in returned:
-                release(var)
+                storages.release(var)
         if s.defines in to_host:
-            release(s.defines)
-        timeline.append((s.defines, held_all_step + sum(live.values()) + on_device))
+            storages.release(s.defines)
+        timeline.append((s.defines, held_all_step + storages.total() + on_device))
     breakdown = {c: persistent[c] + peak_breakdown.get(c, 0.0) for c in CATEGORIES}
     return MemoryEstimate(sum(breakdown.values()), breakdown, tuple(timeline), peak_at, tuple(during), saved)
+
+
+class _LiveStorages:
+    """The storages a program holds at a point, by category: a view shares its base's storage,
+    which is freed when the last name bound to it is."""
+
+    def __init__(self, gradients: set):
+        self.gradients = gradients
+        self.storage_of: dict[str, int] = {}  # variable -> storage id
+        self.refs: dict[int, int] = {}
+        self.size: dict[int, float] = {}
+        self.category: dict[int, str] = {}
+        self.live = {c: 0.0 for c in CATEGORIES}
+
+    def total(self) -> float:
+        return sum(self.live.values())
+
+    def allocate(self, s: Statement) -> int:
+        """The storage ``s`` writes: its base's for a view, else a new one, counted as live."""
+        if s.alias_of is not None and s.alias_of in self.storage_of:
+            return self.storage_of[s.alias_of]
+        sid = len(self.size)
+        self.size[sid], self.refs[sid] = s.nbytes, 0
+        self.category[sid] = _category(s, self.gradients)
+        self.live[self.category[sid]] += s.nbytes
+        return sid
+
+    def bind(self, var: str, sid: int) -> None:
+        """``var`` names storage ``sid`` from now on (rebinding a name drops its old value)."""
+        if var in self.storage_of:
+            self.release(var)
+        self.storage_of[var] = sid
+        self.refs[sid] += 1
+
+    def release(self, var: str) -> None:
+        sid = self.storage_of.pop(var, None)
+        if sid is None:
+            return
+        self.refs[sid] -= 1
+        if self.refs[sid] == 0:
+            self.live[self.category[sid]] -= self.size[sid]
 
 
 def _held_all_step(graph, strategies, mesh, optimizer: str, offloaded) -> dict:

@@ -70,11 +70,10 @@ class RankMesh:
         self.coords = whole.coords(self.rank)[offset:]
         self.pipeline_rank = whole.coords(self.rank)[0] if offset else 0
         self.device = torch.device(device)
-        full, sync_groups = _process_groups(self.device.type, whole)
+        full, self.sync_groups = _process_groups(self.device.type, whole, mesh.axis_names)
         self.device_mesh = full[mesh.axis_names] if offset else full
         self.groups = {name: full.get_group(name) for name in mesh.axis_names}
         self.pipeline_group = full.get_group("pp") if offset else None
-        self.sync_groups = {name: sync_groups[name] for name in mesh.axis_names}
         self._gloo = dist.get_backend() == "gloo"
         self.bytes_moved: Counter = Counter()  # collective kind -> message bytes, as the cost model counts them
         self.calls: Counter = Counter()  # collective kind (or "gradient bucket") -> calls made to the library
@@ -289,32 +288,43 @@ def _tensors_sharing_memory(x: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(storage._cdata) - 1  # less the storage object made here
 
 
-# (device type, mesh) -> (DeviceMesh, {axis name: gradient-sync group}), for the process group
-# they were made in. Every RankMesh of a process shares them: each process group holds its own
-# threads and sockets until the process ends (torch offers no way to destroy a subgroup alone),
-# so a process that builds many modules (a worker pool, a notebook) would otherwise gather
-# hundreds of them.
-_GROUPS: dict = {}
-_GROUPS_WORLD: list = [None]  # the default process group the cached groups belong to
+class _SharedGroups:
+    """(device type, world mesh) -> (DeviceMesh, {axis name: gradient-sync group}), for the
+    process group they were made in. Every RankMesh of a process shares them: each process
+    group holds its own threads and sockets until the process ends (torch offers no way to
+    destroy a subgroup alone), so a process that builds many modules (a worker pool, a notebook)
+    would otherwise gather hundreds of them."""
+
+    def __init__(self):
+        self.world = None  # the default process group the groups below belong to
+        self.meshes: dict = {}
+
+    def of(self, device_type: str, whole: Mesh) -> tuple:
+        if self.world is not dist.group.WORLD:  # a new process group: the old one's groups are gone with it
+            self.meshes.clear()
+            self.world = dist.group.WORLD
+        if (device_type, whole) not in self.meshes:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.meshes[device_type, whole] = (init_device_mesh(device_type, whole.shape,
+                                                                mesh_dim_names=whole.axis_names), {})
+        return self.meshes[device_type, whole]
 
 
-def _process_groups(device_type: str, whole: Mesh):
-    """The DeviceMesh over the world's mesh ``whole`` and its gradient-sync groups, made once per
-    process group. Gradient syncs run on groups of their own: gloo and NCCL run one group's
-    collectives in the order they were issued, so a synchronous collective later in backward (an
-    all-gather) would otherwise wait behind every sync queued before it (every rank makes every
-    group, its own copy's and the others')."""
-    from torch.distributed.device_mesh import init_device_mesh
+_SHARED = _SharedGroups()
 
-    world = dist.group.WORLD
-    if _GROUPS_WORLD[0] is not world:  # a new process group: the old one's groups are gone with it
-        _GROUPS.clear()
-        _GROUPS_WORLD[0] = world
-    key = (device_type, whole)
-    if key not in _GROUPS:
-        full = init_device_mesh(device_type, whole.shape, mesh_dim_names=whole.axis_names)
-        _GROUPS[key] = full, {name: _new_group_along(full.mesh, axis) for axis, name in enumerate(whole.axis_names)}
-    return _GROUPS[key]
+
+def _process_groups(device_type: str, whole: Mesh, synced: tuple[str, ...]) -> tuple:
+    """(the DeviceMesh over the world's mesh ``whole``, {axis: its gradient-sync group} for the
+    ``synced`` axes), made once per process group. Gradient syncs run on groups of their own:
+    gloo and NCCL run one group's collectives in the order they were issued, so a synchronous
+    collective later in backward (an all-gather) would otherwise wait behind every sync queued
+    before it (every rank makes every group, its own copy's and the others', in the same order)."""
+    full, sync = _SHARED.of(device_type, whole)
+    for name in synced:
+        if name not in sync:
+            sync[name] = _new_group_along(full.mesh, whole.axis_names.index(name))
+    return full, {name: sync[name] for name in synced}
 
 
 def _new_group_along(ranks: torch.Tensor, axis: int):
