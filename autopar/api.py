@@ -35,10 +35,11 @@ def plan(model: nn.Module, example_inputs=(), **options) -> Plan:
     Runs in one process on fake tensors: no process group and no real memory, so models built
     on the meta device plan too. A device count (or "auto") as ``mesh`` plans every 1-D and 2-D
     mesh of that many devices that respects node boundaries, and the fastest plan wins. Each
-    solve stops at ``solver_time_limit_s`` with the best plan found and its proven gap
-    (``plan.solver``). ``pin`` fixes parameter layouts and the solver lays out everything else
-    around them; ``restrict(node, strategy)`` returning False rules a strategy out; ``passes``
-    add constraints through ``ctx.constraints`` (autopar.passes.constraints). ``symbolic_dims``
+    solve stops at its deterministic ``solver_work_limit`` (``solver_time_limit_s`` is only a
+    safety net) with the best plan found and its proven gap (``plan.solver``). ``pin`` fixes
+    parameter layouts and the solver lays out everything else around them;
+    ``restrict(node, strategy)`` returning False rules a strategy out; ``passes`` add constraints
+    through ``ctx.constraints`` (autopar.passes.constraints). ``symbolic_dims``
     makes the plan carry its cost as a formula of named input sizes (``plan.evaluate(batch=...)``).
     The predicted per-device peak, which counts ``optimizer`` state, stays under
     ``memory_budget`` (an AutoparError names the smallest peak found where none does), using
@@ -142,6 +143,6 @@ def _from_cache(cached: Plan, program, request: PlanRequest, progress) -> Plan:
     """A cache hit, told like a plan just made; explain rebuilds the strategies from ``program``."""
     if progress is not None:
         progress(cached.history[-1].note)
-    warn_if_unproven(cached.mesh, cached.solver, request.solver_time_limit_s)  # as when it was solved
+    warn_if_unproven(cached.mesh, cached.solver, request)  # as when it was solved
     remember(cached, functools.cache(lambda: state_from_program(cached, program, request)))
     return cached

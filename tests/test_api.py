@@ -161,13 +161,13 @@ def test_every_option_is_declared_once_and_the_api_and_command_take_it_from_ther
                     if p.kind is inspect.Parameter.KEYWORD_ONLY]
         assert keywords == [o.name for o in declared(function.__name__)]
     assert inspect.signature(autopar.plan).parameters["mesh"].default is inspect.Parameter.empty  # required
-    assert inspect.signature(autopar.plan).parameters["solver_time_limit_s"].default == 60.0
+    assert inspect.signature(autopar.plan).parameters["solver_work_limit"].default == 100_000
     with pytest.raises(TypeError, match="unexpected option 'solver_timelimit_s'; did you mean 'solver_time_limit_s'"):
         autopar.plan(torch.nn.Linear(2, 2), (torch.randn(1, 2),), mesh="dp=1", solver_timelimit_s=1)
     with pytest.raises(TypeError, match="plan\\(\\) needs the option 'mesh'"):
         autopar.plan(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
     flags = {o.cli_flag for o in OPTIONS if "plan" in o.cli}
-    assert {"--time-limit", "--no-cache", "--offload", "--mesh"} <= flags
+    assert {"--work-limit", "--time-limit", "--no-cache", "--offload", "--mesh"} <= flags
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     help_text = capsys.readouterr().out

@@ -173,7 +173,7 @@ def test_a_corrupt_or_old_entry_is_a_miss_and_is_replaced(first, model_and_input
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
 
 
-def test_a_cached_plan_that_hit_the_time_limit_still_warns(first, model_and_inputs, tmp_path, no_solving):
+def test_a_cached_plan_that_hit_a_solver_limit_still_warns(first, model_and_inputs, tmp_path, no_solving):
     model, inputs = model_and_inputs
     (path,) = tmp_path.glob("*.json")
     body = json.loads(path.read_text())

@@ -1,4 +1,6 @@
 """Planning-only tests: fake tensors, no process group."""
+import os
+
 import pytest
 import torch
 
@@ -139,10 +141,59 @@ def test_sharded_flops_fraction():
     assert replicated.sharded_flops_fraction == 0.0
 
 
-@pytest.mark.parametrize("solver", ["lp-first", "mip"])
-def test_solver_time_limit_returns_a_valid_plan_with_a_warning(solver):
+_BY_TIME = (dict(solver_time_limit_s=0.01),
+            r"its safety time limit of 0\.01 s per solve stopped it .* depends on this machine's speed and load")
+
+
+# (the LP-first path proves this model optimal in its first few units of work: its work limit is
+# exercised on larger models, tests/test_pipeline.py)
+@pytest.mark.parametrize("solver,limit,says", [("mip", dict(solver_work_limit=1), r"in its work limit of 1 per solve"),
+                                               ("mip",) + _BY_TIME, ("lp-first",) + _BY_TIME])
+def test_a_solve_stopped_by_a_limit_returns_a_valid_plan_with_a_warning_naming_the_limit(solver, limit, says):
     model, inputs = gpt2.make("tiny")
-    with pytest.warns(UserWarning, match=r"in its 0\.01 s limit .*(within .* of optimal|has no proven bound)"):
-        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", solver=solver, solver_time_limit_s=0.01, cache=False)
+    with pytest.warns(UserWarning, match=r"the plan (is within .* of optimal|has no proven bound): " + says):
+        plan = autopar.plan(model, inputs, mesh="dp=2,tp=2", solver=solver, cache=False, **limit)
     assert plan.solver.status == "feasible" and plan.solver.gap > 0
+    assert plan.solver.timed_out == ("solver_time_limit_s" in limit)
     assert plan.emit("torch")  # still a complete program
+
+
+def _busy() -> None:
+    while True:
+        pass
+
+
+@pytest.mark.slow  # two plans of Mixtral, one beside a busy loop on every core
+def test_a_plan_stopped_by_its_work_limit_is_the_same_on_an_idle_and_a_loaded_machine(fast_network, monkeypatch):
+    """Mixtral's routing graph leaves the LP-first branch and bound open past 20k units of work
+    (a gap under 1%): the plan it stops at is the same with every core busy with other work,
+    where a time limit would have stopped it elsewhere."""
+    import multiprocessing
+    import warnings
+
+    from autopar.solvers import sharding
+    from autopar.solvers.lp_first import Relaxations
+    from examples import hf_zoo
+
+    model, inputs = hf_zoo.make("mixtral")
+    messages = []
+
+    def plan():
+        monkeypatch.setattr(sharding, "_RELAXATIONS", Relaxations())  # no LP left warm by the last solve
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # not proven optimal: the point of the test
+            return autopar.plan(model, inputs, mesh="dp=2,tp=2", hardware=fast_network, solver_work_limit=20_000,
+                                cache=False, progress=messages.append)
+    idle = plan()
+    burners = [multiprocessing.get_context("spawn").Process(target=_busy, daemon=True)
+               for _ in range(os.cpu_count() or 2)]
+    for burner in burners:
+        burner.start()
+    try:
+        loaded = plan()
+    finally:
+        for burner in burners:
+            burner.kill()
+    assert any("branch and bound: work limit" in m for m in messages)
+    assert idle.solver.status == loaded.solver.status == "feasible" and not loaded.solver.timed_out
+    assert loaded.hash == idle.hash and loaded.solver.objective_s == idle.solver.objective_s

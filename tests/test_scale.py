@@ -100,7 +100,7 @@ def test_mesh_search_warns_once_and_for_the_winning_mesh_only():
                             cache=False)
     stopped = [str(w.message) for w in caught if "did not prove" in str(w.message)]
     assert plan.solver.status == "feasible"
-    assert len(stopped) == 1 and f"on mesh {plan.mesh} " in stopped[0]
+    assert len(stopped) == 1 and f"on mesh {plan.mesh};" in stopped[0]
 
 
 def test_the_time_limit_warning_points_at_the_line_that_asked_for_the_plan():
@@ -264,7 +264,7 @@ def test_the_axis_descent_stops_once_every_axis_is_settled():
 def test_a_full_program_too_large_for_its_limit_is_skipped_and_the_plan_says_it_has_no_bound(monkeypatch):
     from autopar.passes import budget_search
 
-    monkeypatch.setattr(budget_search, "_POLISH_BOOLEANS_PER_SECOND", 0)
+    monkeypatch.setattr(budget_search, "_POLISH_BOOLEANS_PER_WORK", 0)
     model, inputs = mlp.make(batch=16, width=256, hidden=1024)
     messages = []
     with pytest.warns(UserWarning, match="the plan has no proven bound"):

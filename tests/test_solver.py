@@ -4,6 +4,7 @@ import random
 import pytest
 
 from autopar.errors import SolverError
+from autopar.solvers.limits import SolveLimits
 from autopar.solvers.sharding import MemoryLimit, Overlap, brute_force, evaluate, solve
 
 
@@ -177,7 +178,7 @@ def test_any_row_prices_give_a_bound_no_integer_solution_beats():
         for _ in range(5):
             prices = np_rng.normal(scale=1e3, size=len(polytope.rows))
             assert polytope.dual_bound(prices)[0] / SCALE <= best * (1 + 1e-9) + 1e-12
-        solution = polytope.relaxation().solve(10.0)
+        solution = polytope.relaxation().solve(SolveLimits(work=100_000, seconds=10.0))
         assert solution.bound == pytest.approx(polytope.objective @ solution.values, rel=1e-6, abs=1e-6)
         assert solution.bound / SCALE <= best * (1 + 1e-9) + 1e-12
 

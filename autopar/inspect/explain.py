@@ -224,7 +224,8 @@ def _reason(rows: list[PricedStrategy], group_size: int, solver) -> str:
         why.append("no faster layout fitted the memory budget, so the plan is the layout holding the least memory")
     elif solver.status != "optimal":
         why.append("the solver proved no bound on the plan" if solver.gap >= 1.0 else
-                   f"the solver stopped at its time limit {solver.gap:.1%} from proven optimal")
+                   f"the solver stopped at its {'safety time' if solver.timed_out else 'work'} limit "
+                   f"{solver.gap:.1%} from proven optimal")
     if chosen.output_bytes < best.output_bytes:
         why.insert(0, f"it holds {human_bytes(best.output_bytes - chosen.output_bytes)} less per device, "
                       f"which the memory budget needs")

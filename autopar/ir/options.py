@@ -20,6 +20,7 @@ from autopar.ir.request import (
     DEFAULT_RECOMPUTE,
     DEFAULT_SOLVER,
     DEFAULT_TIME_LIMIT_S,
+    DEFAULT_WORK_LIMIT,
     PARTITIONS,
     SOLVERS,
 )
@@ -76,8 +77,12 @@ OPTIONS: tuple[Option, ...] = (
     # the solve
     Option("solver", "str", DEFAULT_SOLVER, "'lp-first' (the LP relaxation, then SCIP or branch and bound on what "
            "it leaves open), 'mip' (SCIP alone) or 'cp-sat'", (PLAN,), planning=True, cli=(PLAN,), choices=SOLVERS),
-    Option("solver_time_limit_s", "float", DEFAULT_TIME_LIMIT_S, "seconds per solve; past it the best plan found, "
-           "with its proven gap", (PLAN,), planning=True, cli=(PLAN,), flag="--time-limit", cli_type=float),
+    Option("solver_work_limit", "int", DEFAULT_WORK_LIMIT, "deterministic work per solve (about one simplex "
+           "iteration a unit); past it the best plan found, with its proven gap: the same plan on any machine under "
+           "any load", (PLAN,), planning=True, cli=(PLAN,), flag="--work-limit", cli_type=int),
+    Option("solver_time_limit_s", "float", DEFAULT_TIME_LIMIT_S, "seconds per solve, a safety net: a plan it stops "
+           "depends on the machine's speed and load, and warns so", (PLAN,), planning=True, cli=(PLAN,),
+           flag="--time-limit", cli_type=float),
     Option("pin", "dict | None", None, "parameter (or module, or glob) -> placements text, e.g. {'fc1.weight': "
            "'S(0),R'}", (PLAN,), planning=True),
     Option("memory_budget", "str | float | None", None, "bytes per device, or text such as '60GiB' (default: 90% of "

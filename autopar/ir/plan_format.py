@@ -87,7 +87,7 @@ def _fields(ndim: int, layout_of) -> dict:
         "fallback_modules": mapping(node_name, module_path),
         "solver": record({"backend": label, "status": label, "objective_s": number(infinite=True),
                           "bound_s": number(infinite=True), "gap": number(infinite=True), "seconds": seconds,
-                          "n_variables": integer()}),
+                          "n_variables": integer()}, {"timed_out": boolean}),
         "history": list_of(record({"name": label, "seconds": seconds, "note": label})),
         "formula": nullable(record({"sizes": mapping(identifier, integer(1)), "compute_s": _expression,
                                     "communication_s": _expression,

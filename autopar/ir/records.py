@@ -24,6 +24,8 @@ class SolverStats:
     gap: float
     seconds: float
     n_variables: int
+    # the wall-clock safety net stopped the solve: this plan depends on the machine's speed and load
+    timed_out: bool = False
 
 
 UPDATE = "update"  # the consumer of a buffer's new value: the runtime, which writes it into the buffer

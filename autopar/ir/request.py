@@ -15,7 +15,10 @@ from autopar.ir.precision import MixedPrecision
 
 DEFAULT_HARDWARE = "h100-sxm"
 DEFAULT_SOLVER = "lp-first"  # the LP relaxation, then SCIP on what it leaves open; "mip" or "cp-sat" on request
-DEFAULT_TIME_LIMIT_S = 60.0  # per solve
+# per solve: the deterministic work limit (autopar.solvers.limits: about a simplex iteration each,
+# ~1 min on the 70B shape's LP on 2 cores) binds; the wall-clock limit is a safety net only
+DEFAULT_WORK_LIMIT = 100_000
+DEFAULT_TIME_LIMIT_S = 600.0
 DEFAULT_OPTIMIZER = "adam"
 DEFAULT_RECOMPUTE = "auto"
 DEFAULT_OFFLOAD = "auto"
@@ -36,6 +39,7 @@ class PlanRequest:
     pin: tuple[tuple[str, str], ...] = ()  # (parameter, module or glob; placements text such as "S(0),R")
     symbolic_dims: tuple[tuple[str, int], ...] | None = None  # (size name, dim index in the inputs)
     solver: str = DEFAULT_SOLVER
+    solver_work_limit: int = DEFAULT_WORK_LIMIT
     solver_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     # on a 2-D mesh, run the full integer program after the axis-by-axis descent (mesh search
     # runs it only on its finalists)

@@ -31,6 +31,7 @@ from autopar.passes.budget_offload import OffloadLever, because, offload_limits
 from autopar.passes.collectives import find_redistributions
 from autopar.passes.recompute import fit, memory_budget
 from autopar.passes.sharding_problem import ShardingProblem
+from autopar.solvers.limits import SolveLimits
 from autopar.solvers.sharding import MemoryLimit, evaluate, solve
 from autopar.solvers.warm_start import descend_axes
 from autopar.units import bytes_at_least, human_bytes, human_seconds
@@ -39,10 +40,10 @@ _BUDGET_ATTEMPTS = 8
 # recomputation adding at most this share of the step is kept without trying layouts that hold
 # less: a layout that holds less would have to be slower by less than this to win
 _CHEAP_RECOMPUTE = 0.01
-# the full program runs when it has at most this many booleans per second of its time limit:
-# past that SCIP does not finish even the LP relaxation in the limit on a 2-core machine
-# (README, "Solving at scale")
-_POLISH_BOOLEANS_PER_SECOND = 10_000
+# the full program runs when it has at most this many booleans per unit of its work limit: past
+# that SCIP does not finish even the LP relaxation in the limit (docs, "Solving at scale": 10k
+# booleans a second on a 2-core machine, where a second is about 2k units)
+_POLISH_BOOLEANS_PER_WORK = 5
 
 
 class BudgetSearch:
@@ -137,7 +138,7 @@ class BudgetSearch:
 
     def _solve_full(self, costs, warm, limit):
         request = self.ctx.request
-        return solve(costs, self.problem.edges, backend=request.solver, time_limit_s=request.solver_time_limit_s,
+        return solve(costs, self.problem.edges, backend=request.solver, limits=SolveLimits.of(request),
                      hint=warm if None not in warm else None, progress=self.ctx.progress,
                      overlap=self.problem.overlap, memory=limit)
 
@@ -205,13 +206,13 @@ class BudgetSearch:
                             "trying layouts that hold less instead")
 
     def _solvable(self) -> bool:
-        """Whether the full program is small enough for SCIP in its time limit (see
-        _POLISH_BOOLEANS_PER_SECOND); says so when it is not."""
-        booleans, time_limit = self.problem.booleans, self.ctx.request.solver_time_limit_s
-        if booleans <= _POLISH_BOOLEANS_PER_SECOND * time_limit:
+        """Whether the full program is small enough for SCIP in its work limit (see
+        _POLISH_BOOLEANS_PER_WORK); says so when it is not."""
+        booleans, work = self.problem.booleans, self.ctx.request.solver_work_limit
+        if booleans <= _POLISH_BOOLEANS_PER_WORK * work:
             return True
-        self.ctx.report(f"the full integer program ({booleans} booleans) is too large to solve in {time_limit:.0f} s: "
-                        "the axis-by-axis layout stands, with no proven bound")
+        self.ctx.report(f"the full integer program ({booleans} booleans) is too large to solve in its work limit "
+                        f"({work}): the axis-by-axis layout stands, with no proven bound")
         return False
 
     def _polished(self, pick: Layout) -> Layout:

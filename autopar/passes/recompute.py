@@ -38,6 +38,7 @@ from autopar.lowering.schedule import (
     with_frees,
 )
 from autopar.passes.base import Pass, PassContext, side_table
+from autopar.solvers.limits import SolveLimits
 from autopar.solvers.recompute import RecomputeProblem, least_memory, limit_at, solve
 from autopar.units import human_bytes, human_seconds
 
@@ -192,7 +193,7 @@ class _Fitter:
         second solve is skipped when it does not: a layout over the budget only needs its figure).
         The second solve holds the model's memory, not the simulated program's: where its set
         peaks over the budget, the least-memory set, which fits, stays."""
-        shortcuts = dict(horizon=_HORIZON, relative_gap=_GAP, fold_views=True)
+        shortcuts = dict(horizon=_HORIZON, relative_gap=_GAP, fold_views=True, limits=SolveLimits.of(self.ctx.request))
         try:
             lowest = least_memory(self.problem, **shortcuts)
             found = self.decided(lowest)[1]
@@ -210,7 +211,8 @@ class _Fitter:
         budget, limit, margin = self.budget, self.budget, 1.25
         for attempt in range(_ATTEMPTS):
             try:
-                choice = solve(self.problem, limit, horizon=_HORIZON, relative_gap=_GAP, fold_views=True)
+                choice = solve(self.problem, limit, horizon=_HORIZON, relative_gap=_GAP, fold_views=True,
+                               limits=SolveLimits.of(self.ctx.request))
             except SolverError:
                 if attempt == 0:
                     # no set meets the budget in the model, which is close to the simulation at its

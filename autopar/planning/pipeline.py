@@ -59,7 +59,7 @@ def run(program, request: PlanRequest, model: nn.Module, example_inputs, *, kwar
                            tuple(passes), restrict, progress, _sizes(request, example_inputs))
     if len(request.meshes) == 1:
         plan = planner.plan(request)
-        warn_if_unproven(plan.mesh, plan.solver, request.solver_time_limit_s)
+        warn_if_unproven(plan.mesh, plan.solver, request)
         return plan
     return _search_meshes(planner, request)
 
@@ -129,22 +129,27 @@ class _MeshPlanner:
             fallback_modules={n: p for n, p in self.modules.items() if n in fallback},
             modules=self.modules,
             solver=SolverStats(result.backend, result.status, result.objective, result.bound, result.gap,
-                               result.seconds, result.n_variables),
+                               result.seconds, result.n_variables, result.timed_out),
             history=history,
             formula=program.tables.get("cost_formula"),
         )
 
 
-def warn_if_unproven(mesh: Mesh, solver, time_limit_s: float) -> None:
-    """Warn when the time limit stopped the solver (``solver``: its result or SolverStats). Not for
-    status "least-memory": the budget, not the time limit, chose that layout."""
+def warn_if_unproven(mesh: Mesh, solver, request: PlanRequest) -> None:
+    """Warn when a limit stopped the solver (``solver``: its result or SolverStats). Not for
+    status "least-memory": the budget, not a limit, chose that layout."""
     if solver.status != "feasible":
         return
     # a gap of 100% is a bound of 0 (the full program did not run, being too large for its
     # limit, or found no bound in it): "within 100% of optimal" would misread it
     distance = "has no proven bound" if solver.gap >= 1.0 else f"is within {solver.gap:.1%} of optimal"
-    warnings.warn(f"the sharding solver did not prove its plan optimal on mesh {mesh} in its {time_limit_s:g} s "
-                  f"limit per solve; the plan {distance} (raise solver_time_limit_s to close the gap)",
+    if solver.timed_out:
+        limit = (f"its safety time limit of {request.solver_time_limit_s:g} s per solve stopped it before its work "
+                 f"limit: the plan depends on this machine's speed and load (lower solver_work_limit for a plan "
+                 f"any machine repeats, or raise solver_time_limit_s)")
+    else:
+        limit = f"in its work limit of {request.solver_work_limit} per solve (raise solver_work_limit to close the gap)"
+    warnings.warn(f"the sharding solver did not prove its plan optimal on mesh {mesh}; the plan {distance}: {limit}",
                   stacklevel=user_stacklevel())
 
 
@@ -166,7 +171,7 @@ def _search_meshes(planner: _MeshPlanner, request: PlanRequest) -> Plan:
             planned[mesh] = planner.plan(request.on(mesh, full_program=True))
             tried[mesh] = human_seconds(planned[mesh].predicted.step_time_s)
     best = min(planned.values(), key=lambda p: p.predicted.step_time_s)
-    warn_if_unproven(best.mesh, best.solver, request.solver_time_limit_s)  # the winner's only
+    warn_if_unproven(best.mesh, best.solver, request)  # the winner's only
     record = PassRecord("mesh_search", time.perf_counter() - start, f"best {best.device_mesh} of {_listing(tried)}")
     searched = dataclasses.replace(best, history=(record,) + best.history)
     remember(searched, lambda: planning_state(best))

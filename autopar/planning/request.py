@@ -61,6 +61,7 @@ def resolve(mesh, hardware: str | Hardware = DEFAULT_HARDWARE, **planning) -> Pl
         pin=tuple((o.pin or {}).items()),
         symbolic_dims=None if o.symbolic_dims is None else tuple(o.symbolic_dims.items()),
         solver=o.solver,
+        solver_work_limit=_positive_int("solver_work_limit", o.solver_work_limit),
         solver_time_limit_s=float(o.solver_time_limit_s),
         precision=mixed,
         schedule=o.schedule,
@@ -105,3 +106,9 @@ def _check_pipeline_options(meshes, schedule, microbatches, partition) -> None:
     if (schedule is not None or microbatches is not None) and not any(has_pipeline(m) for m in meshes):
         raise AutoparError("schedule= and microbatches= set a pipeline's, and the mesh has no 'pp' axis: add one "
                            "(mesh='pp=2,dp=2') or leave them out")
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AutoparError(f"{name}={value!r}: give a positive whole number")
+    return value

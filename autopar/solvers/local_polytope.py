@@ -23,9 +23,12 @@ import functools
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from autopar.solvers.limits import SolveLimits, node_work, resolve_work
 
 # objective units per second. In microseconds: in nanoseconds, with coefficients up to 1e10,
 # SCIP's LP runs into numerical trouble on large layers (README, "Solving at scale")
@@ -133,29 +136,52 @@ class Solution:
     values: np.ndarray | None  # per variable
     duals: np.ndarray | None  # per row, from an LP
     bound: float  # the solver's own best bound, SCALE units
+    work: int = 0  # spent, in autopar.solvers.limits' units (the LP's iterations and re-solve)
+    timed_out: bool = False  # the wall-clock safety net stopped it
+
+
+@dataclass(frozen=True)
+class Found:
+    """A backend's answer in the problem's own indices."""
+
+    choice: tuple[int, ...] | None  # per node, its strategy; None: nothing found
+    status: str | None  # as Solution's
+    bound: float  # seconds, proven for every solution
+    n_variables: int
+    timed_out: bool = False  # the wall-clock safety net stopped some part of the solve
 
 
 SOLVER_TYPES = {"scip": "SCIP_MIXED_INTEGER_PROGRAMMING"}
 
 
-def solve_proto(model, kind: str, time_limit_s: float, relative_gap: float | None = None) -> Solution:
-    """Solve an MPModelProto with ``kind`` (a key of SOLVER_TYPES). ``relative_gap``: SCIP stops
-    at a solution proven within it (pywraplp's default is 1e-4; the proto's own, 0, solves large
-    problems slower)."""
+def solve_proto(model, kind: str, limits: SolveLimits, relative_gap: float | None = None) -> Solution:
+    """Solve an MPModelProto with ``kind`` (a key of SOLVER_TYPES) within ``limits``: SCIP's
+    nodes and each LP's iterations from the work limit (autopar.solvers.limits), the time limit
+    as its safety net. ``relative_gap``: SCIP stops at a solution proven within it (pywraplp's
+    default is 1e-4; the proto's own, 0, solves large problems slower)."""
     from ortools.linear_solver import linear_solver_pb2, pywraplp
 
-    request = linear_solver_pb2.MPModelRequest(model=model, solver_time_limit_seconds=time_limit_s)
+    if limits.work <= 0:  # SCIP's presolve alone is unbounded by nodes: on the 70B shape, minutes
+        return Solution(None, None, None, -math.inf)
+    request = linear_solver_pb2.MPModelRequest(model=model, solver_time_limit_seconds=limits.seconds)
     request.solver_type = linear_solver_pb2.MPModelRequest.SolverType.Value(SOLVER_TYPES[kind])
+    nodes = max(1, limits.work // node_work(len(model.variable)))
+    parameters = [f"limits/totalnodes = {nodes}", f"lp/iterlim = {max(1, limits.work)}"]
     if relative_gap is not None:
-        request.solver_specific_parameters = f"limits/gap = {relative_gap!r}"
+        parameters.append(f"limits/gap = {relative_gap!r}")
+    request.solver_specific_parameters = "\n".join(parameters)
     response = linear_solver_pb2.MPSolutionResponse()
+    start = time.perf_counter()
     pywraplp.Solver.SolveWithProto(request, response)
+    # SCIP says "feasible" for either limit; only the clock tells them apart
+    timed_out = time.perf_counter() - start >= 0.99 * limits.seconds
     status = {linear_solver_pb2.MPSOLVER_OPTIMAL: "optimal", linear_solver_pb2.MPSOLVER_FEASIBLE: "feasible",
               linear_solver_pb2.MPSOLVER_INFEASIBLE: "infeasible"}.get(response.status)
     if status in (None, "infeasible"):
-        return Solution(status, None, None, -math.inf)
+        return Solution(status, None, None, -math.inf, timed_out=timed_out and status is None)
     duals = np.array(response.dual_value, dtype=float) if len(response.dual_value) else None
-    return Solution(status, np.array(response.variable_value, dtype=float), duals, response.best_objective_bound)
+    return Solution(status, np.array(response.variable_value, dtype=float), duals, response.best_objective_bound,
+                    timed_out=timed_out and status != "optimal")
 
 
 class Relaxation:
@@ -195,23 +221,27 @@ class Relaxation:
         polytope = self.polytope
         self.highs.changeRowBounds(polytope.memory_row, -self.highs.getInfinity(), limit / polytope.memory_unit)
 
-    def solve(self, time_limit_s: float) -> Solution:
+    def solve(self, limits: SolveLimits) -> Solution:
         """The optimum under the current bounds, its row prices and the bound they prove (SCALE
-        units), or status "infeasible", or None when the time limit stopped it."""
+        units), or status "infeasible", or None when a limit stopped it; with the work it spent."""
         import highspy
 
-        # HiGHS's clock runs on over every solve of this model
-        self.highs.setOptionValue("time_limit", self.highs.getRunTime() + float(time_limit_s))
+        # HiGHS's iteration count and clock run on over every solve of this model
+        info = self.highs.getInfo()
+        iterations = info.simplex_iteration_count
+        self.highs.setOptionValue("simplex_iteration_limit", iterations + max(1, limits.work))
+        self.highs.setOptionValue("time_limit", self.highs.getRunTime() + float(limits.seconds))
         self.highs.run()
+        work = self.highs.getInfo().simplex_iteration_count - iterations + resolve_work(self.polytope.n_variables)
         status = self.highs.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible:
-            return Solution("infeasible", None, None, -math.inf)
+            return Solution("infeasible", None, None, -math.inf, work)
         if status != highspy.HighsModelStatus.kOptimal:
-            return Solution(None, None, None, -math.inf)
+            return Solution(None, None, None, -math.inf, work, status == highspy.HighsModelStatus.kTimeLimit)
         solution = self.highs.getSolution()
         duals = np.array(solution.row_dual, dtype=float)
         return Solution("optimal", np.array(solution.col_value, dtype=float), duals,
-                        self.polytope.dual_bound(duals, self.upper)[0])
+                        self.polytope.dual_bound(duals, self.upper)[0], work)
 
 
 @contextlib.contextmanager

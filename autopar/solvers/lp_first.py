@@ -28,14 +28,14 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from autopar.errors import SolverError
-from autopar.solvers.local_polytope import SCALE, LocalPolytope, Relaxation
+from autopar.solvers.limits import Budget, SolveLimits
+from autopar.solvers.local_polytope import SCALE, Found, LocalPolytope, Relaxation
 
 # a strategy whose LP value is below this is outside the LP's support
 _SUPPORT = 1e-6
@@ -58,10 +58,10 @@ class _Problem:
     overlap: object
     memory: object
     evaluate: Callable
-    exact: Callable  # (node costs, edges, hint, seconds, relative gap) -> SolverResult
+    exact: Callable  # (node costs, edges, hint, SolveLimits, relative gap) -> SolverResult
     relative_gap: float
     report: Callable
-    deadline: float
+    budget: Budget
 
     def value(self, choice) -> float:
         """The objective of ``choice``, infinite where it breaks the memory limit."""
@@ -70,8 +70,11 @@ class _Problem:
             return math.inf
         return self.evaluate(self.node_costs, self.edges, choice, self.overlap)
 
-    def left(self) -> float:
-        return max(1e-3, self.deadline - time.perf_counter())
+    def solve_exactly(self, node_costs, edges, hint, relative_gap: float):
+        """The integer program on a restriction, with the work and time left."""
+        result = self.exact(node_costs, edges, hint, self.budget.left(), relative_gap)
+        self.budget.timed_out |= result.timed_out
+        return result
 
     def closed(self, upper: float, bound: float) -> bool:
         return upper - bound <= self.relative_gap * upper
@@ -92,24 +95,29 @@ class _Relaxed:
         return tuple(int(np.argmax(v)) for v in self.values)
 
 
-def solve_lp_first(reduced, relaxation: Relaxation, time_limit_s: float, hint: Sequence[int] | None,
-                   exact: Callable, evaluate: Callable, relative_gap: float, report: Callable[[str], None]):
-    """(choice, status, bound in seconds, variables) of ``reduced`` (a ReducedProblem), like the
-    integer program's backends. ``relaxation``: its LP, as the last solve left it (it is reset
-    here); ``exact(node_costs, edges, hint, seconds, relative_gap)`` solves a restriction of it
-    with the integer program and returns its SolverResult (it raises SolverError when nothing
-    fits)."""
+def solve_lp_first(reduced, relaxation: Relaxation, limits: SolveLimits, hint: Sequence[int] | None,
+                   exact: Callable, evaluate: Callable, relative_gap: float, report: Callable[[str], None]) -> Found:
+    """``reduced`` (a ReducedProblem) solved, like the integer program's backends.
+    ``relaxation``: its LP, as the last solve left it (it is reset here);
+    ``exact(node_costs, edges, hint, limits, relative_gap)`` solves a restriction of it with the
+    integer program and returns its SolverResult (it raises SolverError when nothing fits)."""
     node_costs, edges = reduced.node_costs, reduced.edges
+    budget = Budget(limits)
     problem = _Problem(node_costs, edges, reduced.overlap, reduced.memory, evaluate, exact, relative_gap, report,
-                       time.perf_counter() + time_limit_s)
+                       budget)
     polytope = relaxation.polytope
     relaxation.set_upper(polytope.upper)
-    solution = relaxation.solve(time_limit_s)
+    solution = relaxation.solve(limits)
+    budget.spend(solution.work)
+    budget.timed_out |= solution.timed_out
+
+    def found(choice, status, bound) -> Found:
+        return Found(choice, status, bound, polytope.n_variables, budget.timed_out)
     if solution.status != "optimal":
         report(("the LP relaxation did not finish" if solution.status is None else "the LP relaxation is infeasible")
                + "; solving the integer program alone")
-        result = exact(node_costs, edges, hint, problem.left(), relative_gap)
-        return result.choice, result.status, result.bound, polytope.n_variables
+        result = problem.solve_exactly(node_costs, edges, hint, relative_gap)
+        return found(result.choice, result.status, result.bound)
     bound_units, reduced_costs = polytope.dual_bound(solution.duals)
     root = _relaxed(polytope, solution)
     incumbent = root.choice() if not root.fractional() else \
@@ -118,10 +126,10 @@ def solve_lp_first(reduced, relaxation: Relaxation, time_limit_s: float, hint: S
     report(f"LP relaxation: bound {root.bound * 1e3:.4f} ms, {len(root.fractional())} of {len(node_costs)} nodes "
            f"fractional" + ("" if math.isinf(upper) else f", a solution at {upper * 1e3:.4f} ms"))
     if math.isinf(upper):
-        result = exact(node_costs, edges, hint, problem.left(), relative_gap)
-        return result.choice, result.status, max(root.bound, result.bound), polytope.n_variables
+        result = problem.solve_exactly(node_costs, edges, hint, relative_gap)
+        return found(result.choice, result.status, max(root.bound, result.bound))
     if problem.closed(upper, root.bound):
-        return tuple(incumbent), "optimal", min(root.bound, upper), polytope.n_variables
+        return found(tuple(incumbent), "optimal", min(root.bound, upper))
     out = _ruled_out(reduced_costs, bound_units, upper * SCALE)
     report(f"reduced-cost fixing ruled out {int(out.sum())} of {polytope.n_variables} variables")
     if polytope.n_variables - out.sum() <= _SCIP_VARIABLES:
@@ -130,7 +138,7 @@ def solve_lp_first(reduced, relaxation: Relaxation, time_limit_s: float, hint: S
     else:
         choice, status, bound = _branch_and_bound(problem, relaxation, np.where(out, 0.0, polytope.upper), root,
                                                   incumbent, upper)
-    return choice, status, max(root.bound, bound), polytope.n_variables
+    return found(choice, status, max(root.bound, bound))
 
 
 class Relaxations:
@@ -174,7 +182,7 @@ def _scip(problem: _Problem, costs, edges, incumbent, upper):
     """(choice, status, bound) of the fixed problem by SCIP from the incumbent. A better solution
     than the incumbent uses no ruled-out variable: the restricted program's bound holds for the
     whole problem below the incumbent, and the incumbent bounds the rest."""
-    result = problem.exact(costs, edges, list(incumbent), problem.left(), problem.relative_gap)
+    result = problem.solve_exactly(costs, edges, list(incumbent), problem.relative_gap)
     if result.objective > upper:  # stopped before it reached the incumbent
         return tuple(incumbent), "feasible", min(result.bound, upper)
     return result.choice, "optimal" if result.status == "optimal" else "feasible", min(result.bound, upper)
@@ -194,8 +202,8 @@ def _branch_and_bound(problem: _Problem, relaxation: Relaxation, fixed_upper: np
         bound, _, branches, relaxed = frontier[0]
         if problem.closed(best[1], bound):
             break
-        if time.perf_counter() >= problem.deadline:
-            problem.report(f"branch and bound: time limit, {len(frontier)} open")
+        if problem.budget.exhausted():
+            problem.report(f"branch and bound: {problem.budget.stopped_by()} limit, {len(frontier)} open")
             break
         heapq.heappop(frontier)
         i = _branching_node(relaxed, problem.memory)
@@ -203,8 +211,10 @@ def _branch_and_bound(problem: _Problem, relaxation: Relaxation, fixed_upper: np
         for alone in (True, False):
             child = branches + ((i, k, alone),)
             relaxation.set_upper(_upper_of(polytope, fixed_upper, child))
-            solution = relaxation.solve(problem.left())
-            if solution.status is None:  # out of time: the parent's bound stands for this subtree
+            solution = relaxation.solve(problem.budget.left())
+            problem.budget.spend(solution.work)
+            problem.budget.timed_out |= solution.timed_out
+            if solution.status is None:  # out of work or time: the parent's bound stands for this subtree
                 closed_at = min(closed_at, bound)
                 continue
             if solution.status == "infeasible":
@@ -264,7 +274,7 @@ def _rins(problem: _Problem, root: _Relaxed):
 
     costs = [[c if allowed(i, k) else math.inf for k, c in enumerate(row)] for i, row in enumerate(problem.node_costs)]
     try:
-        return problem.exact(costs, problem.edges, None, problem.left(), _INCUMBENT_GAP).choice
+        return problem.solve_exactly(costs, problem.edges, None, _INCUMBENT_GAP).choice
     except SolverError:
         return None
 

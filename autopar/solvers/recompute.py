@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopar.errors import SolverError
+from autopar.solvers.limits import DEFAULT_LIMITS, SolveLimits
 from autopar.solvers.sharding import linear_constraint, run_scip
 
 INF = math.inf
@@ -126,7 +127,7 @@ def brute_force(problem: RecomputeProblem, limit: float) -> tuple[float, tuple[i
     return best
 
 
-def solve(problem: RecomputeProblem, limit: float | None = None, *, time_limit_s: float = 30.0,
+def solve(problem: RecomputeProblem, limit: float | None = None, *, limits: SolveLimits = DEFAULT_LIMITS,
           horizon: int | None = None, relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
     """Least added time with the model's memory ≤ ``limit`` at every point; ``limit=None`` asks
     for the least memory instead (and the least time among plans with that memory).
@@ -140,18 +141,18 @@ def solve(problem: RecomputeProblem, limit: float | None = None, *, time_limit_s
     ``fold_views``: see ``_fold_free_views``."""
     target, group_of = _fold_free_views(problem) if fold_views else (problem, None)
     if limit is None:
-        limit = limit_at(_solve(target, None, time_limit_s, horizon, relative_gap))
-    return _unfolded(problem, _solve(target, limit, time_limit_s, horizon, relative_gap), group_of)
+        limit = limit_at(_solve(target, None, limits, horizon, relative_gap))
+    return _unfolded(problem, _solve(target, limit, limits, horizon, relative_gap), group_of)
 
 
-def least_memory(problem: RecomputeProblem, *, time_limit_s: float = 30.0, horizon: int | None = None,
+def least_memory(problem: RecomputeProblem, *, limits: SolveLimits = DEFAULT_LIMITS, horizon: int | None = None,
                  relative_gap: float = 0.0, fold_views: bool = False) -> RecomputeChoice:
     """A set with the least memory (within ``relative_gap``), not the least time among such sets:
     ``solve(problem, None)`` without its second solve, for a caller that only needs to know how
     low the memory goes. Shortcuts as in ``solve``; with ``fold_views``, ``memory`` is the folded
     model's (at least the set's own): a limit that ``solve`` with the same shortcuts can meet."""
     target, group_of = _fold_free_views(problem) if fold_views else (problem, None)
-    found = _solve(target, None, time_limit_s, horizon, relative_gap)
+    found = _solve(target, None, limits, horizon, relative_gap)
     return dataclasses.replace(_unfolded(problem, found, group_of), memory=found.memory)
 
 
@@ -203,7 +204,7 @@ def _fold_free_views(problem: RecomputeProblem) -> tuple[RecomputeProblem, list[
         hold_until=merged("hold_until", max), fixed=problem.fixed, at=problem.at, in_flight=problem.in_flight), group_of
 
 
-def _solve(problem: RecomputeProblem, limit: float | None, time_limit_s: float,
+def _solve(problem: RecomputeProblem, limit: float | None, limits: SolveLimits,
            horizon: int | None, relative_gap: float) -> RecomputeChoice:
     model = _Model(problem)
     model.require_kept_or_recomputed()
@@ -213,10 +214,11 @@ def _solve(problem: RecomputeProblem, limit: float | None, time_limit_s: float,
         model.keep_for_early_readers(earliest, needed)
     peak = model.add_memory_rows(limit)
     model.set_objective(limit, peak)
-    status, values, _ = run_scip(model.solver, time_limit_s, relative_gap)
+    status, values, _ = run_scip(model.solver, limits, relative_gap)
     if values is None:
         raise SolverError("no recomputation meets the memory limit" if status == "infeasible"
-                          else f"the recomputation solver found no solution within {time_limit_s:.0f} s")
+                          else f"the recomputation solver found no solution within its limits ({limits.work} work, "
+                               f"{limits.seconds:g} s): raise solver_work_limit")
     r = model.recomputed
     chosen = tuple(v for v in range(problem.n) if r[v] is not None and values[r[v].index()] > 0.5)
     memory = max(memory_of(problem, set(chosen)), default=0.0)

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autopar.errors import SolverError
-from autopar.solvers.local_polytope import SCALE, LocalPolytope, allowed_pairs, priced_edges, solve_proto
+from autopar.solvers.limits import CPSAT_DETERMINISTIC_PER_WORK, DEFAULT_LIMITS, SolveLimits
+from autopar.solvers.local_polytope import SCALE, Found, LocalPolytope, allowed_pairs, priced_edges, solve_proto
 from autopar.solvers.lp_first import Relaxations, solve_lp_first
 from autopar.solvers.reduction import reduce_problem
 from autopar.units import human_bytes
@@ -47,6 +48,8 @@ class SolverResult:
     backend: str
     n_variables: int
     n_removed: int = 0  # strategies dropped before the solve (forbidden or dominated)
+    # the wall-clock safety net, not the work limit, stopped it: the plan depends on the machine
+    timed_out: bool = False
 
     @property
     def gap(self) -> float:
@@ -102,11 +105,13 @@ BACKENDS = ("lp-first", "mip", "cp-sat")
 _RELAXATIONS = Relaxations()
 
 
-def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float = 60.0,
+def solve(node_costs, edges, *, backend: str = "lp-first", limits: SolveLimits = DEFAULT_LIMITS,
           hint: Sequence[int] | None = None, progress: Callable[[str], None] | None = None,
           overlap: Overlap | None = None, memory: MemoryLimit | None = None,
           relative_gap: float = RELATIVE_GAP) -> SolverResult:
-    """``relative_gap``: SCIP stops at a solution proven within this share of its objective.
+    """``limits``: the work (deterministic) and time (a safety net) the solve may take, with the
+    best solution found and its proven bound past them (autopar.solvers.limits).
+    ``relative_gap``: SCIP stops at a solution proven within this share of its objective.
     ``backend``: "lp-first" (the LP relaxation, then SCIP on what it leaves open:
     autopar.solvers.lp_first; the default, an exact optimum in seconds where SCIP alone takes
     minutes), "mip" (SCIP on the whole integer program, which proves optimality on our graphs
@@ -118,14 +123,14 @@ def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float =
     if memory is not None:
         _check_memory_floor(node_costs, memory)
     if backend == "lp-first":
-        reduced, choice, status, bound, n_vars = _solve_lp_first(node_costs, edges, hint, overlap, memory, time_limit_s,
-                                                                 relative_gap, progress)
+        reduced, found = _solve_lp_first(node_costs, edges, hint, overlap, memory, limits, relative_gap, progress)
     else:
         reduced = reduce_problem(node_costs, edges, overlap, memory)
         small_hint = reduced.reduce_choice(hint) if hint is not None else None
         solve_reduced = _solve_mip if backend == "mip" else _solve_cpsat
-        choice, status, bound, n_vars = solve_reduced(reduced.node_costs, reduced.edges, time_limit_s, small_hint,
-                                                      reduced.overlap, reduced.memory, relative_gap, progress)
+        found = solve_reduced(reduced.node_costs, reduced.edges, limits, small_hint, reduced.overlap, reduced.memory,
+                              relative_gap, progress)
+    choice, status, bound = found.choice, found.status, found.bound
     if choice is None:
         if hint is None or math.isinf(evaluate(node_costs, edges, hint, overlap)) or \
                 (memory is not None and memory.used(hint) > memory.limit):
@@ -133,24 +138,26 @@ def solve(node_costs, edges, *, backend: str = "lp-first", time_limit_s: float =
                 raise SolverError(f"the sharding solver ({backend}) proved in {time.perf_counter() - start:.1f} s "
                                   f"that no plan meets the constraints (pins, restrictions, the memory limit): "
                                   f"relax a pin or a restriction")
-            raise SolverError(f"the sharding solver ({backend}) found no feasible plan within {time_limit_s:.0f} s; "
-                              f"raise solver_time_limit_s")
+            limit = (f"{limits.seconds:g} s (its safety time limit): raise solver_time_limit_s" if found.timed_out
+                     else f"its work limit of {limits.work}: raise solver_work_limit")
+            raise SolverError(f"the sharding solver ({backend}) found no feasible plan within {limit}")
         choice, status, bound = tuple(hint), "feasible", 0.0  # the warm start is always a valid plan
     else:
         choice, bound = reduced.expand(choice), bound + reduced.constant
     value = evaluate(node_costs, edges, choice, overlap)
     # "optimal" is within the relative gap: the bound stays the proven one
     result = SolverResult(tuple(choice), value, min(bound, value), status,
-                          time.perf_counter() - start, backend, n_vars, reduced.n_removed)
+                          time.perf_counter() - start, backend, found.n_variables, reduced.n_removed, found.timed_out)
     if progress is not None:
         progress(f"solver {backend}: {status}, objective {value * 1e3:.4f} ms, bound {result.bound * 1e3:.4f} ms "
-                 f"(gap {result.gap:.1%}), {n_vars} variables, {result.seconds:.1f} s")
+                 f"(gap {result.gap:.1%}), {result.n_variables} variables, {result.seconds:.1f} s"
+                 + (", stopped by the safety time limit" if result.timed_out else ""))
     return result
 
 
 def _check_memory_floor(node_costs, memory: MemoryLimit) -> None:
     """Fail at once when even each node's leanest allowed strategy is over the limit: the integer
-    program would spend its whole time limit finding nothing (a one-axis step of a big model)."""
+    program would spend its whole work limit finding nothing (a one-axis step of a big model)."""
     floor = sum(min((b for c, b in zip(costs, row) if not math.isinf(c)), default=0.0)
                 for costs, row in zip(node_costs, memory.bytes))
     if floor > memory.limit:
@@ -158,42 +165,43 @@ def _check_memory_floor(node_costs, memory: MemoryLimit) -> None:
                           f"{human_bytes(floor)}, over the limit of {human_bytes(memory.limit)}")
 
 
-def _solve_lp_first(node_costs, edges, hint, overlap, memory, time_limit_s, relative_gap, progress):
-    """(the reduced problem, then as the backends below) by autopar.solvers.lp_first, its
-    restrictions solved by SCIP; the LP kept for the next solve of the same problem."""
+def _solve_lp_first(node_costs, edges, hint, overlap, memory, limits, relative_gap, progress):
+    """(the reduced problem, its Found) by autopar.solvers.lp_first, its restrictions solved by
+    SCIP; the LP kept for the next solve of the same problem."""
     reduced, relaxation, reused = _RELAXATIONS.get(node_costs, edges, overlap, memory, reduce_problem)
     if reused and progress is not None:
         progress("LP relaxation: the same problem as the last solve, re-optimized at the new memory limit")
 
-    def exact(costs, restricted_edges, warm, limit_s, gap):
-        return solve(costs, restricted_edges, backend="mip", time_limit_s=limit_s, hint=warm,
+    def exact(costs, restricted_edges, warm, left, gap):
+        return solve(costs, restricted_edges, backend="mip", limits=left, hint=warm,
                      overlap=reduced.overlap, memory=reduced.memory, relative_gap=gap)
 
     small_hint = reduced.reduce_choice(hint) if hint is not None else None
-    return (reduced,) + solve_lp_first(reduced, relaxation, time_limit_s, small_hint, exact, evaluate, relative_gap,
-                                       progress or (lambda message: None))
+    return reduced, solve_lp_first(reduced, relaxation, limits, small_hint, exact, evaluate, relative_gap,
+                                   progress or (lambda message: None))
 
 
-def _solve_mip(node_costs, edges, time_limit_s, hint, overlap, memory, relative_gap, progress):
+def _solve_mip(node_costs, edges, limits, hint, overlap, memory, relative_gap, progress) -> Found:
     # progress: SCIP reports once, at its end (solve does)
     polytope = LocalPolytope.build(node_costs, edges, overlap, memory)
-    solution = solve_proto(polytope.proto(hint=hint), "scip", time_limit_s, relative_gap)
+    solution = solve_proto(polytope.proto(hint=hint), "scip", limits, relative_gap)
     if solution.values is None:
-        return None, solution.status, 0.0, polytope.n_variables
-    return polytope.choice(solution.values), solution.status, solution.bound / SCALE, polytope.n_variables
+        return Found(None, solution.status, 0.0, polytope.n_variables, solution.timed_out)
+    return Found(polytope.choice(solution.values), solution.status, solution.bound / SCALE, polytope.n_variables,
+                 solution.timed_out)
 
 
-def run_scip(solver, time_limit_s: float, relative_gap: float = RELATIVE_GAP):
+def run_scip(solver, limits: SolveLimits, relative_gap: float = RELATIVE_GAP):
     """Solve a pywraplp model with SCIP from its exported proto: (status "optimal" | "feasible" |
-    "infeasible" | None when nothing was found in time, each variable's value by its index, the
-    best bound). ``solver.Solve()`` hands SCIP each row's terms in the order of a hash table keyed
+    "infeasible" | None when nothing was found within ``limits``, each variable's value by its
+    index, the best bound). ``solver.Solve()`` hands SCIP each row's terms in the order of a hash table keyed
     by variable address, which changes from run to run, and so did the tied optimum SCIP
     returns; the proto lists them in index order."""
     from ortools.linear_solver import linear_solver_pb2
 
     request = linear_solver_pb2.MPModelRequest()
     solver.ExportModelToProto(request.model)
-    solution = solve_proto(request.model, "scip", time_limit_s, relative_gap)
+    solution = solve_proto(request.model, "scip", limits, relative_gap)
     return solution.status, solution.values, (None if solution.values is None else solution.bound)
 
 
@@ -208,7 +216,7 @@ def linear_constraint(solver, terms, lower: float, upper: float) -> None:
         constraint.SetCoefficient(var, coefficient)
 
 
-def _solve_cpsat(node_costs, edges, time_limit_s, hint, overlap, memory, relative_gap, progress):
+def _solve_cpsat(node_costs, edges, limits, hint, overlap, memory, relative_gap, progress) -> Found:
     # the backends share one signature; CP-SAT proves to its own gap limit (0), not relative_gap
     from ortools.sat.python import cp_model
 
@@ -226,14 +234,16 @@ def _solve_cpsat(node_costs, edges, time_limit_s, hint, overlap, memory, relativ
             for kk, var in enumerate(x[i]):
                 model.AddHint(var, kk == k)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.max_deterministic_time = limits.work * CPSAT_DETERMINISTIC_PER_WORK
+    solver.parameters.max_time_in_seconds = limits.seconds
     solver.parameters.num_workers = 1  # deterministic plans
     status = solver.Solve(model, _Progress(progress)) if progress else solver.Solve(model)
+    timed_out = status != cp_model.OPTIMAL and solver.WallTime() >= 0.99 * limits.seconds
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, None, 0.0, n_vars
+        return Found(None, None, 0.0, n_vars, timed_out)
     choice = tuple(next(k for k, v in enumerate(row) if solver.Value(v)) for row in x)
     status = "optimal" if status == cp_model.OPTIMAL else "feasible"
-    return choice, status, solver.BestObjectiveBound() / CPSAT_SCALE, n_vars
+    return Found(choice, status, solver.BestObjectiveBound() / CPSAT_SCALE, n_vars, timed_out)
 
 
 def _marginals(add, xi, xj, y, n_a, n_b) -> None:
