@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 import autopar
-from autopar.baseline_plans import megatron_pins
+from autopar.baseline_plans import NormsOverSequence, megatron_pins
 from autopar.check import MIXED_TOLERANCE
 from autopar.ir.placement import Shard
 from examples import gpt2
@@ -51,7 +51,10 @@ FEATURES = {
     "tp": Feature("tensor parallel", "a `tp` axis (the solver's layout)"),
     "sp": Feature("tensor + sequence parallel", "Megatron's layout with sequence parallelism, "
                                                 "`autopar.baselines(..., only=['megatron-tp2-sp'])` (with ZeRO-3: "
-                                                "`megatron-tp2-fsdp-sp`)"),
+                                                "`megatron-tp2-fsdp-sp`); on a pipeline, whose Megatron baselines "
+                                                "need whole nodes per stage, the same rule as a pass: "
+                                                "`pin=megatron_pins(model, tp=2)`, "
+                                                "`passes=[NormsOverSequence(seq)]` (autopar.baseline_plans)"),
     "pp": Feature("pipeline", "a `pp` axis"),
     "recompute": Feature("recompute under a budget", "`memory_budget=` below the peak of the plan without "
                                                      "recomputing by half its activations, that plan's parameter "
@@ -79,10 +82,6 @@ STACK = frozenset({"zero3", "tp", "pp", "bf16", "compile", "recompute", "dcp", "
 # cannot be said together in autopar's API at all: no refusal to assert, so no run
 NOT_EXPRESSIBLE = {
     frozenset({"bf16", "fp16"}): "a plan has one precision",
-    frozenset({"sp", "kfac"}): "K-FAC runs in a pipeline's bubbles, and sequence parallelism is pinned through the "
-                               "Megatron baseline, which has no `pp`: a pin of activations' layouts would lift it",
-    frozenset({"sp", "pp"}): "sequence parallelism is pinned through the Megatron baseline, which has no `pp`: "
-                             "a pin of activations' layouts would lift it",
 }
 for _loop in ("dcp", "clip", "meta", "local", "no_sync", "fp16"):
     NOT_EXPRESSIBLE[frozenset({"jax", _loop})] = (
@@ -186,6 +185,8 @@ def mesh_of(recipe: frozenset) -> str:
         axes["dp"] = 2
     if recipe & {"tp", "sp"}:
         axes["tp"] = 2
+    if "sp" in recipe and "pp" in axes:
+        axes.setdefault("dp", 1)  # Megatron's pins name (dp, tp)
     filled = 1
     for size in axes.values():
         filled *= size
@@ -215,7 +216,10 @@ def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B"
         options["optimizer"] = "kfac"
     if "offload" in recipe:
         options["offload"] = True
-    if "sp" in recipe:
+    if "sp" in recipe and "pp" in mesh:
+        options.update(pin=megatron_pins(model, tp=2, dp=2 if "zero3" in recipe else 1),
+                       passes=(NormsOverSequence(_sequence(inputs, kwargs)),))
+    elif "sp" in recipe:
         name = "megatron-tp2" + ("-fsdp" if "zero3" in recipe else "") + "-sp"
 
         def megatron(**budget):
@@ -229,7 +233,7 @@ def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B"
             return megatron()
         # the baseline pins its layouts and offloads as the recipe says already
         return megatron(memory_budget=_budget(megatron(recompute="none")), recompute="auto")
-    if {"zero3", "tp"} <= recipe:  # Megatron's layout over tp, every parameter also split over dp
+    elif {"zero3", "tp"} <= recipe:  # Megatron's layout over tp, every parameter also split over dp
         options["pin"] = megatron_pins(model, tp=2, dp=2)
     elif "zero3" in recipe:
         options["pin"] = {n: "S(0)" for n, _ in model.named_parameters()}
@@ -248,6 +252,10 @@ def first_call(recipe: frozenset, inputs: tuple, kwargs: dict) -> tuple[tuple, d
     if "no_sync" not in recipe:
         return inputs, kwargs
     return tuple(t[: t.shape[0] // 2] for t in inputs), {k: t[: t.shape[0] // 2] for k, t in kwargs.items()}
+
+
+def _sequence(inputs: tuple, kwargs: dict) -> int:
+    return (kwargs["input_ids"] if kwargs else inputs[0]).shape[1]
 
 
 def _precision(recipe: frozenset) -> str | None:
