@@ -199,6 +199,10 @@ class Relaxation:
         with _stdout_silenced():  # HiGHS prints its banner from C when a process makes its first model
             self.highs = highspy.Highs()
         self.highs.setOptionValue("output_flag", False)
+        # serial: its dual simplex runs on one thread anyway, and the worker thread HiGHS starts
+        # otherwise outlives the solve; a process that planned (a torchrun rank) then aborted at
+        # exit once ("terminate called without an active exception")
+        self.highs.setOptionValue("threads", 1)
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = polytope.n_variables, len(polytope.rows)
         lp.col_cost_, lp.col_lower_, lp.col_upper_ = polytope.objective, np.zeros(polytope.n_variables), self.upper
