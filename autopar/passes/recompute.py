@@ -142,6 +142,7 @@ class _Fitter:
     def __init__(self, graph, strategies: dict, redistributions, ctx: PassContext, budget: float):
         self.graph, self.strategies, self.redistributions = graph, strategies, redistributions
         self.ctx, self.budget = ctx, budget
+        self.limits = SolveLimits.of(ctx.request)
         # recomputation is solved on the program whose parameter gathers run where they are read:
         # prefetching them holds two layers' parameters at once, the memory recomputing is for
         # the simulated program without recomputation; ``plain`` adds the micro-batches in flight
@@ -193,7 +194,7 @@ class _Fitter:
         second solve is skipped when it does not: a layout over the budget only needs its figure).
         The second solve holds the model's memory, not the simulated program's: where its set
         peaks over the budget, the least-memory set, which fits, stays."""
-        shortcuts = dict(horizon=_HORIZON, relative_gap=_GAP, fold_views=True, limits=SolveLimits.of(self.ctx.request))
+        shortcuts = dict(horizon=_HORIZON, relative_gap=_GAP, fold_views=True, limits=self.limits)
         try:
             lowest = least_memory(self.problem, **shortcuts)
             found = self.decided(lowest)[1]
@@ -212,7 +213,7 @@ class _Fitter:
         for attempt in range(_ATTEMPTS):
             try:
                 choice = solve(self.problem, limit, horizon=_HORIZON, relative_gap=_GAP, fold_views=True,
-                               limits=SolveLimits.of(self.ctx.request))
+                               limits=self.limits)
             except SolverError:
                 if attempt == 0:
                     # no set meets the budget in the model, which is close to the simulation at its

@@ -35,6 +35,11 @@ class SolveLimits:
         """The limits a PlanRequest asks for."""
         return cls(request.solver_work_limit, request.solver_time_limit_s)
 
+    def outlasted(self, elapsed_s: float) -> bool:
+        """Whether a solve that ran ``elapsed_s`` and did not finish was stopped by the clock (the
+        solvers say "feasible" for either limit)."""
+        return elapsed_s >= 0.99 * self.seconds
+
 
 DEFAULT_LIMITS = SolveLimits()
 
@@ -50,7 +55,7 @@ def node_work(n_variables: int) -> int:
 
 
 class Budget:
-    """One solve's spending against its limits: work spent is counted by the caller (``spend``),
+    """One solve's spending against its limits: work spent is counted by the caller (``charge``),
     time by the clock; ``timed_out`` records that the safety net, not the work limit, stopped
     some part of it."""
 
@@ -60,8 +65,10 @@ class Budget:
         self.deadline = time.perf_counter() + limits.seconds
         self.timed_out = False
 
-    def spend(self, work: int) -> None:
-        self.spent += work
+    def charge(self, part) -> None:
+        """Count a finished part of the solve: anything with ``work`` (default 0) and ``timed_out``."""
+        self.spent += getattr(part, "work", 0)
+        self.timed_out |= part.timed_out
 
     def work_left(self) -> int:
         return max(0, self.limits.work - self.spent)

@@ -73,7 +73,7 @@ class _Problem:
     def solve_exactly(self, node_costs, edges, hint, relative_gap: float):
         """The integer program on a restriction, with the work and time left."""
         result = self.exact(node_costs, edges, hint, self.budget.left(), relative_gap)
-        self.budget.timed_out |= result.timed_out
+        self.budget.charge(result)  # SCIP's work is bounded by what it was given, not counted
         return result
 
     def closed(self, upper: float, bound: float) -> bool:
@@ -108,8 +108,7 @@ def solve_lp_first(reduced, relaxation: Relaxation, limits: SolveLimits, hint: S
     polytope = relaxation.polytope
     relaxation.set_upper(polytope.upper)
     solution = relaxation.solve(limits)
-    budget.spend(solution.work)
-    budget.timed_out |= solution.timed_out
+    budget.charge(solution)
 
     def found(choice, status, bound) -> Found:
         return Found(choice, status, bound, polytope.n_variables, budget.timed_out)
@@ -212,8 +211,7 @@ def _branch_and_bound(problem: _Problem, relaxation: Relaxation, fixed_upper: np
             child = branches + ((i, k, alone),)
             relaxation.set_upper(_upper_of(polytope, fixed_upper, child))
             solution = relaxation.solve(problem.budget.left())
-            problem.budget.spend(solution.work)
-            problem.budget.timed_out |= solution.timed_out
+            problem.budget.charge(solution)
             if solution.status is None:  # out of work or time: the parent's bound stands for this subtree
                 closed_at = min(closed_at, bound)
                 continue

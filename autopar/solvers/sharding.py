@@ -238,7 +238,7 @@ def _solve_cpsat(node_costs, edges, limits, hint, overlap, memory, relative_gap,
     solver.parameters.max_time_in_seconds = limits.seconds
     solver.parameters.num_workers = 1  # deterministic plans
     status = solver.Solve(model, _Progress(progress)) if progress else solver.Solve(model)
-    timed_out = status != cp_model.OPTIMAL and solver.WallTime() >= 0.99 * limits.seconds
+    timed_out = status != cp_model.OPTIMAL and limits.outlasted(solver.WallTime())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Found(None, None, 0.0, n_vars, timed_out)
     choice = tuple(next(k for k, v in enumerate(row) if solver.Value(v)) for row in x)
