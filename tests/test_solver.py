@@ -207,3 +207,23 @@ def test_the_same_problem_at_a_new_memory_limit_is_re_optimized_not_rebuilt():
         assert again.objective >= first.objective - 1e-12
         checked += 1
     assert checked >= 5
+
+
+def test_the_lp_relaxation_leaves_no_thread_behind():
+    """HiGHS runs serially: a worker thread of its own would outlive the solve and can abort a
+    process at exit (a torchrun rank that planned)."""
+    import os
+    import random
+
+    from autopar.solvers.local_polytope import LocalPolytope
+
+    def threads() -> int:
+        return len(os.listdir(f"/proc/{os.getpid()}/task"))
+
+    rng = random.Random(0)
+    node_costs = [[rng.random() for _ in range(6)] for _ in range(300)]
+    edges = [(i, i + 1, [[rng.random() for _ in range(6)] for _ in range(6)]) for i in range(299)]
+    relaxation = LocalPolytope.build(node_costs, edges, None, None).relaxation()
+    before = threads()
+    assert relaxation.solve(SolveLimits(work=100_000, seconds=60.0)).status == "optimal"
+    assert threads() == before
