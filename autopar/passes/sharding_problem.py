@@ -106,15 +106,13 @@ class _Builder:
                 self.cover[g][k] += self.kappa * s.compute_s
 
     def price_input_reshards(self, node) -> None:
-        strategies = self.strategies
         for j, arg in enumerate(tensor_inputs(node)):
             if self.tied.get(node.name) == arg.name and arg.op == "call_function" and len(self.meta[arg.name]) > 1:
                 continue  # getitem of a multi-output op: same layout by construction
             m = self.meta[arg.name][0]
             keep = (arg.name, node.name) in self.keep_partial
-            self.add_edge(arg.name, node.name, j, lambda a, b, arg=arg, node=node, j=j, m=m, keep=keep:
-                          self.reshard_time(m, strategies[arg.name][a].out_specs[0],
-                                            strategies[node.name][b].in_specs[j], keep_partial=keep))
+            self.add_edge(arg.name, node.name, j, lambda src, dst, m=m, keep=keep:
+                          self.reshard_time(m, src, dst, keep_partial=keep), dst_input=j)
 
     def reshard_time(self, meta, src, dst, keep_partial: bool = False, bucketed: bool = False) -> float:
         if self.forbidden_move is not None and self.forbidden_move(src, dst):
@@ -123,17 +121,19 @@ class _Builder:
             return math.inf
         return self.cost.reshard_time(meta, src, dst, bucketed)
 
-    def add_edge(self, src: str, dst: str, kind, price, into: dict | None = None) -> None:
-        """Add price(src strategy, dst strategy) to the edge between their groups (``into``: the
-        hidden syncs instead of the edge costs). Edges of clustered layers repeat the template's
-        (same strategies, same shapes): priced once."""
+    def add_edge(self, src: str, dst: str, kind, price, dst_input: int | None = None,
+                 into: dict | None = None) -> None:
+        """Add price(src's output spec, dst's spec) between each pair of their strategies to the
+        edge between their groups; dst's spec is that of its input ``dst_input``, or of its
+        output where None (``into``: the hidden syncs instead of the edge costs). Edges of
+        clustered layers repeat the template's (same strategies, same shapes): priced once."""
         into = self.edge_costs if into is None else into
         key = (self.cluster_of.get(src, src), self.cluster_of.get(dst, dst), kind)
         matrix = self._matrices.get(key)
         if matrix is None:
-            matrix = self._matrices[key] = np.array(
-                [[price(a, b) for b in range(len(self.strategies[dst]))] for a in range(len(self.strategies[src]))],
-                dtype=float)
+            src_specs = [s.out_specs[0] for s in self.strategies[src]]
+            dst_specs = [s.out_specs[0] if dst_input is None else s.in_specs[dst_input] for s in self.strategies[dst]]
+            matrix = self._matrices[key] = _price_matrix(src_specs, dst_specs, price)
         gi, gj = self.group_of[src], self.group_of[dst]
         if gi == gj:
             own = self.node_costs[gi]
@@ -154,6 +154,23 @@ class _Builder:
                                overlap, [_replicated_index(self.strategies[g]) for g in self.groups])
 
 
+def _price_matrix(src_specs: list, dst_specs: list, price) -> np.ndarray:
+    """price(a, b) for each pair of (src, dst) specs, computed once per distinct pair: strategies
+    that differ in their other inputs share these specs, and a layer's matrices run to
+    hundreds of entries over a handful of distinct layouts."""
+    rows, row_of = _distinct(src_specs)
+    columns, column_of = _distinct(dst_specs)
+    distinct = np.array([[price(a, b) for b in columns] for a in rows], dtype=float).reshape(len(rows), len(columns))
+    return distinct[np.ix_(row_of, column_of)]
+
+
+def _distinct(specs: list) -> tuple[list, list]:
+    """(the distinct specs in order of first appearance, each spec's index among them)."""
+    index: dict = {}
+    positions = [index.setdefault(spec, len(index)) for spec in specs]
+    return list(index), positions
+
+
 def _reduces(src: Spec, dst: Spec) -> bool:
     return any(isinstance(a, Partial) and not isinstance(b, Partial) for a, b in zip(src.placements, dst.placements))
 
@@ -171,23 +188,19 @@ def _require_replicated_loss(builder: _Builder, program: Program) -> None:
 def _require_gradients_in_parameter_layouts(builder: _Builder, program: Program) -> None:
     """Each gradient ends in its parameter's layout, so the optimizer updates matching shards; the
     first step of a gradient's sync can run under backward (priced on the hidden-sync edges)."""
-    meta, strategies, cost = builder.meta, builder.strategies, builder.cost
+    meta, cost = builder.meta, builder.cost
     for grad, param in program.gradient_targets():
         moved = meta[grad][0]
         if grad in builder.wire_dtype:  # a mixed-precision gradient reduced in its compute dtype
             moved = dataclasses.replace(moved, dtype=builder.wire_dtype[grad])
-
-        def layouts(a, b, g=grad, p=param, moved=moved):
-            return moved, strategies[g][a].out_specs[0], strategies[p][b].out_specs[0]
-
         hideable = builder.kappa > 0 and builder.group_of[grad] != builder.group_of[param]
         share = builder.sync_share
-        builder.add_edge(grad, param, ("sync", hideable), lambda a, b, layouts=layouts, hideable=hideable, share=share:
-                         share * (builder.reshard_time(*layouts(a, b), bucketed=True)
-                                  - (cost.async_time(*layouts(a, b)) if hideable else 0.0)))
+        builder.add_edge(grad, param, ("sync", hideable), lambda src, dst, moved=moved, hideable=hideable, share=share:
+                         share * (builder.reshard_time(moved, src, dst, bucketed=True)
+                                  - (cost.async_time(moved, src, dst) if hideable else 0.0)))
         if hideable:
-            builder.add_edge(grad, param, "hidden sync", lambda a, b, layouts=layouts, share=share:
-                             share * cost.async_time(*layouts(a, b)), into=builder.hidden)
+            builder.add_edge(grad, param, "hidden sync", lambda src, dst, moved=moved, share=share:
+                             share * cost.async_time(moved, src, dst), into=builder.hidden)
 
 
 def _require_buffer_updates_in_buffer_layouts(builder: _Builder, program: Program) -> None:
@@ -196,9 +209,8 @@ def _require_buffer_updates_in_buffer_layouts(builder: _Builder, program: Progra
     placeholder = {fqn: ph for ph, fqn in program.buffers.items()}
     for value, fqn in program.mutated.items():
         buffer = placeholder[fqn]
-        builder.add_edge(value, buffer, "update", lambda a, b, value=value, buffer=buffer: builder.reshard_time(
-            builder.meta[value][0], builder.strategies[value][a].out_specs[0],
-            builder.strategies[buffer][b].out_specs[0]))
+        builder.add_edge(value, buffer, "update", lambda src, dst, meta=builder.meta[value][0]:
+                         builder.reshard_time(meta, src, dst))
 
 
 def _forbid_what_constraints_rule_out(builder: _Builder, allowed: dict) -> None:
