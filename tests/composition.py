@@ -100,9 +100,6 @@ REFUSED: dict[frozenset, tuple[str, str]] = {
     frozenset({"kfac", "offload"}): _NO_PIPELINE_OFFLOAD,
     frozenset({"bf16", "kfac"}): _KFAC_PRECISION,
     frozenset({"fp16", "kfac"}): _KFAC_PRECISION,
-    frozenset({"offload", "compile"}): (
-        "whose moves run between the program's statements", "offload's moves run between the program's statements, "
-        "outside the compiled graph: the moves as operations of the graph would lift it"),
     frozenset({"compile", "kfac"}): (
         "reads the programs' operands from Python between them", "K-FAC's work reads the programs' operands from "
         "Python between compiled programs: K-FAC's work as operations of the graphs would lift it"),

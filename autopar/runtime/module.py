@@ -104,9 +104,6 @@ class ParallelModule(nn.Module):
         ``compile``: run every program through torch.compile (autopar.runtime.program.RankProgram)."""
         super().__init__()
         check_plan_matches(plan, model)
-        if plan.offload is not None and compile:
-            raise AutoparError(f"plan {plan.hash} offloads parameters to host memory, whose moves run between the "
-                               f"program's statements: run it with compile=False")
         self.model = model
         self.rt = rank_mesh
         self.planner, self.replan = planner, replan

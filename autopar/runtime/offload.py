@@ -7,9 +7,11 @@ host memory and the host's copy is always the current one. The programs call ``f
 device copy. On a GPU a fetch is an asynchronous copy from pinned memory on a side stream, and
 ``param`` makes the compute stream wait for it; on CPU processes "device" and "host" are both
 CPU memory and a fetch is a plain copy into a separate buffer, so the moves and their bytes are
-real there too. Gradients go to the host when backward hands them over (``to_host``). Where
-the plan steps the offloaded state on the device, ``step_on_device`` streams it through the
-device chunk by chunk at the optimizer's step.
+real there too. Gradients go to the host when backward hands them over (``to_host``).
+Under ``compile=True`` each fetch and eviction is a graph break (the statements between them
+compile, the moves run as written); reading a parameter from its chunk and a gradient's copy to
+the host are operations of the graphs. Where the plan steps the offloaded state on the device,
+``step_on_device`` streams it through the device chunk by chunk at the optimizer's step.
 
 The store counts the bytes of chunks on the device (``device_bytes``, its ``peak``), which the
 plan predicts per statement (``Offload.device_bytes``).
@@ -27,6 +29,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from autopar.errors import AutoparError
 from autopar.ir.offload import Offload
 from autopar.runtime.state import local
+
+
+def _between_graphs(move):
+    """A move the programs call: under compile=True, a graph break, so the statements between
+    the moves compile and the moves run as Python (their streams, events and byte counts)."""
+    return torch.compiler.disable(move, recursive=True)
 
 
 class ChunkStore:
@@ -67,11 +75,13 @@ class ChunkStore:
                                    f"plan's programs read it from there: load values in place (model.load_state_dict"
                                    f"(state_dict), torch.distributed.checkpoint) or copy_ into the parameter")
 
+    @_between_graphs
     def begin_step(self) -> None:
         """Forward starts with no chunk on the device: the optimizer has stepped the host copies."""
         for chunk in list(self.on_device):
             self.evict(chunk)
 
+    @_between_graphs
     def fetch(self, chunk: int) -> None:
         source = self.host[chunk]
         if chunk in self.on_device:
@@ -91,6 +101,7 @@ class ChunkStore:
         self.fetched_bytes += nbytes
         self.peak = max(self.peak, self.device_bytes)
 
+    @_between_graphs
     def evict(self, chunk: int) -> None:
         """Drop the device copy (the host's is current: parameters do not change during a step)."""
         copy = self.on_device.pop(chunk, None)
@@ -105,17 +116,26 @@ class ChunkStore:
         if copy is None:
             raise RuntimeError(f"parameter {name!r} is read while its chunk {chunk} is not on the device: the plan's "
                                f"moves and its program disagree (a program edited by hand?); re-emit the plan")
-        event = self.ready.pop(chunk, None)
-        if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
+        if chunk in self.ready:  # only on a GPU: a graph break at a chunk's first read, in a compiled program
+            self._wait_for(chunk)
         return copy[offset:offset + numel].view(shape)
+
+    @_between_graphs
+    def _wait_for(self, chunk: int) -> None:
+        """The compute stream waits for chunk's copy to the device."""
+        torch.cuda.current_stream(self.device).wait_event(self.ready.pop(chunk))
 
     def on_host(self, grad: torch.Tensor) -> torch.Tensor:
         """``grad`` as it is where the program moved it to host memory already, else its host copy."""
-        return grad if self.moved.get(id(grad)) is grad else self.to_host(grad)
+        moved = self.moved.get(id(grad)) is grad or (grad.device.type == "cpu" and self.device.type != "cpu")
+        return grad if moved else self.to_host(grad)
 
     def to_host(self, grad: torch.Tensor) -> torch.Tensor:
-        """A gradient of an offloaded parameter, copied to host memory beside its parameter."""
+        """A gradient of an offloaded parameter, copied to host memory beside its parameter. In a
+        compiled program, a copy the graph holds (so no graph break per gradient), into unpinned
+        memory: on CPU processes ``on_host`` then copies it once more."""
+        if torch.compiler.is_compiling():
+            return grad.to("cpu", copy=True)
         host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=self.pinned)
         host.copy_(grad)
         self.moved[id(host)] = host
