@@ -6,6 +6,7 @@ split (it becomes a partial sum) and the division stays exact.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -21,14 +22,28 @@ def capture_decompositions() -> dict:
     """The decompositions capture applies: every op without a sharding rule that PyTorch writes
     in Core ATen (``torch._decomp``), so the solver shards what the op is made of instead of
     replicating it (only an op with neither stays whole, and is replicated); and composite
-    losses whose mean hides a local count, whose decompositions use plain ops."""
-    from torch._decomp import core_aten_decompositions, get_decompositions
-
-    table = {op: fn for op, fn in core_aten_decompositions().items()
-             if isinstance(op, torch._ops.OpOverload) and rule_for(op) is None}
-    table.update(get_decompositions([aten.mse_loss, aten.mse_loss_backward, aten.l1_loss, aten.smooth_l1_loss,
-                                     aten.smooth_l1_loss_backward, aten.huber_loss, aten.huber_loss_backward]))
+    losses whose mean hides a local count, whose decompositions use plain ops. Filtered on each
+    capture: a rule registered since (autopar.register_rule) keeps its op whole."""
+    table = {op: fn for op, fn in _core_aten_decompositions().items() if rule_for(op) is None}
+    table.update(_loss_decompositions())
     return table
+
+
+@functools.cache
+def _core_aten_decompositions() -> dict:
+    """torch's Core ATen decompositions, materialized once per process (tens of milliseconds,
+    which every capture paid)."""
+    from torch._decomp import core_aten_decompositions
+
+    return {op: fn for op, fn in core_aten_decompositions().items() if isinstance(op, torch._ops.OpOverload)}
+
+
+@functools.cache
+def _loss_decompositions() -> dict:
+    from torch._decomp import get_decompositions
+
+    return get_decompositions([aten.mse_loss, aten.mse_loss_backward, aten.l1_loss, aten.smooth_l1_loss,
+                               aten.smooth_l1_loss_backward, aten.huber_loss, aten.huber_loss_backward])
 
 
 def canonicalize(program: Program, tied: dict[str, str]) -> None:

@@ -175,7 +175,7 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,
     # the random state stays as it was: autoparallelize captures on rank 0 alone, in the middle of
     # a call whose dropout masks every rank then draws alike; a call under no_grad still plans its
     # step, and a forward alone asks no gradient
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+    with torch.random.fork_rng(devices=[]), torch.enable_grad(), _without_stack_traces():
         program = _capture(traced, fake_call.tensors, fake_mode, tied, expand_layers=expand_layers and training_step,
                            training_step=training_step, untie_tied=untie_tied)
     program.kind = STEP if training_step else FORWARD
@@ -187,6 +187,18 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,
     program.input_structure = call.structure
     program.output_tree = traced.outputs
     return program
+
+
+@contextlib.contextmanager
+def _without_stack_traces():
+    """FX records the Python stack of every node it traces (a sixth of a capture's time);
+    autopar names a program's nodes by their modules (nn_module_stack), not by source lines."""
+    before = fx.config.do_not_emit_stack_traces
+    fx.config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        fx.config.do_not_emit_stack_traces = before
 
 
 def _check_float32_masters(model: nn.Module, precision: MixedPrecision) -> None:
