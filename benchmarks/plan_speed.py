@@ -8,7 +8,7 @@ sharding solve's time, status and proven gap, and its objective beside the old p
 plan time and gap). Targets: demo <= 3 s, every gap <= 1%, 70B <= 60 s. Last line:
 `demo plan time: X.X s, worst gap: Y.Y%`.
 
-    python benchmarks/plan_speed.py [--only demo,gpt2] [--time-limit 60] [--skip-old]
+    python benchmarks/plan_speed.py [--only demo,gpt2] [--work-limit 100000] [--skip-old]
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import autopar  # noqa: E402
+from autopar.ir.request import DEFAULT_WORK_LIMIT  # noqa: E402
 from examples import gpt2  # noqa: E402
 
 
@@ -50,7 +51,7 @@ CASES = {  # name: (label, build, mesh, planning options)
 }
 
 
-def timed_plan(name: str, solver: str, time_limit: float):
+def timed_plan(name: str, solver: str, work_limit: int):
     """(plan, seconds from capture to plan) with the cache off."""
     _, build, mesh, options = CASES[name]
     model, inputs = build()
@@ -58,14 +59,15 @@ def timed_plan(name: str, solver: str, time_limit: float):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # an unproven gap is printed below
         plan = autopar.plan(model, inputs, mesh=mesh, hardware="h100-sxm", solver=solver,
-                            solver_time_limit_s=time_limit, cache=False, **options)
+                            solver_work_limit=work_limit, cache=False, **options)
     return plan, time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
-    parser.add_argument("--time-limit", type=float, default=60.0, help="solver time limit per program")
+    parser.add_argument("--work-limit", type=int, default=DEFAULT_WORK_LIMIT,
+                        help="the solver's deterministic work limit per solve (autopar's default)")
     parser.add_argument("--skip-old", action="store_true", help="do not run the old path (mip) for comparison")
     args = parser.parse_args()
     names = args.only.split(",")
@@ -74,14 +76,14 @@ def main() -> None:
     gaps, demo_time = [], None
     for name in names:
         label, _, mesh, _ = CASES[name]
-        plan, seconds = timed_plan(name, "lp-first", args.time_limit)
+        plan, seconds = timed_plan(name, "lp-first", args.work_limit)
         s = plan.solver
         gaps.append(s.gap)
         demo_time = seconds if name == "demo" else demo_time
         line = (f"{label:<20} {mesh:<11} {seconds:>6.1f}s {s.seconds:>6.1f}s {s.status:<9} {s.gap:>7.2%} "
                 f"{s.objective_s * 1e3:>9.4f}ms |")
         if not args.skip_old:
-            old, old_seconds = timed_plan(name, "mip", args.time_limit)
+            old, old_seconds = timed_plan(name, "mip", args.work_limit)
             o = old.solver
             line += (f" {old_seconds:>7.1f}s {o.gap:>8.2%} {o.objective_s * 1e3:>11.4f}ms  "
                      f"{s.objective_s / o.objective_s:.4f}")
