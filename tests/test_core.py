@@ -74,3 +74,27 @@ def test_adding_a_constant_to_a_partial_sum_is_not_linear():
     div = torch.ops.aten.div.Tensor
     number_over_tensor = OpCall(div, (2.0, "x"), {}, ((4, 4),), ((4, 4),), (True,))
     assert all(P not in o.inputs for o in RULES[div].options(number_over_tensor))
+
+
+def test_an_op_given_a_rule_after_a_capture_is_no_longer_decomposed(monkeypatch):
+    """capture_decompositions keeps torch's table once per process, yet reads the rules on every
+    capture: a rule registered since keeps its op whole."""
+    from autopar.capture.canonicalize import capture_decompositions
+    from autopar.ops.kinds import unary
+    from autopar.ops.table import RULES
+
+    decomposed = next(op for op in capture_decompositions() if op not in RULES)
+    monkeypatch.setitem(RULES, decomposed, unary())  # what autopar.register_rule does
+    assert decomposed not in capture_decompositions()
+
+
+def test_capture_leaves_fxs_stack_trace_setting_as_it_found_it():
+    from torch import fx
+
+    from autopar.capture.export import capture
+    from examples import gpt2
+
+    model, inputs = gpt2.make(gpt2.GPT2Config(vocab=32, seq=8, layers=1, heads=2, width=16, batch=2))
+    assert fx.config.do_not_emit_stack_traces is False
+    capture(model, inputs)
+    assert fx.config.do_not_emit_stack_traces is False
