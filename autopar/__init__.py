@@ -6,6 +6,7 @@ from autopar.backends.jax.user_ops import register_jax_translation
 from autopar.baseline_plans import Baselines, baselines
 from autopar.check import CheckReport, check
 from autopar.cost_models.hardware import PRESETS, Hardware, Link
+from autopar.cost_models.routing import routing_imbalance
 from autopar.errors import (
     AutoparError,
     CaptureError,
@@ -37,5 +38,5 @@ __all__ = [
     "Replicate", "Partial", "Spec",
     "Hardware", "Link", "PRESETS", "AutoparError", "CaptureError", "MeshError", "PlanFormatError", "PlanMismatchError",
     "CollectiveTimeoutError",
-    "SolverError", "KFAC", "clip_grad_norm_",
+    "SolverError", "KFAC", "clip_grad_norm_", "routing_imbalance",
 ]

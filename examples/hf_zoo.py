@@ -54,13 +54,39 @@ def mistral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256)
     return LossOf(MistralForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
 
 
-def mixtral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256, experts=4):
+def mixtral(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256, experts=4, intermediate=None):
+    """``intermediate``: each expert's hidden size (default 2 * width; Mixtral-8x7B: 14336 at 4096)."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    cfg = MixtralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+    cfg = MixtralConfig(hidden_size=width, intermediate_size=intermediate or 2 * width, num_hidden_layers=layers,
                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
                         max_position_embeddings=seq, num_local_experts=experts, num_experts_per_tok=2)
     return LossOf(MixtralForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+
+
+def qwen2_moe(batch=4, seq=32, width=64, heads=4, kv_heads=2, layers=2, vocab=256, experts=4):
+    """Qwen2-MoE: routed experts beside a shared expert whose output a sigmoid gate scales."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    cfg = Qwen2MoeConfig(hidden_size=width, intermediate_size=2 * width, moe_intermediate_size=width,
+                         shared_expert_intermediate_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, vocab_size=vocab, max_position_embeddings=seq,
+                         num_experts=experts, num_experts_per_tok=2, decoder_sparse_step=1)
+    return LossOf(Qwen2MoeForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
+
+
+def deepseek_v3(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256, experts=4):
+    """DeepSeek-V3 in miniature: latent attention, a dense first layer, then routed experts
+    (grouped top-k with a routing bias) beside a shared expert."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(hidden_size=width, intermediate_size=2 * width, moe_intermediate_size=width,
+                           num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                           vocab_size=vocab, max_position_embeddings=seq, n_routed_experts=experts,
+                           num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+                           first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                           qk_nope_head_dim=8, v_head_dim=16)
+    return LossOf(DeepseekV3ForCausalLM(cfg)), _text_inputs(batch, seq, vocab)
 
 
 def bert(batch=4, seq=32, width=64, heads=4, layers=2, vocab=256):

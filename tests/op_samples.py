@@ -390,6 +390,29 @@ def _grouped_mm_calls(dtype: torch.dtype, backward: bool) -> list[Call]:
     return calls
 
 
+def _moe_experts_calls(dtype: torch.dtype, backward: bool) -> list[Call]:
+    """autopar's mixture-of-experts op on random routing, on routing that crowds one expert, and
+    on routing that leaves an expert without tokens."""
+    import autopar.ops.moe  # noqa: F401  (defines the ops)
+
+    g = torch.Generator().manual_seed(0)
+    op = torch.ops.autopar.moe_experts_backward.default if backward else torch.ops.autopar.moe_experts.default
+    calls = []
+    for crowded, unused in [(None, None), (1, None), (None, 3)]:
+        scores = torch.rand(8, 4, generator=g)
+        if crowded is not None:
+            scores[:, crowded] += 1.0
+        if unused is not None:
+            scores[:, unused] -= 1.0
+        weights, index = scores.softmax(-1).topk(2, dim=-1)
+        x, gate_up, down = (torch.randn(*shape, generator=g).to(dtype) for shape in [(8, 6), (4, 10, 6), (4, 6, 5)])
+        args = (x, index, weights.to(dtype), gate_up, down)
+        if backward:
+            args = (torch.randn(8, 6, generator=g).to(dtype),) + args
+        calls.append(Call(str(op), args, {}, op(*args)))
+    return calls
+
+
 def _direct_calls(target: str, cases: list[tuple[tuple, tuple]]):
     """Calls of an op that eager torch never dispatches to (it calls a sibling: avg_pool1d goes
     through avg_pool2d) or whose OpInfo samples lie past SAMPLES_PER_OPINFO, on hand-picked
@@ -450,6 +473,8 @@ GENERATED = {
     "transformers.grouped_mm_fallback_backward.default": lambda dtype: _grouped_mm_calls(dtype, True),
     "aten._scaled_dot_product_flash_attention_for_cpu.default": lambda dtype: _attention_calls(dtype, False),
     "aten.as_strided.default": _as_strided_calls,
+    "autopar.moe_experts.default": lambda dtype: _moe_experts_calls(dtype, False),
+    "autopar.moe_experts_backward.default": lambda dtype: _moe_experts_calls(dtype, True),
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": lambda dtype: _attention_calls(dtype, True),
 }
 

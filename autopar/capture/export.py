@@ -46,6 +46,7 @@ from autopar.capture.layer_expansion import (
     repeated_layers,
     shortened,
 )
+from autopar.capture.moe_regions import experts_as_one_op
 from autopar.errors import CaptureError, NoLossError, in_library
 from autopar.ir.call import FlatCall, flatten_call, frozen_parameters, key_name, module_modes, unsupported_leaves
 from autopar.ir.outputs import JSON_LEAVES, OutputTree
@@ -170,6 +171,7 @@ def capture(model: nn.Module, example_inputs=(), *, kwargs: dict | None = None,
         _check_float32_masters(model, precision)
     fake_mode = FakeTensorMode()
     fake_model, fake_call, tied = _fakify(model, call, fake_mode)
+    experts_as_one_op(fake_model)  # each mixture-of-experts layer one op: its layouts are one decision
     traced = _Traced(fake_model, fake_call, loss_fn, needs_loss=training_step,
                      autocast_dtype=None if precision is None else precision.compute_dtype)
     # the random state stays as it was: autoparallelize captures on rank 0 alone, in the middle of

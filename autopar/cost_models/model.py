@@ -1,6 +1,7 @@
 """The cost model the passes consult: op compute time and resharding time."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from autopar.ir.redistribute import ASYNC_KINDS, Step, plan_steps
 class CostModel:
     mesh: Mesh
     hardware: Hardware
+    moe_imbalance: float = 1.0  # PlanRequest.moe_imbalance
     _reshard_cache: dict = field(default_factory=dict)
 
     def op_time(self, flops: float, nbytes: float, itemsize: int) -> float:
@@ -50,6 +52,15 @@ class CostModel:
             if step.kind in ("reduce_scatter", "shard", "all_to_all"):
                 sharded[step.dim] = step.axis
         return out
+
+    def routed_exchange_time(self, nbytes: float, axis: int) -> float:
+        """An uneven all-to-all (``all_to_all_single`` with split sizes, which every library runs
+        itself, gloo included) of ``nbytes`` per rank over ``axis``, as a balanced one."""
+        hw = self.hardware
+        native = dataclasses.replace(hw, emulated_collectives=tuple(k for k in hw.emulated_collectives
+                                                                    if k != "all_to_all"))
+        where = axis_placement(self.mesh, axis, hw)
+        return collective_time("all_to_all", nbytes, where, native) + hw.kernel_floor_s + hw.collective_launch_s
 
     def _joins_bucket(self, kind: str) -> bool:
         """The runtime buckets gradient all-reduces (and gloo's reduce-scatters, which are

@@ -18,6 +18,7 @@ from autopar.errors import AutoparError
 from autopar.ir.placement import Spec
 from autopar.ir.program import Program, tensor_inputs
 from autopar.ir.redistribute import COMMUNICATING, plan_steps
+from autopar.ops.moe import KERNEL_OPS, MOE_FORWARD, expert_axis
 from autopar.passes.base import PassContext
 from autopar.units import human_bytes, human_seconds
 
@@ -95,6 +96,12 @@ def explain(plan, program: Program, ctx: PassContext, target: str) -> Explanatio
 
 def _resolve(plan, program: Program, target: str) -> list[str]:
     strategies = program.table("strategies")
+    if target == "moe":  # every mixture-of-experts layer (autopar.ops.moe), in the model's order
+        layers = [n.name for n in plan.graph.nodes if n.target == MOE_FORWARD]
+        if not layers:
+            raise AutoparError(f"plan {plan.hash} has no mixture-of-experts layer (a Hugging Face experts module "
+                               f"captured as autopar::moe_experts)")
+        return layers[:_MAX_NODES]
     by_fqn = {fqn: ph for ph, fqn in program.params.items()}
     if target in by_fqn:
         return [by_fqn[target]]
@@ -133,6 +140,7 @@ def _explain_node(plan, program: Program, ctx: PassContext, allowed: dict, name:
             compute += strategies[member][k].compute_s
             ok = ok and (allowed.get(member) is None or allowed[member][k])
             moved_in, moved_out = pricer.moves(member, k, collectives)
+            collectives += _inner_collectives(program, member, strategies[member][k], ctx.mesh)
             reshard_in, reshard_out = reshard_in + moved_in, reshard_out + moved_out
         out_meta = meta[name][0]
         nbytes = math.prod(s.out_specs[0].local_shape(out_meta.shape, ctx.mesh)) * out_meta.itemsize \
@@ -144,6 +152,14 @@ def _explain_node(plan, program: Program, ctx: PassContext, allowed: dict, name:
     what = program.params.get(name) or str(program.node(name).target)
     module = plan.modules.get(name, program.params.get(name, "").rpartition(".")[0])
     return NodeExplanation(name, what, module, tuple(rows), _reason(rows, len(group), plan.solver))
+
+
+def _inner_collectives(program: Program, name: str, strategy, mesh) -> list[str]:
+    """The collectives a layout's op runs itself, priced in its compute (expert parallelism's all-to-alls)."""
+    if str(program.node(name).target) not in KERNEL_OPS:
+        return []
+    axis = expert_axis(strategy.in_specs)
+    return [] if axis is None else [f"all_to_all[{mesh.axis_names[axis]}] inside"]
 
 
 class _Pricer:

@@ -7,6 +7,7 @@ from autopar.backends.printer import shape_text
 from autopar.inspect.offload_view import offload_lines
 from autopar.inspect.pipeline_view import pipeline_lines
 from autopar.inspect.plan_layers import TOP_LEVEL, module_rows
+from autopar.ops.moe import MOE_FORWARD, layout_text
 from autopar.units import human_bytes, human_seconds
 
 _MAX_ROWS = 40
@@ -42,6 +43,7 @@ def summarize(plan) -> str:
         f"peak memory per device: {human_bytes(p.peak_memory_bytes)} = "
         + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
         _recompute_line(plan),
+        *_moe_lines(plan),
         *offload_lines(plan),
         *pipeline_lines(plan),
         "",
@@ -117,6 +119,26 @@ def _recompute_line(plan) -> str:
     shown = ", ".join(plan.recompute[:_MAX_SITES]) + (" ..." if len(plan.recompute) > _MAX_SITES else "")
     return (f"recomputation: {len(plan.recompute)} forward values computed again in backward "
             f"(+{human_seconds(plan.predicted.recompute_s)} per step): {shown}")
+
+
+def _moe_lines(plan) -> list[str]:
+    """Each mixture-of-experts layer's layout (autopar.ops.moe), layers of one layout together."""
+    layers: dict[str, list[str]] = {}
+    for n in plan.graph.nodes:
+        if n.target == MOE_FORWARD:
+            layout = layout_text(plan.strategies[n.name].in_specs, plan.mesh.axis_names)
+            layers.setdefault(layout, []).append(plan.modules.get(n.name, n.name))
+    if not layers:
+        return []
+    routing = "balanced routing assumed" if plan.moe_imbalance == 1.0 else \
+        f"routing imbalance {plan.moe_imbalance:g} (busiest expert over the mean)"
+    out = [f"mixture of experts: {sum(map(len, layers.values()))} layers, {routing}; plan.explain('moe') weighs "
+           f"their layouts"]
+    for layout, modules in layers.items():
+        shown = ", ".join(modules[:_MAX_SITES]) + (f" and {len(modules) - _MAX_SITES} more"
+                                                    if len(modules) > _MAX_SITES else "")
+        out.append(f"  {layout}: {shown}")
+    return out
 
 
 def _formula_lines(plan, coll) -> list[str]:

@@ -96,6 +96,9 @@ OPTIONS: tuple[Option, ...] = (
            "the budget needs it), True (always) or False (never)", (PLAN,), planning=True, cli=(PLAN,)),
     Option("symbolic_dims", "dict | None", None, "input sizes to keep symbolic, e.g. {'batch': 0}: the plan "
            "carries its cost as a formula of them", (PLAN,), planning=True),
+    Option("moe_imbalance", "float", 1.0, "mixture-of-experts routing's load imbalance, the busiest expert's tokens "
+           "over the mean (1.0: balanced); prices expert parallelism's busiest rank", (PLAN,), planning=True,
+           cli=(PLAN,), cli_type=float),
     Option("cluster_layers", "bool", True, "identical repeated layers share the solver's variables", (PLAN,),
            planning=True),
     # pipelines

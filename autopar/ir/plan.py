@@ -61,6 +61,8 @@ class Plan:
     pipeline: Pipeline | None = None
     # parameters and optimizer state in host memory, in chunks moved as the program needs them
     offload: Offload | None = None
+    # the mixture-of-experts routing imbalance the plan was priced at (PlanRequest.moe_imbalance)
+    moe_imbalance: float = 1.0
     format_version: int = FORMAT_VERSION
 
     # ---- queries -------------------------------------------------------------------
@@ -182,6 +184,7 @@ class Plan:
             "modules": self.modules,
             "pipeline": self.pipeline.to_json() if self.pipeline else None,
             "offload": self.offload.to_json() if self.offload else None,
+            "moe_imbalance": self.moe_imbalance,
         }
         return json.dumps(body, indent=1)
 
@@ -214,6 +217,7 @@ class Plan:
                 modules=dict(d.get("modules", {})),  # likewise
                 pipeline=Pipeline.from_json(d["pipeline"]) if d.get("pipeline") else None,  # likewise
                 offload=Offload.from_json(d["offload"]) if d.get("offload") else None,  # likewise
+                moe_imbalance=float(d.get("moe_imbalance", 1.0)),  # likewise
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -45,7 +45,8 @@ FORMAT_VERSION = 1
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 NODE_OPS = ("placeholder", "constant", "call", "output")
 # fields files of this format version may lack (written before they existed; read with defaults)
-_ADDED_LATER = ("fallback_modules", "recompute", "prefetch", "modules", "pipeline", "offload", "formula")
+_ADDED_LATER = ("fallback_modules", "recompute", "prefetch", "modules", "pipeline", "offload", "formula",
+                "moe_imbalance")
 # an argument that is a one-key object: a reference to a node's value, or a torch constant by name
 _ARGUMENT_OBJECTS = {"dtype": dtype, "device": device, "layout": layout, "memory_format": memory_format}
 
@@ -94,6 +95,7 @@ def _fields(ndim: int, layout_of) -> dict:
                                     "collective_bytes": mapping(label, _expression)})),
         "recompute": list_of(identifier),
         "prefetch": boolean,
+        "moe_imbalance": number(1.0, 1e6),
         "modules": mapping(node_name, module_path),
         "pipeline": nullable(_pipeline()),
         "offload": nullable(_offload()),

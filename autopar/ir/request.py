@@ -68,6 +68,9 @@ class PlanRequest:
     # parameters and optimizer state in host memory (autopar.passes.offload): "auto" where the
     # memory budget needs it, True always (every chunk), False never
     offload: str | bool = DEFAULT_OFFLOAD
+    # mixture-of-experts routing: the busiest expert's tokens over the mean (autopar.ops.moe prices
+    # an expert-parallel layer by its busiest rank); 1.0 assumes balanced routing
+    moe_imbalance: float = 1.0
 
     @property
     def pins(self) -> dict[str, str]:

@@ -101,6 +101,12 @@ class Rule:
     def flops(self, call: OpCall, in_shapes, out_shapes) -> float:
         return 1.0 * sum(_numel(s) for s in out_shapes if s is not None)  # 1.0 *, not float(): sizes may be symbols
 
+    def inner_time(self, call: OpCall, in_specs, local: LocalShapes, cost) -> float:
+        """Seconds a strategy's local op takes beyond its FLOPs at its local shapes: collectives
+        it runs itself and waits for a busier rank (a layer whose communication is inside it:
+        autopar.ops.moe). Moves between ops are priced on the edges."""
+        return 0.0
+
     def local_args(self, call: OpCall, local: LocalShapes) -> list:
         """The call's positional arguments as a rank passes them: by default the output size
         argument (``shape_arg``: view, expand, factories) becomes the local block's size."""
@@ -406,6 +412,11 @@ class FactoryRule(Rule):
         if self.shardable:
             opts += [Option((), (Shard(d),)) for d in range(len(call.out_shapes[0]))]
         return opts
+
+    def inner_communication_time(self, call: OpCall, in_specs, local: LocalShapes, cost) -> float:
+        """Seconds of the collectives a strategy's local op runs itself (a layer whose
+        communication is inside it: autopar.ops.moe); moves between ops are priced on edges."""
+        return 0.0
 
     def local_args(self, call: OpCall, local: LocalShapes) -> list:
         args = super().local_args(call, local)

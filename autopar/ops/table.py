@@ -1,5 +1,6 @@
 """The sharding rule of every supported ATen op: one line per op (neural-network ops in
-autopar.ops.nn, indexing and routing ops in autopar.ops.indexing).
+autopar.ops.nn, indexing and routing ops in autopar.ops.indexing, mixture-of-experts layers in
+autopar.ops.moe).
 
 An op missing here is not an error: it gets the Replicate fallback and the plan
 lists it in ``Plan.fallback_ops``. ``register_rule`` adds or overrides an entry.
@@ -25,6 +26,7 @@ from autopar.ops.kinds import (
     reduction,
     unary,
 )
+from autopar.ops.moe import MOE_RULES
 from autopar.ops.nn import NN_RULES
 from autopar.ops.shapes import SHAPE_RULES
 from autopar.ops.spatial import SPATIAL_RULES
@@ -125,6 +127,7 @@ RULES: dict = {
     **INDEXING_RULES,
     **SPATIAL_RULES,
     **SHAPE_RULES,
+    **MOE_RULES,
 }
 RULES.update({_op(n): unary() for n in _LIKE})
 RULES.update({_op(n): pointwise("none") for n in _BINARY})

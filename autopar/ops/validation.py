@@ -4,7 +4,8 @@ For one call of an op on real tensors, the rule's 1-D options are combined over 
 as the planner combines them (``autopar.ir.strategy.combine``). For each strategy, every
 simulated rank gets its block of each input (contiguous pieces, as the runtime hands them; a
 partial input split into random summands), runs the op with its local arguments
-(``Rule.local_call``, as the emitted program calls it), and the ranks' outputs are put back
+(``Rule.local_call``, as the emitted program calls it; a kernel that communicates runs on one
+thread per rank, autopar.ops.simulated_ranks), and the ranks' outputs are put back
 together: shards concatenated, partial sums added, replicated outputs required equal on every
 rank. The result must equal the op on the whole inputs. DTensor keeps its propagation rules
 honest the same way; here it is what stands between a rule and a plan with wrong gradients.
@@ -26,6 +27,8 @@ from autopar.ir.placement import Partial, Replicate, Shard, Spec
 from autopar.ir.program import TensorMeta
 from autopar.ir.strategy import combine
 from autopar.ops.kinds import LocalShapes, OpCall, Rule, RuleDoesNotApply
+from autopar.ops.moe import COLLECTIVE_KERNELS, expert_axis
+from autopar.ops.simulated_ranks import run_on_threads, runtime_kernel
 
 MESH = Mesh(("x", "y"), (2, 2))
 
@@ -149,17 +152,23 @@ def _run_strategy(op, rule: Rule, call: OpCall, tensors: list, expected: list, i
                         tuple(None if not isinstance(o, torch.Tensor) else s.local_shape(o.shape, mesh)
                               for s, o in zip(out_specs, expected)))
     local_op, local_args = rule.local_call(call, local)
-    per_rank = {}
+    per_rank, rank_calls = {}, {}
     for coords in coords_list:
         blocks = iter([block(t, spec, mesh, coords, seed=i) for i, (t, spec) in enumerate(zip(tensors, in_specs))])
-        rank_args = _with_tensors(local_args, blocks)
-        rank_kwargs = _with_tensors(call.kwargs, blocks)
-        try:
+        rank_calls[coords] = (_with_tensors(local_args, blocks), _with_tensors(call.kwargs, blocks))
+    try:
+        if local_op in COLLECTIVE_KERNELS:  # the ranks communicate: run them side by side
+            axis = mesh.axis_names[expert_axis(in_specs)]
+            ran = run_on_threads(runtime_kernel(local_op), axis, mesh, {c: a for c, (a, _) in rank_calls.items()})
+            per_rank = {c: _leaves(out) for c, out in ran.items()}
+        for coords, (rank_args, rank_kwargs) in rank_calls.items():
+            if coords in per_rank:
+                continue
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(0)  # a random op draws what the whole op drew (validate_rule seeds it alike)
                 per_rank[coords] = _leaves(local_op(*rank_args, **rank_kwargs))
-        except Exception as exc:  # any failure of the local op is the finding
-            return f"the local op raises {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+    except Exception as exc:  # any failure of the local op is the finding
+        return f"the local op raises {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
     for j, (want, spec) in enumerate(zip(expected, out_specs)):
         if not isinstance(want, torch.Tensor):
             continue

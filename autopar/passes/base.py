@@ -35,7 +35,7 @@ class PassContext:
     def __post_init__(self):
         if len(self.request.meshes) != 1:
             raise ValueError(f"a pass context plans one mesh, not {len(self.request.meshes)}: use request.on(mesh)")
-        self.cost = CostModel(self.mesh, self.request.hardware)
+        self.cost = CostModel(self.mesh, self.request.hardware, moe_imbalance=self.request.moe_imbalance)
 
     @property
     def mesh(self) -> Mesh:

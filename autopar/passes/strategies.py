@@ -21,7 +21,7 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.placement import R, Shard, Spec
 from autopar.ir.program import Program, TensorMeta, is_multi_output, tensor_inputs
 from autopar.ir.strategy import Strategy, combine, spec_fits
-from autopar.ops.kinds import OpCall, ReplicateOnly, Rule, RuleDoesNotApply
+from autopar.ops.kinds import LocalShapes, OpCall, ReplicateOnly, Rule, RuleDoesNotApply
 from autopar.ops.table import rule_for
 from autopar.passes.base import Pass, PassContext, side_table
 
@@ -180,7 +180,8 @@ def compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cos
             nbytes += math.prod(shape) * m.itemsize
             if m.is_floating:
                 itemsize = m.itemsize
-    return cost.op_time(rule.flops(call, in_local, out_local), nbytes, itemsize)
+    inner = rule.inner_time(call, in_specs, LocalShapes(tuple(in_local), tuple(out_local)), cost)
+    return cost.op_time(rule.flops(call, in_local, out_local), nbytes, itemsize) + inner
 
 
 def follow(own: list[Strategy], src_spec: Spec, src_meta: TensorMeta | None, cost: CostModel) -> Strategy:

@@ -132,6 +132,7 @@ class _MeshPlanner:
                                result.seconds, result.n_variables, result.timed_out),
             history=history,
             formula=program.tables.get("cost_formula"),
+            moe_imbalance=request.moe_imbalance,
         )
 
 

@@ -69,7 +69,15 @@ def resolve(mesh, hardware: str | Hardware = DEFAULT_HARDWARE, **planning) -> Pl
         partition=o.partition,
         inv_every=o.inv_every,
         offload=o.offload,
+        moe_imbalance=_imbalance(o.moe_imbalance),
     )
+
+
+def _imbalance(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0:
+        raise AutoparError(f"moe_imbalance={value!r}: the busiest expert's tokens over the mean per expert, a number "
+                           f"of at least 1.0 (1.0: balanced routing; measure it with autopar.routing_imbalance)")
+    return float(value)
 
 
 def _check_offload(meshes, offload) -> None:

@@ -117,6 +117,16 @@ class RankMesh:
         return Pending(work, None, lambda _: torch.cat(recvs, dim=src_dim), what=("all_to_all", axis),
                        timeout_s=self.timeout_s).wait()
 
+    def exchange_rows(self, x: torch.Tensor, axis: str, send: list[int], receive: list[int]) -> torch.Tensor:
+        """Uneven all-to-all along dim 0: the first ``send[0]`` rows of ``x`` go to the axis's
+        rank 0, the next ``send[1]`` to rank 1, ...; ``receive[j]`` rows come from rank j, in
+        rank order. Sizes known at run time only (expert parallelism's routed tokens)."""
+        out = x.new_empty((sum(receive),) + tuple(x.shape[1:]))
+        self.bytes_moved["all_to_all"] += x.numel() * x.element_size()
+        self.calls["all_to_all"] += 1
+        work = dist.all_to_all_single(out, x.contiguous(), receive, send, group=self.groups[axis], async_op=True)
+        return Pending(work, out, what=("all_to_all", axis), timeout_s=self.timeout_s).wait()
+
     # Asynchronous forms, for gradient syncs (on their own groups): the program goes on computing
     # and calls .wait() at the end.
     def start_all_reduce(self, x: torch.Tensor, axis: str) -> Pending:

@@ -35,6 +35,7 @@ from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
 from autopar.ops.devices import CPU_ONLY_OPS
+from autopar.ops.moe import COLLECTIVE_KERNELS, KERNEL_OPS, expert_axis
 from autopar.units import human_bytes, human_seconds
 
 
@@ -81,7 +82,9 @@ def module_preamble(plan) -> list[str]:
     """The emitted module's imports and the plan's identity."""
     return ["import torch", ""] + (
         ["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
-        if uses_device_neutral_kernels(plan) else []) + [
+        if uses_device_neutral_kernels(plan) else []) + (
+        ["from autopar.runtime import moe  # mixture-of-experts layers split over a mesh axis", ""]
+        if uses_collective_kernels(plan) else []) + [
         "aten = torch.ops.aten",
         "",
         f"PLAN_HASH = {plan.hash!r}",
@@ -287,6 +290,9 @@ class StatementPrinter:
         note = constant_note(self.plan, node)
         if note:
             comment = f"{comment}; {note}" if comment else f"  # {note}"
+        if op in COLLECTIVE_KERNELS:  # a layer whose communication runs inside it, over one mesh axis
+            axis = self.plan.mesh.axis_names[expert_axis(self.plan.strategies[node.name].in_specs)]
+            return f"{s.defines} = {op}(rt, {axis!r}, {arguments}){comment}"
         # no CUDA kernel: the device's own; a library's custom op keeps its namespace
         op = f"kernels.{CPU_ONLY_OPS[op]}" if op in CPU_ONLY_OPS else op_text(op)
         return f"{s.defines} = {op}({arguments}){comment}{fallback}"
@@ -298,6 +304,11 @@ def _describe(r, i: int) -> str:
 
 def uses_device_neutral_kernels(plan) -> bool:
     return any(n.target in CPU_ONLY_OPS for n in plan.graph.nodes)
+
+
+def uses_collective_kernels(plan) -> bool:
+    return any(n.target in KERNEL_OPS and expert_axis(plan.strategies[n.name].in_specs) is not None
+               for n in plan.graph.nodes if n.name in plan.strategies)
 
 
 # collectives the runtime may run in the input's own memory where the program reads it no more

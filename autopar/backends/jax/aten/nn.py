@@ -209,3 +209,22 @@ def transformers_grouped_mm(x, weight, offs):
 
 def transformers_grouped_mm_backward(x, weight, offs, grad):
     return jax.vjp(lambda a, b: transformers_grouped_mm(a, b, offs), x, weight)[1](grad)
+
+
+def autopar_moe_experts(x, top_k_index, top_k_weights, gate_up, down):
+    """autopar's mixture-of-experts op (autopar.ops.moe): each (token, expert) pair, sorted by
+    expert, through its expert's SwiGLU by grouped matmuls, weighted and summed per token."""
+    k, experts = top_k_index.shape[1], gate_up.shape[0]
+    flat = top_k_index.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    tokens = order // k
+    sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+    gate, up = jnp.split(lax.ragged_dot(x[tokens], jnp.swapaxes(gate_up, 1, 2), sizes), 2, axis=-1)
+    outputs = lax.ragged_dot(jax.nn.silu(gate) * up, jnp.swapaxes(down, 1, 2), sizes)
+    weighted = outputs * top_k_weights.reshape(-1)[order][:, None]
+    return jnp.zeros(x.shape, jnp.promote_types(x.dtype, top_k_weights.dtype)).at[tokens].add(weighted)
+
+
+def autopar_moe_experts_backward(grad, x, top_k_index, top_k_weights, gate_up, down):
+    layer = lambda a, w, g, d: autopar_moe_experts(a, top_k_index, w, g, d)  # noqa: E731
+    return jax.vjp(layer, x, top_k_weights, gate_up, down)[1](grad)

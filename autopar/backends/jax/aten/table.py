@@ -154,6 +154,8 @@ TABLE = {
     # custom ops of libraries autopar plans (autopar.ops.indexing.NAMED_RULES)
     "transformers.grouped_mm_fallback.default": _n.transformers_grouped_mm,
     "transformers.grouped_mm_fallback_backward.default": _n.transformers_grouped_mm_backward,
+    "autopar.moe_experts.default": _n.autopar_moe_experts,
+    "autopar.moe_experts_backward.default": _n.autopar_moe_experts_backward,
     # spatial
     "aten._adaptive_avg_pool2d.default": _sp.aten_adaptive_avg_pool2d,
     "aten._adaptive_avg_pool2d_backward.default": _sp.aten_adaptive_avg_pool2d_backward,

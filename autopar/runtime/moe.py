@@ -1,0 +1,78 @@
+"""Expert parallelism: a mixture-of-experts layer whose experts are split over a mesh axis.
+
+Each rank holds ``E / n`` consecutive experts (``Shard(0)`` of the stacked expert weights) and
+its own tokens. The layer sends every (token, expert) pair's row to the rank of its expert by
+an all-to-all whose split sizes are exchanged first (they depend on the routing), the experts
+run on what they received, and a second all-to-all brings the outputs back, where the routing
+weights combine them. No token is dropped, so the result equals the layer on one device.
+
+Backward makes the same trip once: each pair's token row and its output gradient (weighted)
+go to the expert, which recomputes its output and returns it with the row's gradient; the
+experts' weight gradients stay where the experts are (they already sum over every rank's
+tokens). The expert math is autopar.ops.moe's, shared with the single-device op.
+"""
+from __future__ import annotations
+
+import torch
+
+from autopar.ops.moe import Routing, expert_backward, expert_forward
+
+
+class _Dispatch:
+    """One rank's pairs of a call, sorted by expert (so by the experts' rank), and the rows
+    the other ranks send here, with the local expert each received row is for. ``rt``: the
+    rank's mesh (autopar.runtime.rank_mesh.RankMesh, or validation's simulated one), whose
+    ``exchange_rows`` is the uneven all-to-all."""
+
+    def __init__(self, rt, axis: str, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, local_experts: int):
+        self.rt, self.axis = rt, axis
+        ranks = rt.mesh.shape[rt.mesh.axis_names.index(axis)]
+        self.routing = Routing(top_k_index, top_k_weights)
+        send = torch.bincount(self.routing.experts // local_experts, minlength=ranks)
+        self.send = send.tolist()
+        self.received = rt.exchange_rows(send, axis, [1] * ranks, [1] * ranks).tolist()
+        arrived = self.to_experts(self.routing.experts % local_experts)
+        # rows from different ranks interleave their experts: group them by expert for the GEMMs
+        self.by_expert = torch.argsort(arrived, stable=True)
+        self.counts = torch.bincount(arrived, minlength=local_experts).tolist()
+
+    def to_experts(self, rows: torch.Tensor) -> torch.Tensor:
+        """Each sorted pair's row, sent to its expert's rank: the rows this rank's experts get."""
+        return self.rt.exchange_rows(rows, self.axis, self.send, self.received)
+
+    def back(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows computed for the received pairs, returned to the ranks that sent them."""
+        return self.rt.exchange_rows(rows, self.axis, self.received, self.send)
+
+    def grouped(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows[self.by_expert]
+
+    def ungrouped(self, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(rows)
+        out[self.by_expert] = rows
+        return out
+
+
+def experts_all_to_all(rt, axis: str, x, top_k_index, top_k_weights, gate_up, down):
+    """autopar::moe_experts with tokens and experts split over ``axis`` (gate_up, down: this
+    rank's experts)."""
+    trip = _Dispatch(rt, axis, top_k_index, top_k_weights, gate_up.shape[0])
+    rows = trip.grouped(trip.to_experts(x[trip.routing.tokens]))
+    outputs = trip.back(trip.ungrouped(expert_forward(rows, trip.counts, gate_up, down)))
+    return trip.routing.combine(outputs, x)
+
+
+def experts_all_to_all_backward(rt, axis: str, grad, x, top_k_index, top_k_weights, gate_up, down):
+    """autopar::moe_experts_backward with tokens and experts split over ``axis``: (grad x,
+    grad top_k_weights, grad gate_up, grad down), the last two of this rank's experts."""
+    trip = _Dispatch(rt, axis, top_k_index, top_k_weights, gate_up.shape[0])
+    routing, width = trip.routing, x.shape[1]
+    token_grads = grad[routing.tokens]
+    weighted = (token_grads * routing.weights[:, None]).to(x.dtype)
+    sent = trip.grouped(trip.to_experts(torch.cat([x[routing.tokens], weighted], dim=1)))
+    outputs, grad_rows, grad_gate_up, grad_down = expert_backward(sent[:, :width], sent[:, width:], trip.counts,
+                                                                  gate_up, down)
+    returned = trip.back(trip.ungrouped(torch.cat([outputs, grad_rows], dim=1)))
+    grad_x = torch.zeros_like(x).index_add_(0, routing.tokens, returned[:, width:])
+    grad_weights = routing.unsort((token_grads * returned[:, :width]).sum(-1), top_k_weights)
+    return grad_x, grad_weights, grad_gate_up, grad_down
