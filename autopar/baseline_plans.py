@@ -27,6 +27,17 @@ run like any other):
   data-parallel rank in each micro-batch, under 1F1B or interleaved 1F1B; priced by the same
   pipeline simulator as autopar's own pipelines.
 
+A model with mixture-of-experts layers (autopar.ops.moe) gets two more kinds, whose experts
+are split over ``dp`` and run expert parallel (tokens to their experts by all-to-all); in every
+other baseline the experts are never expert parallel (zero3's sharded experts are gathered per
+use, as FSDP does):
+
+- ``zero3-ep``: torchtitan's FSDP with expert parallelism over all the devices (its
+  ``expert_parallel_degree`` = the device count), dense parameters as ``zero3``.
+- ``megatron-tp{t}-ep`` (and ``-sp``): Megatron-Core's dense tensor parallelism on
+  ``(dp=n/t, tp=t)`` with the experts split over ``dp`` (EP = n/t, expert TP 1: the layout
+  Megatron advises for Mixtral), replicated over ``tp``.
+
 A baseline whose ``dp`` does not divide the batch is left out (``skipped`` says why).
 
 Tensor-parallel degrees are those that divide the device count, fit in a node, and
@@ -35,6 +46,7 @@ A baseline whose memory does not fit the budget is left out (``skipped`` says wh
 """
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Collection
 
@@ -43,6 +55,7 @@ from torch import nn
 
 from autopar.capture.export import capture
 from autopar.capture.module_paths import module_paths
+from autopar.capture.moe_regions import computes_swiglu_experts
 from autopar.cost_models.hardware import get_hardware
 from autopar.errors import AutoparError
 from autopar.ir.mesh import Mesh
@@ -50,6 +63,7 @@ from autopar.ir.placement import Shard
 from autopar.ir.precision import parse_precision
 from autopar.ir.program import descendants, output_metas, tensor_inputs
 from autopar.ir.request import DEFAULT_HARDWARE
+from autopar.ops.moe import KERNEL_OPS, expert_axis
 from autopar.passes.base import Pass
 from autopar.planning.pipeline import plan_captured
 
@@ -92,8 +106,9 @@ def baselines(model: nn.Module, example_inputs=(), *, devices: int, hardware=DEF
         program = capture(model, example_inputs, kwargs=kwargs,
                           precision=parse_precision(plan_options.get("precision")))
     plan_options["kwargs"] = kwargs
-    layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None, ()),
-               "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None, ())}
+    whole_experts = (ExpertLayout(None),)
+    layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None, whole_experts),
+               "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None, whole_experts)}
     degrees = tp_degrees if tp_degrees is not None else [
         t for t in range(2, devices + 1) if devices % t == 0 and hw.devices_per_node % t == 0
         and (heads is None or heads % t == 0)]
@@ -104,12 +119,15 @@ def baselines(model: nn.Module, example_inputs=(), *, devices: int, hardware=DEF
             for sp in (False, True):
                 name = f"megatron-tp{t}" + ("-fsdp" if fsdp else "") + ("-sp" if sp else "")
                 layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1),
-                                 (NormsOverSequence(tokens[1]),) if sp and tokens else ())
+                                 ((NormsOverSequence(tokens[1]),) if sp and tokens else ()) + whole_experts)
     out = Baselines()
     plan_options.setdefault("offload", False)  # the hand-written configurations hold their state on the device
     tp = max(degrees, default=1)
     pipelines = _pipelined_layouts(devices, tp, hw)
-    wanted = _wanted(only, list(layouts) + list(pipelines))
+    expert_layouts = _expert_parallel_layouts(model, devices, degrees, program, tokens)
+    wanted = _wanted(only, list(layouts) + list(expert_layouts) + list(pipelines))
+    out.skipped.update({n: why for n, why in expert_layouts.items() if isinstance(why, str) and wanted(n)})
+    layouts.update({n: layout for n, layout in expert_layouts.items() if not isinstance(layout, str)})
     for name, (mesh, pin, restrict, passes) in layouts.items():
         if not wanted(name):
             continue
@@ -169,10 +187,43 @@ def _add_3d(out: Baselines, program, model, example_inputs, layouts: dict, tp: i
                 program, model, example_inputs, mesh=Mesh.of(pp=pp, dp=dp, tp=tp), hardware=hw,
                 pin=megatron_pins(model, tp),
                 restrict=_no_sequence_split(program, micro, axis=1),
-                passes=(BatchOverDataParallel(micro_batch),) if dp > 1 else (), progress=progress,
+                passes=((BatchOverDataParallel(micro_batch),) if dp > 1 else ()) + (ExpertLayout(None),),
+                progress=progress,
                 schedule=schedule, microbatches=m, partition="even", **plan_options)
         except AutoparError as exc:
             out.skipped[name] = str(exc)
+
+
+def expert_parameters(model: nn.Module) -> dict[str, int]:
+    """The stacked expert weights of the model's MoE layers that autopar plans as one op, with
+    their expert counts."""
+    return {f"{path}.{name}": m.gate_up_proj.shape[0] for path, m in model.named_modules()
+            if computes_swiglu_experts(m) for name in ("gate_up_proj", "down_proj")}
+
+
+def _expert_parallel_layouts(model, devices: int, degrees: list, program, tokens) -> dict:
+    """The expert-parallel baselines of a model with MoE layers, experts split over dp: name ->
+    layout, or why not (dp must divide the expert count)."""
+    params, experts = dict(model.named_parameters()), expert_parameters(model)
+    layouts: dict = {}
+    if not experts:
+        return layouts
+    for t in [1] + degrees:
+        dp = devices // t
+        names = ["zero3-ep"] if t == 1 else [f"megatron-tp{t}-ep", f"megatron-tp{t}-ep-sp"]
+        if dp == 1 or any(e % dp for e in experts.values()):
+            why = (f"expert parallelism over dp={dp} needs an expert count it divides (the model has "
+                   f"{', '.join(map(str, sorted(set(experts.values()))))})")
+            layouts.update({name: why for name in names})
+        elif t == 1:
+            pin = {n: "S(0)" if n in experts else _fsdp(p, devices) for n, p in params.items()}
+            layouts["zero3-ep"] = (Mesh.of(dp=devices), pin, None, (ExpertLayout("dp"),))
+        else:
+            pin = {**megatron_pins(model, t), **{n: "S(0),R" for n in experts}}
+            mesh, ep = Mesh.of(dp=dp, tp=t), (ExpertLayout("dp"),)
+            layouts[names[0]] = (mesh, pin, _no_sequence_split(program, tokens, axis=1), ep)
+            layouts[names[1]] = (mesh, pin, None, ((NormsOverSequence(tokens[1]),) if tokens else ()) + ep)
+    return layouts
 
 
 def best(plans: dict):
@@ -265,6 +316,24 @@ class _LayoutRule(Pass):
         raise NotImplementedError
 
 
+class ExpertLayout(Pass):
+    """A baseline's mixture-of-experts layers (autopar.ops.moe): expert parallel over mesh axis
+    ``axis``, or with ``axis`` None never (their experts whole, or sharded and gathered per use)."""
+
+    name = "expert_layout"
+    requires = ("strategies",)
+
+    def __init__(self, axis: str | None):
+        self.axis = axis
+
+    def run(self, program, ctx) -> str:
+        want = None if self.axis is None else ctx.mesh.axis_names.index(self.axis)
+        layers = {n.name for n in program.gm.graph.nodes if str(n.target) in KERNEL_OPS}
+        ctx.constraints.forbid(lambda node, strategy: node.name in layers and expert_axis(strategy.in_specs) != want)
+        return f"{len(layers)} MoE ops " + ("with their experts whole" if want is None else
+                                            f"expert parallel over {self.axis}")
+
+
 class BatchOverDataParallel(_LayoutRule):
     """Every activation that carries the batch (a dim of one of ``batch_sizes``: the batch, and
     batch x sequence flattened for token ids), in forward and backward, split along it over mesh axis
@@ -275,22 +344,40 @@ class BatchOverDataParallel(_LayoutRule):
 
     def __init__(self, batch_sizes: frozenset, axis: str = "dp"):
         self.batch_sizes, self.axis = batch_sizes, axis
+        self.activations: set[str] = set()
 
     def restricted(self, program, strategies: dict, axis: int) -> set:
         activations = descendants([program.node(n) for n in program.user_inputs]) & set(strategies)
-        return {name for name in activations
+        self.activations = activations - _expert_gradients(program)
+        return {name for name in self.activations
                 if any(self.keeps(program.node(name), s, axis) for s in strategies[name])}
 
     def keeps(self, node, strategy, axis: int) -> bool:
         """The strategy reads and writes every batch-carrying value split along the batch (a
-        layout that gathers an input to compute would not be data parallel)."""
-        inputs = [_shapes(arg)[0] for arg in tensor_inputs(node)]
-        for spec, shape in list(zip(strategy.out_specs, _shapes(node))) + list(zip(strategy.in_specs, inputs)):
+        layout that gathers an input to compute would not be data parallel). Only activations
+        carry the batch: a weight's dim of the batch's size (8 experts, batch 8) does not."""
+        inputs = [(spec, _shapes(arg)[0]) for spec, arg in zip(strategy.in_specs, tensor_inputs(node))
+                  if arg.name in self.activations]
+        outputs = list(zip(strategy.out_specs, _shapes(node)))
+        if str(node.target) in KERNEL_OPS:
+            outputs = outputs[:_TOKEN_OUTPUTS]
+        for spec, shape in outputs + inputs:
             batch_dims = [d for d, size in enumerate(shape) if size in self.batch_sizes]
             p = spec.placements[axis]
             if batch_dims and not (isinstance(p, Shard) and p.dim in batch_dims):
                 return False
         return True
+
+
+# of an MoE layer's ops' outputs, those of its tokens (the rest: its expert weights' gradients)
+_TOKEN_OUTPUTS = 2
+
+
+def _expert_gradients(program) -> set[str]:
+    """The MoE layers' expert weight gradients (autopar.ops.moe's backward's last outputs): they
+    derive from the batch but carry none of it (a dim of 8 experts beside a batch of 8 is no batch)."""
+    return {n.name for n in program.gm.graph.nodes if n.target is operator.getitem
+            and str(n.args[0].target) in KERNEL_OPS and n.args[1] >= _TOKEN_OUTPUTS}
 
 
 class NormsOverSequence(_LayoutRule):

@@ -203,3 +203,17 @@ def test_explain_moe_weighs_each_layers_layouts():
     text = str(plan.explain("moe", model, batch))
     assert text.count("autopar.moe_experts.default") == 2
     assert "all_to_all[ep] inside" in text and "(R), (R), (R), (R), (R) -> (R)" in text
+
+
+def test_baselines_keep_experts_whole_except_the_expert_parallel_ones():
+    """zero3 gathers its sharded experts per use, as FSDP does; zero3-ep (torchtitan's FSDP with
+    EP over every device) and megatron-tp2-ep-sp (Megatron-Core's dense TP with EP over dp) split
+    them; each is a plan priced by the same cost model as autopar's."""
+    model, batch = _mixtral_8x7b(layers=4)
+    plans = autopar.baselines(model, batch, devices=8, hardware="h100-sxm",
+                              only=["zero3", "zero3-ep", "megatron-tp2-ep-sp", "megatron-tp8-ep"])
+    assert not expert_parallel_axes(plans["zero3"])
+    assert expert_parallel_axes(plans["zero3-ep"]) == expert_parallel_axes(plans["megatron-tp2-ep-sp"]) == {"dp"}
+    assert _expert_parallel_share(plans["zero3-ep"]) == 1.0
+    assert "needs an expert count it divides" in plans.skipped["megatron-tp8-ep"]
+    assert plans["zero3-ep"].predicted.peak_memory_bytes < plans["zero3"].predicted.peak_memory_bytes
