@@ -217,3 +217,12 @@ def test_baselines_keep_experts_whole_except_the_expert_parallel_ones():
     assert _expert_parallel_share(plans["zero3-ep"]) == 1.0
     assert "needs an expert count it divides" in plans.skipped["megatron-tp8-ep"]
     assert plans["zero3-ep"].predicted.peak_memory_bytes < plans["zero3"].predicted.peak_memory_bytes
+
+
+def test_compiling_an_expert_parallel_program_is_refused_by_name():
+    from autopar.runtime.local_cluster import WorkerError
+
+    model, batch = _model("mixtral")
+    plan = autopar.plan(model, batch, mesh="ep=4", hardware=FAST)
+    with pytest.raises(WorkerError, match="compile=True with expert parallelism"):
+        autopar.check(model, batch, plan=plan, compile=True)

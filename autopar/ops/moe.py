@@ -231,6 +231,12 @@ def expert_axis(in_specs) -> int | None:
     return None
 
 
+def splits_experts(plan) -> bool:
+    """Whether a plan runs any MoE layer expert parallel."""
+    return any(n.target in KERNEL_OPS and expert_axis(plan.strategies[n.name].in_specs) is not None
+               for n in plan.graph.nodes if n.name in plan.strategies)
+
+
 def layout_text(in_specs, axis_names) -> str:
     """A strategy of either op in words: expert parallel, data parallel or replicated."""
     axis = expert_axis(in_specs)

@@ -26,6 +26,7 @@ from autopar.ir.placement import R, Shard, Spec
 from autopar.ir.plan import Plan
 from autopar.ir.program import STEP
 from autopar.lowering.schedule import programs
+from autopar.ops.moe import splits_experts
 from autopar.runtime.offload import ChunkStore
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.state import as_dtensor, local
@@ -85,6 +86,11 @@ class RankProgram:
         self.module = load_program(source, f"autopar_plan_{plan.hash}")
         self._forward, self._backward = self.module.forward, getattr(self.module, "backward", None)
         self._rt = rank_mesh
+        if compiled and splits_experts(plan):
+            raise AutoparError(f"compile=True with expert parallelism (plan {plan.hash} splits MoE experts over a "
+                               f"mesh axis) is not run yet: the all-to-alls' sizes come from the routing at run "
+                               f"time; train without compile, or plan with expert parallelism forbidden "
+                               f"(docs/moe.md)")
         if compiled:
             self._forward = torch.compile(self._forward, options=COMPILE_OPTIONS)
             self._backward = self._backward and torch.compile(self._backward, options=COMPILE_OPTIONS)

@@ -35,7 +35,7 @@ from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
 from autopar.ops.devices import CPU_ONLY_OPS
-from autopar.ops.moe import COLLECTIVE_KERNELS, KERNEL_OPS, expert_axis
+from autopar.ops.moe import COLLECTIVE_KERNELS, expert_axis, splits_experts
 from autopar.units import human_bytes, human_seconds
 
 
@@ -84,7 +84,7 @@ def module_preamble(plan) -> list[str]:
         ["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
         if uses_device_neutral_kernels(plan) else []) + (
         ["from autopar.runtime import moe  # mixture-of-experts layers split over a mesh axis", ""]
-        if uses_collective_kernels(plan) else []) + [
+        if splits_experts(plan) else []) + [
         "aten = torch.ops.aten",
         "",
         f"PLAN_HASH = {plan.hash!r}",
@@ -304,11 +304,6 @@ def _describe(r, i: int) -> str:
 
 def uses_device_neutral_kernels(plan) -> bool:
     return any(n.target in CPU_ONLY_OPS for n in plan.graph.nodes)
-
-
-def uses_collective_kernels(plan) -> bool:
-    return any(n.target in KERNEL_OPS and expert_axis(plan.strategies[n.name].in_specs) is not None
-               for n in plan.graph.nodes if n.name in plan.strategies)
 
 
 # collectives the runtime may run in the input's own memory where the program reads it no more
