@@ -11,13 +11,16 @@ one cost model.
     EP over dp), naming the one that won and how each plan lays out its MoE layers, with each
     row's search time. Every solve stops at a deterministic work limit.
 
-Not yet here: (b) autopar's expert-parallel program against a hand-written one on 4 CPU
-processes (issue 47 keeps it open).
+(b) A small Mixtral-style model on 4 local CPU processes (gloo), its experts split over them:
+    autopar's expert-parallel program against a hand-written expert-parallel step
+    (benchmarks/moe_by_hand.py: the dense part data parallel, the same all-to-all dispatch
+    with torch's ``all_to_all_single``), SGD steps in interleaved rounds; each figure is the
+    median over rounds of the slowest rank's median step. Their first losses are printed beside.
 
-Last line: ``worst auto/best-moe-baseline ratio: X.XX``.
+Last line: ``worst auto/best-moe-baseline ratio: X.XX`` (both parts).
 
     python benchmarks/moe.py [--models mixtral-8x7b,deepseek-v3] [--batches 8,32] [--layers 4]
-                             [--devices 64] [--work-limit 40000]
+                             [--devices 64] [--work-limit 40000] [--rounds 3] [--steps 5] [--skip-64]
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import autopar  # noqa: E402
-from autopar.baseline_plans import best  # noqa: E402
-from autopar.ops.moe import MOE_FORWARD, layout_text  # noqa: E402
+from autopar.baseline_plans import BatchOverDataParallel, ExpertLayout, best, expert_parameters  # noqa: E402
+from autopar.ops.moe import MOE_FORWARD, layout_text, splits_experts  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
 SEQ = 4096
@@ -92,6 +95,46 @@ def row(name: str, batch: int, layers: int, devices: int, work_limit: int) -> fl
     return ratio
 
 
+def on_cpu(rounds: int, steps: int) -> float:
+    """(b): autopar's EP program / the hand-written one, measured."""
+    import io
+    import statistics
+
+    from autopar.cost_models.hardware import calibrated_cpu_path
+    from autopar.runtime.local_cluster import get_cluster
+    from benchmarks.moe_by_hand import train_autopar, train_by_hand
+
+    torch.manual_seed(0)
+    batch_size, seq = 8, 64
+    model, batch = hf_zoo.mixtral(batch=batch_size, seq=seq, width=128, heads=4, kv_heads=2, layers=2, vocab=1024,
+                                  experts=4)
+    # the hand-written step's layout, given to the planner: the dense part data parallel (its
+    # parameters whole, every batch-carrying activation split), the experts split
+    experts = expert_parameters(model)
+    pin = {n: "S(0)" if n in experts else "R" for n, _ in model.named_parameters()}
+    layout = [BatchOverDataParallel(frozenset({batch_size, batch_size * seq}), axis="ep"), ExpertLayout("ep")]
+    hardware = calibrated_cpu_path() if os.path.exists(calibrated_cpu_path()) else "h100-sxm"
+    plan = autopar.plan(model, batch, mesh="ep=4", hardware=hardware, pin=pin, passes=layout, cache=False)
+    if not splits_experts(plan):
+        raise SystemExit(f"the plan on {hardware} keeps the experts whole ({moe_layouts(plan)}): nothing to compare")
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    cluster = get_cluster(4)
+    medians: dict[str, list[float]] = {"autopar": [], "by hand": []}
+    first: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, job, args in (("autopar", train_autopar, (plan.to_json(), steps)),
+                                ("by hand", train_by_hand, (steps,))):
+            results = cluster.run(job, buffer.getvalue(), batch, *args)
+            medians[name].append(max(statistics.median(times[1:]) for times, _ in results))  # the first warms up
+            first[name] = results[0][1][0]
+    auto, hand = (statistics.median(medians[k]) for k in ("autopar", "by hand"))
+    print(f"\n(b) 4 CPU processes, {moe_layouts(plan)} on {hardware}; median SGD step over {rounds} rounds")
+    print(f"  autopar {auto * 1e3:.1f} ms (first loss {first['autopar']:.5f}), by hand {hand * 1e3:.1f} ms "
+          f"(first loss {first['by hand']:.5f}): ratio {auto / hand:.3f}")
+    return auto / hand
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="mixtral-8x7b,deepseek-v3")
@@ -99,12 +142,18 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--devices", type=int, default=64)
     ap.add_argument("--work-limit", type=int, default=40_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--skip-64", action="store_true", help="only part (b)")
     args = ap.parse_args()
-    print(f"(a) {args.layers} layers, sequence {SEQ}, {args.devices} x h100-sxm; step times in ms")
-    print(f"{'model':<13} {'batch':>5} {'auto mesh':<22} {'auto':>9} {'best baseline':<22} {'its step':>9} "
-          f"{'ratio':>6} {'search':>8}  MoE layouts")
-    ratios = [row(m, int(b), args.layers, args.devices, args.work_limit)
-              for m in args.models.split(",") for b in args.batches.split(",")]
+    ratios = []
+    if not args.skip_64:
+        print(f"(a) {args.layers} layers, sequence {SEQ}, {args.devices} x h100-sxm; step times in ms")
+        print(f"{'model':<13} {'batch':>5} {'auto mesh':<22} {'auto':>9} {'best baseline':<22} {'its step':>9} "
+              f"{'ratio':>6} {'search':>8}  MoE layouts")
+        ratios += [row(m, int(b), args.layers, args.devices, args.work_limit)
+                   for m in args.models.split(",") for b in args.batches.split(",")]
+    ratios.append(on_cpu(args.rounds, args.steps))
     print(f"worst auto/best-moe-baseline ratio: {max(ratios):.2f}")
 
 

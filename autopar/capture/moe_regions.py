@@ -70,12 +70,9 @@ def _experts_op_forward(self, hidden_states, top_k_index, top_k_weights):
     return out.to(hidden_states.dtype)
 
 
-def experts_as_one_op(model: nn.Module) -> list[str]:
+def experts_as_one_op(model: nn.Module) -> None:
     """Replace the forward of every experts module of ``model`` (capture's structural copy) that
-    autopar::moe_experts computes; their paths."""
-    replaced = []
-    for path, module in model.named_modules():
+    autopar::moe_experts computes."""
+    for module in model.modules():
         if type(module).__module__.startswith("transformers.") and computes_swiglu_experts(module):
             module.forward = types.MethodType(_experts_op_forward, module)
-            replaced.append(path)
-    return replaced

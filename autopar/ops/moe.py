@@ -242,8 +242,8 @@ def layout_text(in_specs, axis_names) -> str:
     axis = expert_axis(in_specs)
     if axis is not None:
         return f"expert parallel over {axis_names[axis]} (tokens to their experts by all-to-all)"
-    split = [axis_names[a] for a, p in enumerate(in_specs[-3 if len(in_specs) == 5 else -4].placements)
-             if isinstance(p, Shard)]
+    routing = in_specs[-4]  # top_k_index, in either op: split as the tokens are
+    split = [axis_names[a] for a, p in enumerate(routing.placements) if isinstance(p, Shard)]
     return f"experts replicated, tokens split over {', '.join(split)}" if split else "replicated"
 
 
