@@ -96,8 +96,6 @@ def baselines(model: nn.Module, example_inputs=(), *, devices: int, hardware=DEF
     ``input_ids=``, ``labels=``)."""
 
     hw = get_hardware(hardware)
-    heads = heads or _heads_of(model)
-    params = dict(model.named_parameters())
     tensors = _call_tensors(example_inputs, kwargs)
     tokens = _tokens(tensors)
     batch = _batch(tensors)
@@ -106,20 +104,11 @@ def baselines(model: nn.Module, example_inputs=(), *, devices: int, hardware=DEF
         program = capture(model, example_inputs, kwargs=kwargs,
                           precision=parse_precision(plan_options.get("precision")))
     plan_options["kwargs"] = kwargs
-    whole_experts = (ExpertLayout(None),)
-    layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None, whole_experts),
-               "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None, whole_experts)}
+    heads = heads or _heads_of(model)
     degrees = tp_degrees if tp_degrees is not None else [
         t for t in range(2, devices + 1) if devices % t == 0 and hw.devices_per_node % t == 0
         and (heads is None or heads % t == 0)]
-    for t in degrees:
-        mesh = Mesh.of(dp=devices // t, tp=t)
-        for fsdp in (False, True) if devices > t else (False,):
-            pin = megatron_pins(model, t, devices // t if fsdp else 1)
-            for sp in (False, True):
-                name = f"megatron-tp{t}" + ("-fsdp" if fsdp else "") + ("-sp" if sp else "")
-                layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1),
-                                 ((NormsOverSequence(tokens[1]),) if sp and tokens else ()) + whole_experts)
+    layouts = _dense_layouts(model, devices, degrees, program, tokens)
     out = Baselines()
     plan_options.setdefault("offload", False)  # the hand-written configurations hold their state on the device
     tp = max(degrees, default=1)
@@ -192,6 +181,23 @@ def _add_3d(out: Baselines, program, model, example_inputs, layouts: dict, tp: i
                 schedule=schedule, microbatches=m, partition="even", **plan_options)
         except AutoparError as exc:
             out.skipped[name] = str(exc)
+
+
+def _dense_layouts(model, devices: int, degrees: list, program, tokens) -> dict:
+    """name -> (mesh, pins, restriction, passes) of the 1-D and 2-D baselines, experts whole."""
+    params = dict(model.named_parameters())
+    whole_experts = (ExpertLayout(None),)
+    layouts = {"dp": (Mesh.of(dp=devices), {n: "R" for n in params}, None, whole_experts),
+               "zero3": (Mesh.of(dp=devices), {n: _fsdp(p, devices) for n, p in params.items()}, None, whole_experts)}
+    for t in degrees:
+        mesh = Mesh.of(dp=devices // t, tp=t)
+        for fsdp in (False, True) if devices > t else (False,):
+            pin = megatron_pins(model, t, devices // t if fsdp else 1)
+            for sp in (False, True):
+                name = f"megatron-tp{t}" + ("-fsdp" if fsdp else "") + ("-sp" if sp else "")
+                layouts[name] = (mesh, pin, None if sp else _no_sequence_split(program, tokens, axis=1),
+                                 ((NormsOverSequence(tokens[1]),) if sp and tokens else ()) + whole_experts)
+    return layouts
 
 
 def expert_parameters(model: nn.Module) -> dict[str, int]:

@@ -157,7 +157,7 @@ moe_experts.register_autograd(_backward, setup_context=_setup_context)
 
 def _itemsize(call: OpCall, operand: int) -> int:
     dtype = call.in_dtypes[operand] if call.in_dtypes else None
-    return torch.empty((), dtype=getattr(torch, dtype)).element_size() if dtype else 4
+    return getattr(torch, dtype).itemsize if dtype else 4
 
 
 def _pairs(routing_shape) -> int:
