@@ -125,6 +125,22 @@ def test_a_worker_that_dies_is_reported_at_once():
     assert time.monotonic() - start < 60
 
 
+def test_a_rank_that_raises_while_its_peers_wait_is_reported_without_waiting_them_out():
+    """A pipeline stage that raises leaves the others blocked in a send for good: the parent
+    reports the failure once the peers' grace has passed, not at the pool's timeout."""
+    import time
+
+    from autopar.runtime.local_cluster import LocalCluster, WorkerError
+    from tests.workers import raise_on_rank_0_while_rank_1_waits
+
+    cluster = LocalCluster(2, peers_grace_s=1.0)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"(?s)rank 0 gives up.*no answer within 1 s of that failure"):
+        cluster.run(raise_on_rank_0_while_rank_1_waits)
+    assert time.monotonic() - start < 60
+    assert not cluster.alive
+
+
 def _rule_cases():
     from tests import models
 

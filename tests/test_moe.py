@@ -112,6 +112,25 @@ def test_expert_parallelism_is_dropless_when_routing_crowds_one_expert():
     assert report.ok, str(report)
 
 
+def test_experts_split_inside_pipeline_stages_train_as_eager():
+    """Two stages of two ranks each, each stage's experts split over its pair: what a stage sends
+    is made contiguous (a stage may end on a view, and torch's sends take none)."""
+    model, batch = _model("mixtral")
+    plan = autopar.plan(model, batch, mesh="pp=2,ep=2", hardware=FAST, microbatches=2)
+    assert expert_parallel_axes(plan) == {"ep"}, plan.summary()
+    report = autopar.check(model, batch, plan=plan, steps=2)
+    assert report.ok, str(report)
+
+
+@pytest.mark.slow  # a 4-rank run of Mixtral under autocast
+def test_expert_parallel_bf16_training_is_within_bf16_tolerance():
+    model, batch = _model("mixtral")
+    plan = autopar.plan(model, batch, mesh="ep=4", hardware=FAST, precision="bf16-mixed")
+    assert expert_parallel_axes(plan) == {"ep"}
+    report = autopar.check(model, batch, plan=plan, steps=2)
+    assert report.ok, str(report)
+
+
 @pytest.mark.slow  # two 4-rank runs of Mixtral
 def test_an_expert_parallel_checkpoint_resumes_bit_equal_and_loads_whole(tmp_path):
     from torch.distributed.checkpoint import load as dcp_load

@@ -83,6 +83,14 @@ def die(rank, world_size):
     os._exit(3)
 
 
+def raise_on_rank_0_while_rank_1_waits(rank, world_size):
+    import torch.distributed as dist
+
+    if rank == 0:
+        raise ValueError("rank 0 gives up")
+    dist.barrier()  # never completes: rank 0 is not coming
+
+
 def forward_then_backward(rank, world_size, plan_json, inputs):
     """The split programs on one rank: what calling the module and ``loss.backward()`` each run."""
     from autopar.check import rank_mesh_for

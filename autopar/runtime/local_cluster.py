@@ -64,10 +64,12 @@ def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads:
 
 
 class LocalCluster:
-    def __init__(self, world_size: int, timeout_s: float = 600.0):
+    def __init__(self, world_size: int, timeout_s: float = 600.0, peers_grace_s: float = 20.0):
+        """``peers_grace_s``: how long the other ranks may still answer once one rank has failed."""
         ctx = mp.get_context("spawn")
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.peers_grace_s = peers_grace_s
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
         threads = max(1, (os.cpu_count() or 1) // world_size)
@@ -89,17 +91,27 @@ class LocalCluster:
         errors = []
         deadline = time.monotonic() + self.timeout_s
         for _ in range(self.world_size):
-            rank, ok, value = self._next_result(deadline)
+            answer = self._next_result(deadline)
+            if answer is None:
+                if not errors:
+                    raise WorkerError(f"local workers gave no answer within {self.timeout_s:.0f} s")
+                # A rank that raised leaves its peers waiting in a collective for good: report
+                # what the failed ranks said rather than waiting out the whole timeout.
+                errors.append(f"the other ranks gave no answer within {self.peers_grace_s:.0f} s of that failure")
+                break
+            rank, ok, value = answer
             if ok:
                 out[rank] = value
             else:
                 errors.append(f"rank {rank}:\n{value}")
+                deadline = min(deadline, time.monotonic() + self.peers_grace_s)
         if errors:
             self.close()  # a failed collective can leave the group unusable: start afresh next time
             raise WorkerError("a job failed on the local workers:\n" + "\n".join(errors))
         return out
 
     def _next_result(self, deadline: float):
+        """The next ``(rank, ok, value)``, or None once the deadline has passed (the pool is closed)."""
         while True:
             try:
                 return self.results.get(timeout=1.0)
@@ -111,7 +123,7 @@ class LocalCluster:
                 if dead:  # e.g. a spawned child re-imported a script that starts workers at import time
                     raise WorkerError(f"local worker rank(s) {dead} exited before answering; if a script calls "
                                       "autopar at import time, put that code under `if __name__ == '__main__':`")
-                raise WorkerError(f"local workers gave no answer within {self.timeout_s:.0f} s")
+                return None
 
     @property
     def alive(self) -> bool:

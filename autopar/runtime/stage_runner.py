@@ -122,7 +122,9 @@ class StageRunner:
         kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
         self.normalizer_values += [saved[i].detach() for i in self._normalizers]
         self._done("F")
-        return (loss if self.program.loss is not None else tuple(sends)), (kept, saved)
+        # torch's point-to-point sends take contiguous tensors only (a stage may end on a view)
+        sends = tuple(t.contiguous() for t in sends)
+        return (loss if self.program.loss is not None else sends), (kept, saved)
 
     def backward(self, state, grads: tuple) -> tuple:
         """The input gradient's part of backward (I): the backward values for the stage before,
@@ -141,7 +143,7 @@ class StageRunner:
         if self.program.index == 0:  # it received the micro-batch's index
             return (None,)
         back = iter(sent_back)
-        return tuple(next(back) if slot.differentiable else None for slot in self.program.receives)
+        return tuple(next(back).contiguous() if slot.differentiable else None for slot in self.program.receives)
 
     def weight_work(self):
         """The weight gradients of the oldest backward (W), to run now or in a later bubble:
