@@ -156,6 +156,23 @@ def local_call(plan, node) -> tuple[str, list]:
     return (target if isinstance(target, str) else str(target).replace("aten::", "aten.")), args
 
 
+def kernel_axis(plan, node) -> str | None:
+    """The name of the mesh axis whose ranks communicate inside the runtime kernel the node
+    runs (autopar.ops.kinds.Rule.kernel_axis), or None where it runs a local op."""
+    if node.op != "call" or node.target == "getitem" or node.name not in plan.strategies:
+        return None
+    rule = rule_for(resolve_target(node.target))
+    if rule is None:
+        return None
+    axis = rule.kernel_axis(plan.strategies[node.name].in_specs)
+    return None if axis is None else plan.mesh.axis_names[axis]
+
+
+def kernel_modules(plan) -> list[str]:
+    """The autopar.runtime modules whose communicating kernels the plan's nodes run."""
+    return sorted({local_call(plan, n)[0].partition(".")[0] for n in plan.graph.nodes if kernel_axis(plan, n)})
+
+
 def call_arguments(args: list, statement, special: Callable[[dict], str | None]) -> str:
     """``a, b, key=value``: a call statement's arguments (``args``: its positional ones as this
     rank passes them), tensor inputs named by the variables it reads."""

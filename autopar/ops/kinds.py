@@ -107,6 +107,13 @@ class Rule:
         autopar.ops.moe). Moves between ops are priced on the edges."""
         return 0.0
 
+    def kernel_axis(self, in_specs) -> int | None:
+        """The mesh axis whose ranks communicate inside what a strategy runs, or None (a local
+        op). Where it is an axis, ``local_call`` names a runtime kernel (``"module.function"`` of
+        autopar.runtime), called with the rank's mesh and that axis's name before the op's
+        arguments: a layer whose collectives depend on run-time values (autopar.ops.moe)."""
+        return None
+
     def local_args(self, call: OpCall, local: LocalShapes) -> list:
         """The call's positional arguments as a rank passes them: by default the output size
         argument (``shape_arg``: view, expand, factories) becomes the local block's size."""

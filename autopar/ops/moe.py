@@ -25,11 +25,9 @@ from autopar.ir.placement import R, Shard
 from autopar.ir.strategy import Option
 from autopar.ops.kinds import LetterRule, Letters, OpCall, letter_options
 
-# what a rank runs under the expert-parallel option: a function of autopar.runtime.moe, called
-# with the rank's mesh and the axis (expert_axis) before the op's arguments
+# what a rank runs under the expert-parallel option: a runtime kernel (Rule.kernel_axis)
 ALL_TO_ALL_FORWARD = "moe.experts_all_to_all"
 ALL_TO_ALL_BACKWARD = "moe.experts_all_to_all_backward"
-COLLECTIVE_KERNELS = (ALL_TO_ALL_FORWARD, ALL_TO_ALL_BACKWARD)
 MOE_FORWARD = "autopar.moe_experts.default"
 KERNEL_OPS = (MOE_FORWARD, "autopar.moe_experts_backward.default")
 
@@ -207,6 +205,9 @@ class ExpertsRule(LetterRule):
         rows = 2 * cost.routed_exchange_time(imbalance * tokens * k * row_bytes, axis)
         busiest = (imbalance - 1.0) * cost.op_time(self.flops(call, local.inputs, local.outputs), 0.0, itemsize)
         return sizes + rows + busiest
+
+    def kernel_axis(self, in_specs) -> int | None:
+        return expert_axis(in_specs)
 
     def local_call(self, call, local):
         if local.inputs[-1][0] == call.in_shapes[-1][0]:  # every expert here: the op itself, on this rank's tokens

@@ -27,7 +27,6 @@ from autopar.ir.placement import Partial, Replicate, Shard, Spec
 from autopar.ir.program import TensorMeta
 from autopar.ir.strategy import combine
 from autopar.ops.kinds import LocalShapes, OpCall, Rule, RuleDoesNotApply
-from autopar.ops.moe import COLLECTIVE_KERNELS, expert_axis
 from autopar.ops.simulated_ranks import run_on_threads, runtime_kernel
 
 MESH = Mesh(("x", "y"), (2, 2))
@@ -157,9 +156,10 @@ def _run_strategy(op, rule: Rule, call: OpCall, tensors: list, expected: list, i
         blocks = iter([block(t, spec, mesh, coords, seed=i) for i, (t, spec) in enumerate(zip(tensors, in_specs))])
         rank_calls[coords] = (_with_tensors(local_args, blocks), _with_tensors(call.kwargs, blocks))
     try:
-        if local_op in COLLECTIVE_KERNELS:  # the ranks communicate: run them side by side
-            axis = mesh.axis_names[expert_axis(in_specs)]
-            ran = run_on_threads(runtime_kernel(local_op), axis, mesh, {c: a for c, (a, _) in rank_calls.items()})
+        axis = rule.kernel_axis(in_specs)
+        if axis is not None:  # the ranks communicate: run them side by side
+            ran = run_on_threads(runtime_kernel(local_op), mesh.axis_names[axis], mesh,
+                                 {c: a for c, (a, _) in rank_calls.items()})
             per_rank = {c: _leaves(out) for c, out in ran.items()}
         for coords, (rank_args, rank_kwargs) in rank_calls.items():
             if coords in per_rank:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
 
+from autopar.backends.printer import kernel_modules
 from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
 from autopar.ir.call import FlatCall, call_signature, flatten_call, frozen_parameters, module_modes
 from autopar.ir.mesh import Mesh
@@ -26,7 +27,6 @@ from autopar.ir.placement import R, Shard, Spec
 from autopar.ir.plan import Plan
 from autopar.ir.program import STEP
 from autopar.lowering.schedule import programs
-from autopar.ops.moe import splits_experts
 from autopar.runtime.offload import ChunkStore
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.state import as_dtensor, local
@@ -86,11 +86,11 @@ class RankProgram:
         self.module = load_program(source, f"autopar_plan_{plan.hash}")
         self._forward, self._backward = self.module.forward, getattr(self.module, "backward", None)
         self._rt = rank_mesh
-        if compiled and splits_experts(plan):
-            raise AutoparError(f"compile=True with expert parallelism (plan {plan.hash} splits MoE experts over a "
-                               f"mesh axis) is not run yet: the all-to-alls' sizes come from the routing at run "
-                               f"time; train without compile, or plan with expert parallelism forbidden "
-                               f"(docs/moe.md)")
+        if compiled and kernel_modules(plan):
+            raise AutoparError(f"compile=True with expert parallelism (plan {plan.hash} runs layers whose ranks "
+                               f"communicate inside them: MoE experts split over a mesh axis) is not run yet: the "
+                               f"all-to-alls' sizes come from the routing at run time; train without compile, or "
+                               f"plan with expert parallelism forbidden (docs/moe.md)")
         if compiled:
             self._forward = torch.compile(self._forward, options=COMPILE_OPTIONS)
             self._backward = self._backward and torch.compile(self._backward, options=COMPILE_OPTIONS)

@@ -30,6 +30,7 @@ from autopar.backends.printer import (
     constant_note,
     header,
     indented,
+    kernel_axis,
     literal,
     local_call,
     torch_name,
@@ -40,7 +41,6 @@ from autopar.ir.placement import Shard
 from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
-from autopar.ops.moe import COLLECTIVE_KERNELS
 
 
 def emit_jax(plan) -> str:
@@ -166,10 +166,12 @@ class _Printer:
     def call(self, s: Statement) -> str:
         node = s.node
         target, args = local_call(self.plan, node)
-        if target in COLLECTIVE_KERNELS:
-            raise AutoparError(f"the JAX backend does not emit expert parallelism yet ({self._origin(node)} splits "
-                               f"its experts over a mesh axis): emit this plan for torch, or plan with expert "
-                               f"parallelism forbidden (docs/moe.md shows the pass)")
+        axis = kernel_axis(self.plan, node)
+        if axis is not None:
+            raise AutoparError(f"the JAX backend does not emit {target} yet, which {self._origin(node)} runs under "
+                               f"this plan: its ranks communicate inside it over mesh axis {axis!r} (expert "
+                               f"parallelism); emit this plan for torch, or plan with that layout forbidden "
+                               f"(docs/moe.md shows the pass)")
         function = TABLE.get(target, USER_TRANSLATIONS.get(target))
         if function is None and has_decomposition(target):
             return f"{s.defines} = {self._decomposed(node, target, args)}({', '.join(s.uses)})"

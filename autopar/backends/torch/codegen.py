@@ -23,6 +23,8 @@ from autopar.backends.printer import (
     constant_note,
     header,
     indented,
+    kernel_axis,
+    kernel_modules,
     literal,
     local_call,
     op_text,
@@ -35,7 +37,6 @@ from autopar.ir.program import STEP
 from autopar.lowering.naming import readable
 from autopar.lowering.schedule import Statement, programs
 from autopar.ops.devices import CPU_ONLY_OPS
-from autopar.ops.moe import COLLECTIVE_KERNELS, expert_axis, splits_experts
 from autopar.units import human_bytes, human_seconds
 
 
@@ -83,8 +84,8 @@ def module_preamble(plan) -> list[str]:
     return ["import torch", ""] + (
         ["from autopar.runtime import kernels  # kernels by what they compute, on any device", ""]
         if uses_device_neutral_kernels(plan) else []) + (
-        ["from autopar.runtime import moe  # mixture-of-experts layers split over a mesh axis", ""]
-        if splits_experts(plan) else []) + [
+        [f"from autopar.runtime import {module}  # layers whose ranks communicate inside them" for module in
+         kernel_modules(plan)]) + [
         "aten = torch.ops.aten",
         "",
         f"PLAN_HASH = {plan.hash!r}",
@@ -290,8 +291,8 @@ class StatementPrinter:
         note = constant_note(self.plan, node)
         if note:
             comment = f"{comment}; {note}" if comment else f"  # {note}"
-        if op in COLLECTIVE_KERNELS:  # a layer whose communication runs inside it, over one mesh axis
-            axis = self.plan.mesh.axis_names[expert_axis(self.plan.strategies[node.name].in_specs)]
+        axis = kernel_axis(self.plan, node)
+        if axis is not None:  # a layer whose communication runs inside it, over one mesh axis
             return f"{s.defines} = {op}(rt, {axis!r}, {arguments}){comment}"
         # no CUDA kernel: the device's own; a library's custom op keeps its namespace
         op = f"kernels.{CPU_ONLY_OPS[op]}" if op in CPU_ONLY_OPS else op_text(op)
