@@ -168,9 +168,9 @@ class _Printer:
         target, args = local_call(self.plan, node)
         axis = kernel_axis(self.plan, node)
         if axis is not None:
-            raise AutoparError(f"the JAX backend does not emit {target} yet, which {self._origin(node)} runs under "
-                               f"this plan: its ranks communicate inside it over mesh axis {axis!r} (expert "
-                               f"parallelism); emit this plan for torch, or plan with that layout forbidden "
+            raise AutoparError(f"the JAX backend does not emit {target} yet ({self._origin(node)}, runs it under "
+                               f"this plan: its ranks communicate inside it over mesh axis {axis!r}, as expert "
+                               f"parallelism does); emit this plan for torch, or plan with that layout forbidden "
                                f"(docs/moe.md shows the pass)")
         function = TABLE.get(target, USER_TRANSLATIONS.get(target))
         if function is None and has_decomposition(target):
