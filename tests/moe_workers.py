@@ -13,6 +13,12 @@ def expert_parallel_axes(plan) -> set:
     return {plan.mesh.axis_names[a] for a in axes if a is not None}
 
 
+def no_expert_parallelism(constraints):
+    """A Constrain pass's body: no MoE layer splits its experts."""
+    constraints.forbid(lambda node, strategy: str(node.target) in KERNEL_OPS
+                       and expert_axis(strategy.in_specs) is not None)
+
+
 def routed_layer(tokens: int = 24, width: int = 8, hidden: int = 12, experts: int = 8, k: int = 2,
                  crowded: int | None = None):
     """A layer's inputs with random routing; ``crowded``: that expert is every token's first choice."""

@@ -18,7 +18,7 @@ from autopar.ops.moe import KERNEL_OPS, expert_axis
 from autopar.runtime.local_cluster import get_cluster
 from examples import hf_zoo
 from tests import moe_workers, state_workers
-from tests.moe_workers import expert_parallel_axes
+from tests.moe_workers import expert_parallel_axes, no_expert_parallelism
 from tests.test_extend import Constrain
 from tests.tiers import sampled
 from tests.workers import FAST
@@ -151,16 +151,11 @@ def test_an_expert_parallel_checkpoint_resumes_bit_equal_and_loads_whole(tmp_pat
     assert state_workers._steps(eager, opt, batch, 2) == pytest.approx(uninterrupted[0][2:], rel=1e-5)
 
 
-def _no_expert_parallelism(constraints):
-    constraints.forbid(lambda node, strategy: str(node.target) in KERNEL_OPS
-                       and expert_axis(strategy.in_specs) is not None)
-
-
 @pytest.mark.slow  # JAX in a fresh interpreter
 def test_the_jax_backend_runs_the_experts_op_and_refuses_expert_parallelism():
     model, batch = _model("mixtral")
     data_parallel = autopar.plan(model, batch, mesh="dp=4", hardware=FAST,
-                                 passes=[Constrain(_no_expert_parallelism, name="no-ep")])
+                                 passes=[Constrain(no_expert_parallelism, name="no-ep")])
     assert not expert_parallel_axes(data_parallel)
     report = autopar.check(model, batch, plan=data_parallel, backend="jax")
     assert report.ok, str(report)

@@ -10,6 +10,7 @@ from html import escape
 
 import numpy as np
 import pytest
+import torch
 
 import autopar
 from autopar.cli import main as cli
@@ -17,6 +18,8 @@ from autopar.inspect.report_html import render_html
 from autopar.inspect.report_offload import MAX_ROWS
 from autopar.units import human_bytes, human_seconds
 from examples import gpt2
+from tests.moe_workers import no_expert_parallelism
+from tests.test_extend import Constrain
 from tests.workers import FAST
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -102,6 +105,24 @@ def test_report_caps_the_offload_rows(offload_plan):
     many = tuple(dataclasses.replace(o.chunks[k % len(o.chunks)], index=k) for k in range(MAX_ROWS + 25))
     page = render_html(dataclasses.replace(offload_plan, offload=dataclasses.replace(o, chunks=many)))
     assert page.count('<g class="chunk">') == MAX_ROWS and "… 25 more chunks" in page
+
+
+def test_report_marks_each_mixture_of_experts_layer_with_its_layout():
+    """Each MoE layer's module carries its layout; under expert parallelism its op rows show the
+    all-to-alls that run inside the op (forward and backward)."""
+    from examples import hf_zoo
+
+    torch.manual_seed(0)
+    model, batch = hf_zoo.mixtral()
+    layers = sum(type(m).__name__.endswith("Experts") for m in model.modules())
+    expert_parallel = autopar.plan(model, batch, mesh="ep=4", hardware=FAST)
+    page = render_html(expert_parallel)
+    assert page.count("MoE: expert parallel over ep") == layers > 0
+    assert page.count("⇄ all_to_all[ep] inside") == 2 * layers
+    replicated = render_html(autopar.plan(model, batch, mesh="ep=4", hardware="h100-sxm", cache=False,
+                                          passes=[Constrain(no_expert_parallelism, name="no-ep")]))
+    assert "MoE: expert parallel" not in replicated and "all_to_all[ep] inside" not in replicated
+    assert replicated.count('<span class="moe"') == layers
 
 
 def _prefixes(path: str):

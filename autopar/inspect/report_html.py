@@ -21,6 +21,7 @@ from autopar.inspect.plan_layers import TOP_LEVEL, node_modules
 from autopar.inspect.report_offload import offload_section
 from autopar.inspect.report_pipeline import pipeline_chart
 from autopar.ir.placement import Partial, Shard, Spec
+from autopar.ops.moe import KERNEL_OPS, MOE_FORWARD, expert_axis, layout_text
 from autopar.units import human_bytes, human_seconds
 
 MAX_COLLECTIVE_ROWS = 50
@@ -308,7 +309,7 @@ def _module_html(plan, mod: _Module, moves: dict, level: int, is_open: bool) -> 
              f'{escape(human_seconds(sum(r.step_seconds[i] for r, i in coll)))}</span>') if coll else ""
     summary = (f'<summary><b>{escape(name)}</b> <span class="path">{escape(mod.path)}</span> {chips}'
                f'<span class="stats">fwd {escape(human_seconds(fwd))} · bwd {escape(human_seconds(bwd))}</span>'
-               f"{badge}</summary>")
+               f"{badge}{_moe_badge(plan, mod)}</summary>")
     body = f'<table class="ops">{"".join(_param_row(plan, ph, moves) for ph in mod.params)}</table>' \
         if mod.params else ""
     child_level = level + (len(mod.children) > 1)
@@ -322,6 +323,16 @@ def _module_html(plan, mod: _Module, moves: dict, level: int, is_open: bool) -> 
         body += (f'<details class="bw"><summary>backward: {len(mod.backward)} ops, {escape(human_seconds(own_bwd))}'
                  f'</summary><table class="ops">{rows}</table></details>')
     return f'<details class="mod"{" open" if is_open else ""}>{summary}<div class="body">{body}</div></details>'
+
+
+def _moe_badge(plan, mod: _Module) -> str:
+    """A mixture-of-experts layer's mark: its layout (autopar.ops.moe), on the module that runs it."""
+    layers = [n for n in mod.forward if n.target == MOE_FORWARD]
+    if not layers:
+        return ""
+    layout = layout_text(plan.strategies[layers[0].name].in_specs, plan.mesh.axis_names)
+    return (f'<span class="moe" title="a mixture-of-experts layer, captured as one op; plan.explain(\'moe\') '
+            f'weighs its layouts">MoE: {escape(layout)}</span>')
 
 
 def _param_row(plan, ph: str, moves: dict) -> str:
@@ -343,7 +354,18 @@ def _op_row(plan, n, moves: dict) -> str:
             f'<td class="target">{escape(op)}</td><td>{escape(shape)}</td>'
             f'<td>{"".join(_spec_html(plan, s) for s in strategy.out_specs)}</td>'
             f'<td class="t">{escape(human_seconds(strategy.compute_s))}</td>'
-            f'<td>{"".join(_collective_html(plan, r, i) for r, i in moves.get(n.name, ()))}</td></tr>')
+            f'<td>{"".join(_collective_html(plan, r, i) for r, i in moves.get(n.name, ()))}'
+            f"{_inner_all_to_all(plan, n)}</td></tr>")
+
+
+def _inner_all_to_all(plan, n) -> str:
+    """An expert-parallel MoE op's own all-to-alls, which run inside it (priced in its time)."""
+    axis = expert_axis(plan.strategies[n.name].in_specs) if n.target in KERNEL_OPS else None
+    if axis is None:
+        return ""
+    name = plan.mesh.axis_names[axis]
+    return (f'<span class="coll all_to_all" title="tokens to their experts\' ranks and back, inside the op (its '
+            f'time includes them)">⇄ all_to_all[{escape(name)}] inside</span>')
 
 
 def _collective_html(plan, r, i: int, what: str = "") -> str:
