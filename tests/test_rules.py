@@ -22,7 +22,7 @@ def check(op, *args, rule=None, **kwargs) -> autopar.RuleReport:
 
 
 def offered(op, *args, low_precision_partials=False, **kwargs) -> list[Option]:
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
     out = op(*args, **kwargs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     call = OpCall(op, args, kwargs, tuple(tuple(t.shape) for t in tensors), tuple(tuple(o.shape) for o in outs),
@@ -194,3 +194,13 @@ def test_a_users_custom_op_rule_is_validated_by_the_same_harness(monkeypatch):
 def test_an_op_without_a_rule_is_named():
     with pytest.raises(autopar.AutoparError, match="logcumsumexp.*no sharding rule"):
         autopar.validate_rule(aten.logcumsumexp.default, [((randn(4, 4), 0), {})])
+
+
+def test_cat_with_an_empty_legacy_operand_splits_the_others_dims():
+    """A Hugging Face key cache starts as torch.tensor([]) and is joined with the keys on the
+    sequence dim: the batch and head dims stay splittable (they were once all gathered)."""
+    keys = randn(4, 2, 6, 3)
+    check(aten.cat.default, [torch.tensor([], dtype=torch.float64), keys], -2)
+    splits = {o.outputs[0].dim for o in offered(aten.cat.default, [torch.tensor([]), torch.randn(4, 2, 6, 3)], -2)
+              if isinstance(o.outputs[0], Shard)}
+    assert splits == {0, 1, 3}

@@ -461,7 +461,10 @@ def fixed_dim_rule(dim_arg: int, free: bool = False) -> LetterRule:
     """slice/select/split (views: ``free``) and cat: the dim they cut or join stays whole."""
 
     def make(call: OpCall) -> Letters:
-        rank = len(call.in_shapes[0])
+        # cat skips an empty 1-D operand whatever the others' rank (a key cache's empty start,
+        # torch.tensor([])): it stays whole and the others' dims, not its one, can be split
+        skipped = [tuple(s) == (0,) for s in call.in_shapes]
+        rank = len(next((s for s, skip in zip(call.in_shapes, skipped) if not skip), call.in_shapes[0]))
         letters = string.ascii_lowercase[:rank]
         d = call.arg(dim_arg, "dim", 0) % rank
         outs = []
@@ -472,8 +475,8 @@ def fixed_dim_rule(dim_arg: int, free: bool = False) -> LetterRule:
                 outs.append(letters)
             else:  # select drops the dim
                 outs.append(letters[:d] + letters[d + 1:])
-        ins = (letters,) * len(call.in_shapes)
+        ins = tuple(None if skip and rank != 1 else letters for skip in skipped)
         return Letters(ins, tuple(outs), fixed=frozenset({letters[d]}),
-                       partial_inputs=(frozenset(range(len(ins))),))
+                       partial_inputs=(frozenset(j for j, s in enumerate(ins) if s is not None),))
 
     return LetterRule(make, follower=True, free=free)
