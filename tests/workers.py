@@ -292,18 +292,29 @@ def step_counting_gradient_buckets(rank, world_size, model_bytes, batch, plan_js
             "grads": {n: whole(p.grad) for n, p in model.named_parameters()}}
 
 
-def compiled_training_steps(rank, world_size, model_bytes, inputs, plan_json, steps):
-    """check's steps of the plan with compile=True, and what Dynamo counted meanwhile: the graphs
-    it compiled and the graph breaks it met."""
+def compiled_training_steps(rank, world_size, model_bytes, inputs, plan_json, steps, inductor_cache_dir):
+    """check's steps of the plan with compile=True, Inductor's caches in ``inductor_cache_dir``,
+    and what Dynamo and Inductor counted meanwhile: the graphs Dynamo compiled, the graph breaks
+    it met, and the graphs Inductor compiled (cache misses) or loaded from its cache (hits)."""
     from torch._dynamo.utils import counters
 
     from autopar.check import _run_on_rank
 
     torch._dynamo.reset()
     counters.clear()
-    result = _run_on_rank(rank, world_size, model_bytes, inputs, {}, plan_json, steps, 0.1, False, True)
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir
+    try:
+        result = _run_on_rank(rank, world_size, model_bytes, inputs, {}, plan_json, steps, 0.1, False, True)
+    finally:
+        if before is None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
     result["graphs"] = counters["stats"]["unique_graphs"]
     result["graph_breaks"] = dict(counters["graph_break"])
+    result["inductor_compiles"] = counters["inductor"]["fxgraph_cache_miss"]
+    result["inductor_cache_hits"] = counters["inductor"]["fxgraph_cache_hit"]
     return result
 
 

@@ -27,6 +27,7 @@ from autopar.ir.placement import R, Shard, Spec
 from autopar.ir.plan import Plan
 from autopar.ir.program import STEP
 from autopar.lowering.schedule import programs
+from autopar.runtime.compiling import compile_program
 from autopar.runtime.offload import ChunkStore
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.state import as_dtensor, local
@@ -68,12 +69,6 @@ def plan_key(plan: Plan) -> tuple:
     return graph.kind, graph.modes, tuple(graph.frozen), call_signature(graph.input_structure, inputs)
 
 
-# fallback_random: random ops draw from torch's generator, as the eager model does; Inductor's
-# own bucketing coalesces the gradient syncs as RankMesh's buckets do (one collective per
-# gradient costs a compiled dp step twice its uncompiled time on gloo)
-COMPILE_OPTIONS = {"fallback_random": True, "bucket_all_reduces_fx": "all", "bucket_reduce_scatters_fx": "all"}
-
-
 class RankProgram:
     """A plan's programs on this rank. ``compiled``: each runs through ``torch.compile``
     (Inductor) and calls functional collectives (autopar.runtime.traced_collectives), so its
@@ -92,8 +87,8 @@ class RankProgram:
                                f"all-to-alls' sizes come from the routing at run time; train without compile, or "
                                f"plan with expert parallelism forbidden (docs/moe.md)")
         if compiled:
-            self._forward = torch.compile(self._forward, options=COMPILE_OPTIONS)
-            self._backward = self._backward and torch.compile(self._backward, options=COMPILE_OPTIONS)
+            self._forward = compile_program(self._forward)
+            self._backward = self._backward and compile_program(self._backward)
             self._rt = TracedCollectives(rank_mesh)
         graph = plan.graph
         self.key = plan_key(plan)

@@ -28,10 +28,10 @@ from torch import nn
 from autopar.ir.placement import Spec
 from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram
+from autopar.runtime.compiling import compile_program
 from autopar.runtime.kfac import KfacWork
 from autopar.runtime.microbatch_dropout import MicrobatchMasks
 from autopar.runtime.microbatch_inputs import MicrobatchInputs
-from autopar.runtime.program import COMPILE_OPTIONS
 from autopar.runtime.rank_mesh import RankMesh, local_shard
 from autopar.runtime.state import as_gradient, local
 from autopar.runtime.traced_collectives import TracedCollectives
@@ -55,7 +55,7 @@ class StageRunner:
         functions = [getattr(module, f"{kind}_{program.index}") for kind in ("forward", "backward_input",
                                                                              "backward_weight")]
         if compiled:
-            functions = [torch.compile(f, options=COMPILE_OPTIONS) for f in functions]
+            functions = [compile_program(f) for f in functions]
         self.forward_fn, self.input_fn, self.weight_fn = functions
         graph = plan.graph
         self.params = {fqn: params[fqn] for ph, fqn in graph.params.items() if ph in program.placeholders}

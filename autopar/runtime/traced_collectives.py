@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed._functional_collectives as funcol
+from torch._C._distributed_c10d import _register_process_group, _resolve_process_group, _unregister_process_group
 
 from autopar.runtime.rank_mesh import RankMesh
 
@@ -28,17 +29,24 @@ class TracedCollectives:
         self.rank_mesh = rank_mesh
         self.device = rank_mesh.device
         self._sizes = dict(zip(rank_mesh.mesh.axis_names, rank_mesh.mesh.shape))
+        self._coords = {axis: torch.tensor(c, device=self.device)
+                        for axis, c in zip(rank_mesh.mesh.axis_names, rank_mesh.coords)}
+        layout = ",".join(f"{n}{s}" for n, s in zip(rank_mesh.whole.axis_names, rank_mesh.whole.shape))
+        prefix = f"autopar[{self.device.type}:{layout}]"
+        self._groups = {axis: _alias(f"{prefix}:{axis}", group) for axis, group in rank_mesh.groups.items()}
+        self._sync_groups = {axis: _alias(f"{prefix}:{axis}:sync", group)
+                             for axis, group in rank_mesh.sync_groups.items()}
 
     # ``last_read`` (RankMesh's: reduce in the input's memory) has nothing to do here: Inductor
     # plans a compiled graph's buffers
     def all_reduce(self, x: torch.Tensor, axis: str, last_read: bool = False) -> torch.Tensor:
-        return funcol.all_reduce(x, "sum", self.rank_mesh.groups[axis])
+        return funcol.all_reduce(x, "sum", self._groups[axis])
 
     def all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-        return funcol.all_gather_tensor(x.contiguous(), dim, self.rank_mesh.groups[axis])
+        return funcol.all_gather_tensor(x.contiguous(), dim, self._groups[axis])
 
     def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, last_read: bool = False) -> torch.Tensor:
-        return self._reduce_scatter(x, axis, dim, self.rank_mesh.groups[axis])
+        return self._reduce_scatter(x, axis, dim, self._groups[axis])
 
     def all_to_all(self, x: torch.Tensor, axis: str, src_dim: int, dst_dim: int) -> torch.Tensor:
         """Split ``x`` along ``dst_dim``, send block i to rank i, join what comes back along
@@ -46,17 +54,17 @@ class TracedCollectives:
         p = self._sizes[axis]
         blocks = torch.stack(x.chunk(p, dst_dim))  # [p, *block]: block i for rank i
         received = funcol.all_to_all_single(blocks.reshape(p, -1).contiguous(), None, None,
-                                            self.rank_mesh.groups[axis])
+                                            self._groups[axis])
         return torch.cat(received.reshape(blocks.shape).unbind(0), dim=src_dim)
 
     def start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         return self.all_gather(x, axis, dim)
 
     def start_all_reduce(self, x: torch.Tensor, axis: str) -> torch.Tensor:
-        return funcol.all_reduce(x, "sum", self.rank_mesh.sync_groups[axis])
+        return funcol.all_reduce(x, "sum", self._sync_groups[axis])
 
     def start_reduce_scatter(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-        return self._reduce_scatter(x, axis, dim, self.rank_mesh.sync_groups[axis])
+        return self._reduce_scatter(x, axis, dim, self._sync_groups[axis])
 
     @staticmethod
     def wait(x: torch.Tensor) -> torch.Tensor:
@@ -68,12 +76,33 @@ class TracedCollectives:
         out = funcol.reduce_scatter_tensor(x.movedim(dim, 0).contiguous(), "sum", 0, group)
         return out.movedim(0, dim).contiguous()
 
+    # shard and zero_partial read this rank's coordinate from a tensor, which Dynamo makes a graph
+    # input, where RankMesh's Python int would be baked into each rank's graph
     def shard(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
-        return self.rank_mesh.shard(x, axis, dim)
+        p = self._sizes[axis]
+        if x.shape[dim] % p:
+            return self.rank_mesh.shard(x, axis, dim)  # uneven blocks: each rank's shape is its own anyway
+        size = x.shape[dim] // p
+        return x.index_select(dim, self._coords[axis] * size + torch.arange(size, device=x.device))
 
     def zero_partial(self, x: torch.Tensor, axis: str) -> torch.Tensor:
-        return self.rank_mesh.zero_partial(x, axis)
+        return torch.where(self._coords[axis] == 0, x, torch.zeros_like(x))
 
     @torch.compiler.disable  # draws a global mask and keeps this rank's block: Python the graph breaks around
     def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
         return self.rank_mesh.native_dropout(x, p, train, global_shape, spec)
+
+
+def _alias(name: str, group) -> str:
+    """Register ``group`` under ``name`` in c10d's registry, where functional collectives look
+    their group up: the name a compiled graph holds is then the same on every rank (each rank's
+    own group of an axis), so ranks' graphs agree and one compile serves them all
+    (autopar.runtime.compiling)."""
+    try:
+        if _resolve_process_group(name) is group:
+            return name
+        _unregister_process_group(name)  # a group of an earlier process group (the world was made anew)
+    except RuntimeError:
+        pass  # not registered yet
+    _register_process_group(name, group)
+    return name
