@@ -9,6 +9,16 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llv
 
 from autopar.cost_models.hardware import PRESETS, Link
 
+# Whole runs of minutes each (compiling on four to eight ranks, torchrun jobs) start first, longest
+# processing time first: pytest-xdist then hands the short tests to whichever worker is free, and
+# the two workers finish together, where one started late would run alone at the end
+_LONG_RUNS_FIRST = ("tests/test_composition.py", "tests/test_examples.py", "tests/test_compile.py",
+                    "tests/test_elastic.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: not item.nodeid.startswith(_LONG_RUNS_FIRST))  # stable: file order otherwise
+
 
 @pytest.fixture(scope="session", autouse=True)
 def fresh_plan_cache(tmp_path_factory):
