@@ -1,6 +1,7 @@
 """Jobs run on every rank of a local gloo group by tests (importable by workers)."""
 import dataclasses
 import os
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -302,15 +303,8 @@ def compiled_training_steps(rank, world_size, model_bytes, inputs, plan_json, st
 
     torch._dynamo.reset()
     counters.clear()
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir
-    try:
+    with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir}):
         result = _run_on_rank(rank, world_size, model_bytes, inputs, {}, plan_json, steps, 0.1, False, True)
-    finally:
-        if before is None:
-            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
     result["graphs"] = counters["stats"]["unique_graphs"]
     result["graph_breaks"] = dict(counters["graph_break"])
     result["inductor_compiles"] = counters["inductor"]["fxgraph_cache_miss"]
