@@ -120,7 +120,7 @@ def test_a_worker_that_dies_is_reported_at_once():
 
     cluster = LocalCluster(2)
     start = time.monotonic()
-    with pytest.raises(WorkerError, match="exited before answering"):
+    with pytest.raises(WorkerError, match=r"exited before answering \(rank \d: exit code 3"):
         cluster.run(die)
     assert time.monotonic() - start < 60
 

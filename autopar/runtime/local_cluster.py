@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import os
 import queue
+import signal
 import socket
 import time
 import traceback
@@ -121,8 +122,10 @@ class LocalCluster:
             if dead or time.monotonic() > deadline:
                 self.close()
                 if dead:  # e.g. a spawned child re-imported a script that starts workers at import time
-                    raise WorkerError(f"local worker rank(s) {dead} exited before answering; if a script calls "
-                                      "autopar at import time, put that code under `if __name__ == '__main__':`")
+                    how = ", ".join(f"rank {r}: {_exit_status(self.procs[r].exitcode)}" for r in dead)
+                    raise WorkerError(f"local worker rank(s) {dead} exited before answering ({how}); if a script "
+                                      "calls autopar at import time, put that code under `if __name__ == "
+                                      "'__main__':`; a rank killed by SIGKILL often ran out of memory")
                 return None
 
     @property
@@ -140,6 +143,16 @@ class LocalCluster:
                 p.kill()
         if _POOLS.get(self.world_size) is self:
             del _POOLS[self.world_size]
+
+
+def _exit_status(code: int | None) -> str:
+    """A worker's exit code in words (multiprocessing gives -N for a process killed by signal N)."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 _POOLS: dict[int, LocalCluster] = {}
