@@ -89,15 +89,15 @@ for _loop in ("dcp", "clip", "meta", "local", "no_sync", "fp16"):
         "autopar emits no JAX training loop to carry this: a JAX runtime would lift it")
 
 # the refusals: the pair -> (a part of autopar's message, the reason the docs give)
-_NO_PIPELINE_OFFLOAD = ("offload=True on a mesh with 'pp'", "a pipeline's stages keep their state on the device: "
-                        "offloading each stage's chunks would lift it")
+_KFAC_OFFLOAD = ("offload=True with optimizer='kfac'", "K-FAC's curvature work reads the weights' gradient "
+                 "operands and steps the weights on the device: its factors and step over host-resident stages "
+                 "would lift it")
 _KFAC_PRECISION = ("K-FAC runs in float32 for now", "K-FAC finds its layers as the matmuls that read a weight, and "
                    "under mixed precision they read its low-precision cast: following the cast would lift it")
 _NO_JAX_PIPELINE = ("which only the torch backend emits", "the JAX backend emits no pipeline (K-FAC runs in a "
                     "pipeline's bubbles): a JAX pipeline runtime would lift it")
 REFUSED: dict[frozenset, tuple[str, str]] = {
-    frozenset({"pp", "offload"}): _NO_PIPELINE_OFFLOAD,
-    frozenset({"kfac", "offload"}): _NO_PIPELINE_OFFLOAD,
+    frozenset({"kfac", "offload"}): _KFAC_OFFLOAD,
     frozenset({"bf16", "kfac"}): _KFAC_PRECISION,
     frozenset({"fp16", "kfac"}): _KFAC_PRECISION,
     frozenset({"compile", "kfac"}): (
@@ -449,7 +449,8 @@ def missing_features(recipe: frozenset, plan: autopar.Plan) -> tuple[str, ...]:
 
     marks = {"pp": plan.pipeline is not None, "kfac": plan.pipeline is not None and plan.pipeline.fill is not None,
              "tp": sharded_over("tp") > 0, "sp": sharded_over("tp") > 0, "zero3": sharded_over("dp") > 0,
-             "dp": "dp" in axes, "recompute": bool(plan.recompute), "offload": plan.offload is not None,
+             "dp": "dp" in axes, "recompute": bool(plan.recompute), "offload": plan.offload is not None
+             or plan.pipeline is not None and plan.pipeline.offload is not None,
              "bf16": plan.graph.autocast == "bfloat16", "fp16": plan.graph.autocast == "float16"}
     return tuple(sorted(f for f in recipe if not marks.get(f, True)))
 

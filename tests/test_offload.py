@@ -15,7 +15,7 @@ import autopar
 from autopar.runtime.local_cluster import get_cluster
 from autopar.solvers.chunks import FETCH, fewest_fetches_brute_force, furthest_in_future, pack, stalls
 from examples import gpt2
-from tests import workers
+from tests import tiers, workers
 
 
 def _resident_after_moves(schedule, needs):
@@ -167,8 +167,8 @@ def test_offload_options_and_targets_are_checked(tiny):
     model, inputs, _ = tiny
     with pytest.raises(autopar.AutoparError, match="offload='yes'"):
         autopar.plan(model, inputs, mesh="dp=2", offload="yes")
-    with pytest.raises(autopar.AutoparError, match="offload=True on a mesh with 'pp'"):
-        autopar.plan(model, inputs, mesh="pp=2", offload=True)
+    with pytest.raises(autopar.AutoparError, match="offload=True with optimizer='kfac'"):
+        autopar.plan(model, inputs, mesh="pp=2", offload=True, optimizer="kfac")
     forced = autopar.plan(model, inputs, mesh="dp=2", hardware="a100-sxm-80g", offload=True)
     assert len(forced.offload.params) == len(forced.graph.params)  # True: every parameter
     assert "offload=True" in forced.offload.reason
@@ -192,3 +192,66 @@ def test_parameters_replaced_after_offloading_are_refused(tiny):
     errors = get_cluster(2).run(workers.offloaded_after_assigning_a_state_dict, buffer.getvalue(), inputs,
                                 plan.to_json())
     assert all(e is not None and "no longer the block autopar keeps in host memory" in e for e in errors)
+
+
+# ---- pipelines: whole stages' state in host memory (autopar.ir.pipeline.StageOffload) ----------
+
+PIPELINE = gpt2.GPT2Config(vocab=96, seq=16, layers=2, heads=2, width=48, batch=8)
+
+
+def test_a_pipeline_offloads_its_stages_when_asked_or_when_nothing_else_fits():
+    """offload=True keeps every stage's state in host memory, prices each action's copies and
+    the host's optimizer step, and predicts a lower device peak; 'auto' offloads only under a
+    budget that no schedule meets with the state on the device, which offload=False refuses."""
+    model, inputs = gpt2.make(PIPELINE)
+    options = dict(mesh="pp=2,dp=2", hardware=workers.FAST, schedule="1F1B", microbatches=4, cache=False)
+    held = autopar.plan(model, inputs, offload=False, **options)
+    forced = autopar.plan(model, inputs, offload=True, **options)
+    assert held.pipeline.offload is None and forced.pipeline.offload.reason == "offload=True"
+    stages, offload, m = forced.pipeline.stages, forced.pipeline.offload, 4
+    for rank in range(2):
+        mine = [st for st in stages if st.rank == rank]
+        params = sum(st.parameter_bytes / 2 for st in mine)
+        assert offload.host_bytes[rank] == sum(st.parameter_bytes + st.optimizer_bytes for st in mine)
+        assert offload.up_bytes[rank] == 3 * m * params + params  # F, I, W; the gradient sum for the syncs
+        assert offload.down_bytes[rank] == m * params
+        assert offload.optimizer_s[rank] > 0
+    assert max(forced.pipeline.rank_peak_bytes) < max(held.pipeline.rank_peak_bytes)
+    assert forced.predicted.memory_bytes["optimizer_state"] == 0
+    assert forced.predicted.step_time_s > held.predicted.step_time_s  # the copies and the host's step
+    assert autopar.Plan.from_json(forced.to_json()) == forced and forced.hash != held.hash
+    assert all("host memory" in text for text in (forced.summary(), forced.explain("pp"), forced.explain("offload")))
+
+    budget = (max(forced.pipeline.rank_peak_bytes) + max(held.pipeline.rank_peak_bytes)) / 2
+    with pytest.raises(autopar.AutoparError, match="no pipeline schedule fits"):
+        autopar.plan(model, inputs, offload=False, memory_budget=budget, recompute="none", **options)
+    auto = autopar.plan(model, inputs, memory_budget=budget, recompute="none", **options)
+    assert auto.pipeline.offload is not None and "no schedule fits" in auto.pipeline.offload.reason
+    assert autopar.plan(model, inputs, **options).pipeline.offload is None  # the default budget fits
+
+
+@pytest.mark.parametrize("schedule", tiers.sampled(["InterleavedZeroBubble", "1F1B"],
+                                                   inner_loop=["InterleavedZeroBubble"]))
+def test_an_offloaded_pipeline_trains_as_eager_adamw_and_moves_the_bytes_it_predicts(schedule):
+    """pp=2 x dp=2 with every stage's state in host memory: 3 AdamW steps (the optimizer built
+    before the first call) equal eager's, and each rank's stages move up and down exactly the
+    bytes the plan predicts, holding one stage's parameters and gradients at a time."""
+    model, inputs = gpt2.make(PIPELINE)
+    plan = autopar.plan(model, inputs, mesh="pp=2,dp=2", hardware=workers.FAST, schedule=schedule, microbatches=4,
+                        offload=True, cache=False)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    ranks = get_cluster(4).run(workers.train_offloaded_pipeline, buffer.getvalue(), inputs, plan.to_json(), 3, ADAMW)
+    losses, params = _eager_adamw(model, inputs, 3)
+    offload, seen = plan.pipeline.offload, set()
+    for rank, got in enumerate(ranks):
+        assert got["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+        for name, value in got["params"].items():
+            if name in params:  # a tied weight's copy on a later stage is named as its reader names it
+                torch.testing.assert_close(value, params[name].detach(), rtol=1e-4, atol=1e-5, msg=name)
+                seen.add(name)
+        pp_rank = plan.device_mesh.coords(rank)[0]
+        mine = [st for st in plan.pipeline.stages if st.rank == pp_rank]
+        assert got["moved"] == {"up": offload.up_bytes[pp_rank], "down": offload.down_bytes[pp_rank],
+                                "peak": max(st.parameter_bytes for st in mine)}
+    assert seen == set(params)

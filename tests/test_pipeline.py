@@ -217,7 +217,8 @@ def test_a_budget_only_the_micro_batches_in_flight_exceed_is_met_by_recomputing(
     """Below a 1F1B pipeline's peak by half its activations, with the state as it was (no ZeRO on
     one dp rank): the first stage's micro-batches in flight fit only by recomputing, which the
     micro-batch's program chooses when fitted with them; every rank's peak, the in-flight
-    activations included, is under the budget. With recompute="none" it is refused."""
+    activations included, is under the budget. With recompute="none" the stages' state goes to
+    host memory (offload's last lever), and with offload=False as well it is refused."""
     model, inputs, _ = demo_pipeline
     options = dict(mesh="pp=2", schedule="1F1B", microbatches=4, cache=False)
     free = autopar.plan(model, inputs, recompute="none", **options)
@@ -227,8 +228,11 @@ def test_a_budget_only_the_micro_batches_in_flight_exceed_is_met_by_recomputing(
     assert plan.recompute and not free.recompute
     assert max(plan.pipeline.rank_peak_bytes) <= budget < max(free.pipeline.rank_peak_bytes)
     assert "micro-batches' saved activations in flight" in plan.history[0].note
+    assert plan.pipeline.offload is None
+    offloaded = autopar.plan(model, inputs, memory_budget=budget, recompute="none", **options)
+    assert offloaded.pipeline.offload is not None and not offloaded.recompute
     with pytest.raises(AutoparError, match="no balanced partition fits the memory budget"):
-        autopar.plan(model, inputs, memory_budget=budget, recompute="none", **options)
+        autopar.plan(model, inputs, memory_budget=budget, recompute="none", offload=False, **options)
 
 
 def test_pipeline_options_are_refused_where_they_cannot_apply(demo_pipeline):

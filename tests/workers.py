@@ -423,6 +423,35 @@ def train_offloaded(rank, world_size, model_bytes, inputs, plan_json, steps, set
     return {"losses": losses, "params": params, "memory": memory}
 
 
+def train_offloaded_pipeline(rank, world_size, model_bytes, inputs, plan_json, steps, settings):
+    """``steps`` AdamW steps of a pipelined plan whose stages keep their state in host memory,
+    through autoparallelize, the optimizer built before the first call: the losses, this rank's
+    parameters whole, and the bytes its stages
+    moved up and down in the last step and the most they held on the device at once."""
+    import io
+
+    from autopar.parallelize import parallel_module
+
+    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+    plan = autopar.Plan.from_json(plan_json)
+    wrapped = autopar.autoparallelize(model, mesh=plan.device_mesh, plan=plan, example_inputs=inputs)
+    opt = torch.optim.AdamW(model.parameters(), **settings)
+    losses = []
+    for _ in range(steps):
+        host = getattr(parallel_module(wrapped), "host", None)
+        if host is not None:
+            host.reset_counters()
+        loss = wrapped(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    host = parallel_module(wrapped).host
+    params = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+    return {"losses": losses, "params": params,
+            "moved": {"up": host.up_bytes, "down": host.down_bytes, "peak": host.peak_bytes}}
+
+
 def offloaded_after_assigning_a_state_dict(rank, world_size, model_bytes, inputs, plan_json):
     """An offloading model given new parameter tensors by load_state_dict(assign=True): the
     AutoparError's text of the next call (None if it ran)."""

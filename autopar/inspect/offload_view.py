@@ -4,6 +4,7 @@ statements during which it is on the device."""
 from __future__ import annotations
 
 from autopar.errors import AutoparError
+from autopar.inspect.pipeline_view import stage_offload_lines
 from autopar.units import human_bytes, human_seconds
 
 _MAX_CHUNKS = 24
@@ -35,6 +36,9 @@ def optimizer_text(choice) -> str:
 def explain_offload(plan, target: str) -> str:
     """``target``: "offload" (every chunk) or "chunk N"."""
     o = plan.offload
+    if o is None and plan.pipeline is not None and plan.pipeline.offload is not None and target == "offload":
+        return "\n".join([f"offload in plan {plan.hash}: whole pipeline stages"]
+                         + stage_offload_lines(plan.pipeline.offload))
     if o is None:
         raise AutoparError(f"plan {plan.hash} offloads nothing: its parameters and optimizer state fit the device "
                            f"(offload='auto' offloads only where the memory budget needs it)")

@@ -32,7 +32,22 @@ def pipeline_lines(plan) -> list[str]:
     out.append("  (F, B: one micro-batch on one device of the stage; memory: parameters, gradients, optimizer "
                "state and the activations in flight)")
     out.append("  peak per pp rank: " + ", ".join(human_bytes(b) for b in pl.rank_peak_bytes))
-    return out + fill_lines(pl.fill)
+    return out + stage_offload_lines(pl.offload) + fill_lines(pl.fill)
+
+
+def stage_offload_lines(offload) -> list[str]:
+    """Where the stages keep their state in host memory: what each pp rank keeps and moves."""
+    if offload is None:
+        return []
+    out = [f"  the stages' parameters, gradients and optimizer state in host memory ({offload.reason}): each "
+           f"action brings its stage's parameters up, each W moves its gradients down, the host's optimizer steps "
+           f"them (the memory column above is in host memory then; a rank's device holds one stage's parameters "
+           f"and gradients at a time)"]
+    for rank, host in enumerate(offload.host_bytes):
+        out.append(f"    pp rank {rank}: {human_bytes(host)} in host memory; per step "
+                   f"{human_bytes(offload.up_bytes[rank])} up, {human_bytes(offload.down_bytes[rank])} down, "
+                   f"host optimizer {human_seconds(offload.optimizer_s[rank])}")
+    return out
 
 
 def fill_lines(fill) -> list[str]:
@@ -82,7 +97,7 @@ def explain_pipeline(plan) -> str:
     out.append("  partition: " + "; ".join(f"stage {st.index} (rank {st.rank}): {', '.join(st.units)}"
                                          for st in pl.stages))
     out.append(_why(pl, priced))
-    out += fill_lines(pl.fill)
+    out += stage_offload_lines(pl.offload) + fill_lines(pl.fill)
     return "\n".join(out)
 
 

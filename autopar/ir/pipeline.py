@@ -55,6 +55,7 @@ class UnitCost:
     optimizer_bytes: float
     activation_bytes: float  # what one micro-batch keeps for backward
     send_bytes: float  # what crosses to the next unit, forward (and its gradient, backward)
+    parameter_elements: float = 0.0  # its parameters' elements, which an optimizer steps
 
     @property
     def static_bytes(self) -> float:
@@ -102,6 +103,25 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class StageOffload:
+    """A pipeline whose stages keep their parameters, gradients and optimizer state in host
+    memory, as FSDP2's CPUOffloadPolicy does per module: each action of a stage (F, I, W) brings
+    the stage's parameters to the device and drops them when it ends, each W moves its gradients
+    down (the last one brings the earlier micro-batches' sum up for the gradient syncs first),
+    and the optimizer steps the host copies. Bytes and seconds are per pp rank, per step."""
+    reason: str  # why the planner offloads (for explain)
+    host_bytes: tuple[float, ...]  # its stages' parameters, gradients and optimizer state
+    up_bytes: tuple[float, ...]  # host -> device: parameters for every action, gradient sums for the syncs
+    down_bytes: tuple[float, ...]  # device -> host: every W's gradients
+    optimizer_s: tuple[float, ...]  # the host's optimizer step over its stages' parameters
+
+    @staticmethod
+    def from_json(d: dict) -> StageOffload:
+        return StageOffload(d["reason"], *(tuple(d[k]) for k in ("host_bytes", "up_bytes", "down_bytes",
+                                                                  "optimizer_s")))
+
+
+@dataclass(frozen=True)
 class Pipeline:
     pp: int
     schedule: str
@@ -116,6 +136,7 @@ class Pipeline:
     # call node -> its unit's index in the chain (the stages' units, in order): where it runs
     node_units: dict = field(default_factory=dict)
     fill: BubbleFill | None = None  # the optimizer's deferred work placed in the bubbles (K-FAC)
+    offload: StageOffload | None = None  # the stages' state in host memory
 
     def node_stages(self) -> dict[str, int]:
         """Call node -> the index of the stage that runs it."""
@@ -135,6 +156,7 @@ class Pipeline:
         d["timeline"] = tuple(Block(**{**b, "action": Action.parse(b["action"])}) for b in d["timeline"])
         d["candidates"] = tuple(Candidate(**c) for c in d.get("candidates", ()))
         d["fill"] = BubbleFill.from_json(d["fill"]) if d.get("fill") else None
+        d["offload"] = StageOffload.from_json(d["offload"]) if d.get("offload") else None
         return Pipeline(**d)
 
     def decisions(self) -> dict:
@@ -142,4 +164,5 @@ class Pipeline:
         return {"pp": self.pp, "schedule": self.schedule, "microbatches": self.microbatches, "virtual": self.virtual,
                 "stages": [list(s.units) for s in self.stages],
                 "fill": None if self.fill is None else {"refresh": self.fill.refresh, "work": [
-                    (w.name, w.phase, w.after) for w in self.fill.work]}}
+                    (w.name, w.phase, w.after) for w in self.fill.work]},
+                **({"offload": True} if self.offload is not None else {})}

@@ -222,7 +222,9 @@ def _pipeline():
         "virtual": integer(1, 64), "stages": list_of(stage, 1), "step_time_s": seconds,
         "bubble_fraction": number(0.0, 1.0), "rank_peak_bytes": list_of(size),
         "timeline": list_of(record({"rank": integer(), "action": action, "start_s": seconds, "end_s": seconds})),
-    }, {"candidates": list_of(candidate), "node_units": mapping(identifier, integer()), "fill": nullable(fill)})
+    }, {"candidates": list_of(candidate), "node_units": mapping(identifier, integer()), "fill": nullable(fill),
+        "offload": nullable(record({"reason": label, "host_bytes": list_of(size), "up_bytes": list_of(size),
+                                    "down_bytes": list_of(size), "optimizer_s": list_of(seconds)}))})
 
 
 def _after(value, path: str) -> None:

@@ -170,10 +170,10 @@ def _price(program: Program, ctx: PassContext, unit_of: dict[str, int], names: l
             bwd_i[u] += r.seconds
         else:
             bwd_w[u] += r.seconds
-    params, optim = _parameter_bytes(program, choice, mesh, unit_of, n, ctx.request.optimizer, forward)
+    params, optim, elements = _parameter_bytes(program, choice, mesh, unit_of, n, ctx.request.optimizer, forward)
     saved, sent = _activation_bytes(program, meta, choice, mesh, unit_of, forward, recomputed, n)
-    return [UnitCost(names[u], fwd[u], bwd_i[u], bwd_w[u], sync[u], params[u], optim[u], saved[u], sent[u])
-            for u in range(n)]
+    return [UnitCost(names[u], fwd[u], bwd_i[u], bwd_w[u], sync[u], params[u], optim[u], saved[u], sent[u],
+                     elements[u]) for u in range(n)]
 
 
 def _input_gradient_work(program: Program, unit_of: dict, forward: set) -> set[str]:
@@ -203,11 +203,11 @@ def _local_bytes(meta, spec, mesh) -> float:
     return math.prod(spec.local_shape(meta.shape, mesh)) * meta.itemsize
 
 
-def _parameter_bytes(program, choice, mesh, unit_of, n, optimizer, forward) -> tuple[list, list]:
+def _parameter_bytes(program, choice, mesh, unit_of, n, optimizer, forward) -> tuple[list, list, list]:
     """Per unit, the bytes of its parameters (and as many of their gradients) and of their
-    optimizer state on one device. A parameter read in several units (tied embeddings) is held
-    by each: every stage that reads it keeps a copy."""
-    params, optim = [0.0] * n, [0.0] * n
+    optimizer state on one device, and their elements there. A parameter read in several units
+    (tied embeddings) is held by each: every stage that reads it keeps a copy."""
+    params, optim, elements = [0.0] * n, [0.0] * n, [0.0] * n
     for ph in program.params:
         meta = program.table("meta")[ph][0]
         local = _local_bytes(meta, choice[ph].out_specs[0], mesh)
@@ -216,7 +216,8 @@ def _parameter_bytes(program, choice, mesh, unit_of, n, optimizer, forward) -> t
         for u in readers:
             params[u] += 2 * local  # the parameter and its gradient
             optim[u] += local / meta.itemsize * optimizer_bytes_per_element(optimizer, meta.itemsize)
-    return params, optim
+            elements[u] += local / meta.itemsize
+    return params, optim, elements
 
 
 def _activation_bytes(program, meta, choice, mesh, unit_of, forward, recomputed, n) -> tuple[list, list]:

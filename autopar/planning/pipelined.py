@@ -39,6 +39,7 @@ from autopar.passes.pipeline_units import PipelineUnitsPass, StageValuesPass
 from autopar.passes.predict import exposed
 from autopar.planning.bubbles import FactorsDoNotFit, with_fill
 from autopar.planning.meshes import split_mesh
+from autopar.planning.stage_offload import device_bytes, once_a_step_s, stage_offload, unit_moves_s, with_moves
 from autopar.planning.state import planning_state, remember
 from autopar.solvers.stage_partition import Chain, even_partition, fits, partition
 from autopar.units import human_seconds
@@ -71,7 +72,8 @@ def _pipelined(planner, request: PlanRequest) -> tuple[Plan, Plan]:
     mesh = request.meshes[0]
     pp, stage_mesh = split_mesh(mesh)
     batch = _batch_size(flatten_call(program_inputs(planner.example_inputs), planner.example_kwargs))
-    # a pipeline's stages hold their state on the device: offloading a stage is not planned yet
+    # the micro-batch's program keeps its parameters on the device: a pipeline offloads whole
+    # stages (autopar.planning.stage_offload), decided with the schedule
     inner = dataclasses.replace(request.on(stage_mesh), memory_budget_bytes=request.memory_budget_bytes * pp,
                                 schedule=None, microbatches=None, offload=False)
     send = _send_seconds(mesh, request.hardware)
@@ -90,11 +92,12 @@ def _pipelined(planner, request: PlanRequest) -> tuple[Plan, Plan]:
     best = candidates[0]
     pipeline, micro, note = built[best.schedule, best.microbatches, best.virtual]
     pipeline = dataclasses.replace(pipeline, candidates=tuple(candidates), node_units=micro.node_units)
+    offloaded = f"; the stages' state in host memory: {pipeline.offload.reason}" if pipeline.offload else ""
     record = PassRecord("pipeline", time.perf_counter() - start,
                         f"{best.schedule} with {best.microbatches} micro-batches on {pp} stages"
                         f"{f' x {best.virtual} virtual' if best.virtual > 1 else ''}: step "
                         f"{human_seconds(best.step_time_s)}, bubble {best.bubble_fraction:.1%} "
-                        f"({len(candidates)} candidates){note}")
+                        f"({len(candidates)} candidates){note}{offloaded}")
     result = dataclasses.replace(micro.plan, pipeline=pipeline, predicted=_predicted(micro.plan.predicted, pipeline),
                                  history=(record,) + micro.plan.history)
     return result, micro.plan
@@ -117,8 +120,9 @@ def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, 
     fitted with pp (then 2 pp) micro-batches' saved values held through its backward, the
     micro-batch's budget search recomputes (or shards) to meet that, as it would any budget;
     recomputation is so chosen for the whole micro-batch's program, not per stage."""
+    host = request.offload is True
     micro = _plan_microbatch(planner, micro_request, batch, m)
-    priced = _priced(micro, pp, m, send, request)
+    priced = _priced(micro, pp, m, send, request, host)
     for attempt in range(1, _IN_FLIGHT_ATTEMPTS):
         if request.recompute == "none" or any(p is not None for _, p, _ in priced) \
                 or not all(over for _, _, over in priced):
@@ -130,18 +134,22 @@ def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, 
             if planner.progress:
                 planner.progress(f"pipeline: with {held.activations_in_flight} micro-batches in flight, {why}")
             break
-        priced = _priced(micro, pp, m, send, request)
+        priced = _priced(micro, pp, m, send, request, host)
         micro_request = held
     note = _IN_FLIGHT.format(micro_request.activations_in_flight) if micro_request.activations_in_flight > 1 else ""
+    if request.offload == "auto" and request.optimizer != "kfac" and all(p is None for _, p, _ in priced):
+        # offload is the last lever: only where no schedule fits with the stages' state on the device
+        priced = _priced(micro, pp, m, send, request, host=True)
     return [(c, p) for c, p, _ in priced], micro, note
 
 
-def _priced(micro: _Microbatch, pp: int, m: int, send, request: PlanRequest) -> list[tuple]:
-    """Each schedule's (candidate, its pipeline or None, whether it was ruled out for memory)."""
+def _priced(micro: _Microbatch, pp: int, m: int, send, request: PlanRequest, host: bool) -> list[tuple]:
+    """Each schedule's (candidate, its pipeline or None, whether it was ruled out for memory);
+    ``host``: with the stages' state in host memory."""
     out = []
     for schedule, virtual in _schedules(request, pp):
         try:
-            pipeline = _price(micro.units, pp, m, schedule, virtual, send, request)
+            pipeline = _price(micro.units, pp, m, schedule, virtual, send, request, host)
         except _RuledOut as why:
             out.append((Candidate(schedule, m, virtual, math.inf, 0.0, str(why)), None, why.over_memory))
             continue
@@ -228,8 +236,10 @@ class _RuledOut(Exception):
         self.over_memory = over_memory
 
 
-def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, send, request) -> Pipeline:
-    """The partition, simulated timeline and memory of one (schedule, m, virtual) candidate."""
+def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, send, request,
+           host: bool = False) -> Pipeline:
+    """The partition, simulated timeline and memory of one (schedule, m, virtual) candidate;
+    ``host``: with the stages' state in host memory (autopar.planning.stage_offload)."""
     n = pp * virtual
     if n > len(units):
         raise _RuledOut(f"{n} stages but only {len(units)} units (layers and the parts around them)")
@@ -239,8 +249,10 @@ def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, 
         raise _RuledOut(str(exc)) from exc
     ranks = stage_ranks(schedule, pp, virtual)
     held = {s: c for acts in actions.values() for s, c in in_flight(acts).items()}
-    chain = Chain([u.forward_s + u.backward_input_s + u.backward_weight_s for u in units],
-                  [u.static_bytes for u in units], [u.activation_bytes for u in units],
+    link = request.hardware.host_link
+    chain = Chain([u.forward_s + u.backward_input_s + u.backward_weight_s + (unit_moves_s(u, link) if host else 0.0)
+                   for u in units],
+                  [u.parameter_bytes if host else u.static_bytes for u in units], [u.activation_bytes for u in units],
                   [send(u.send_bytes) for u in units[:-1]])
     budget = request.memory_budget_bytes
     # a rank holding v stages gives each a share of its budget (the exact sum is checked below)
@@ -251,22 +263,36 @@ def _price(units: list[UnitCost], pp: int, m: int, schedule: str, virtual: int, 
         ranges = _partition(chain, n, m, in_flights, budgets, request.partition)
     stages = tuple(_stage(s, ranks[s], units[i:j], send(units[j - 1].send_bytes) if j < len(units) else 0.0,
                           held.get(s, 0)) for s, (i, j) in enumerate(ranges))
-    timeline = simulate(actions, [StageTimes(st.forward_s, st.backward_input_s, st.backward_weight_s, st.send_s)
-                                  for st in stages])
-    peaks = tuple(sum(st.parameter_bytes + st.optimizer_bytes for st in stages if st.rank == r)
+    times = [StageTimes(st.forward_s, st.backward_input_s, st.backward_weight_s, st.send_s) for st in stages]
+    if host:
+        times = [with_moves(t, st, link) for t, st in zip(times, stages)]
+    timeline = simulate(actions, times)
+    on_rank = [[st for st in stages if st.rank == r] for r in range(pp)]
+    peaks = tuple((device_bytes(mine) if host else sum(st.parameter_bytes + st.optimizer_bytes for st in mine))
                   + peak_activation_bytes(actions[r], {st.index: st.activation_bytes for st in stages})
-                  for r in range(pp))
+                  for r, mine in enumerate(on_rank))
+    where = " with the stages' state in host memory" if host else ""
     if max(peaks) > budget:
-        raise _RuledOut(f"pipeline rank {peaks.index(max(peaks))} would hold {max(peaks) / 2**30:.2f} GiB, over the "
-                        f"budget of {budget / 2**30:.2f} GiB", over_memory=True)
+        raise _RuledOut(f"pipeline rank {peaks.index(max(peaks))} would hold {max(peaks) / 2**30:.2f} GiB{where}, "
+                        f"over the budget of {budget / 2**30:.2f} GiB", over_memory=True)
+    offload = None
+    if host:
+        reason = "offload=True" if request.offload is True else "no schedule fits with the stages' state on the device"
+        offload = stage_offload(stages, [units[i:j] for i, j in ranges], pp, m, request.hardware, reason)
+        held, share = max(offload.host_bytes), request.hardware.host_memory_per_device
+        if held > share:
+            raise _RuledOut(f"pipeline rank {offload.host_bytes.index(held)} would keep {held / 2**30:.2f} GiB in "
+                            f"host memory, over the host's share of {share / 2**30:.2f} GiB per device",
+                            over_memory=True)
     overlap = request.hardware.gradient_overlap
     # gradients sync once a step, from the last micro-batch's backward on (as DDP's no_sync
     # accumulation does): only that backward can hide them
-    ends = [timeline.rank_end_s(r) + exposed(sum(st.sync_s for st in stages if st.rank == r),
-                                             sum(st.backward_s for st in stages if st.rank == r), overlap)
-            for r in range(pp)]
+    ends = [timeline.rank_end_s(r) + exposed(sum(st.sync_s for st in mine), sum(st.backward_s for st in mine), overlap)
+            + (once_a_step_s(offload, r, mine, m, link) if offload is not None else 0.0)
+            for r, mine in enumerate(on_rank)]
     blocks = tuple(Block(iv.rank, iv.action, iv.start_s, iv.end_s) for iv in timeline.intervals)
-    return Pipeline(pp, schedule, m, virtual, stages, max(ends), timeline.bubble_fraction, peaks, blocks)
+    return Pipeline(pp, schedule, m, virtual, stages, max(ends), timeline.bubble_fraction, peaks, blocks,
+                    offload=offload)
 
 
 def _partition(chain: Chain, n: int, m: int, in_flights: list, budgets: list, how: str) -> tuple:
@@ -313,7 +339,10 @@ def _predicted(micro: Predicted, pipeline: Pipeline) -> Predicted:
     compute, syncs = max(busy), pipeline.step_time_s - makespan
     rank = pipeline.rank_peak_bytes.index(max(pipeline.rank_peak_bytes))
     mine = [st for st in pipeline.stages if st.rank == rank]
-    params, optimizer = sum(st.parameter_bytes for st in mine), sum(st.optimizer_bytes for st in mine)
+    if pipeline.offload is None:
+        params, optimizer = sum(st.parameter_bytes for st in mine), sum(st.optimizer_bytes for st in mine)
+    else:  # one stage's parameters and gradients at a time; the optimizer's state on the host
+        params, optimizer = device_bytes(mine), 0.0
     memory = {c: 0.0 for c in micro.memory_bytes}
     memory.update(parameters=params / 2, gradients=params / 2, optimizer_state=optimizer,
                   activations=pipeline.rank_peak_bytes[rank] - params - optimizer)

@@ -40,7 +40,7 @@ def resolve(mesh, hardware: str | Hardware = DEFAULT_HARDWARE, **planning) -> Pl
         raise AutoparError(f"unknown solver {o.solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
     optimizer_bytes_per_element(o.optimizer, 4)  # an unknown optimizer fails here
     _check_kfac_options(meshes, o.optimizer, o.inv_every)
-    _check_offload(meshes, o.offload)
+    _check_offload(o.offload, o.optimizer)
     budget = parse_bytes(o.memory_budget)
     mixed = parse_precision(o.precision)
     if mixed is not None and o.optimizer == "kfac":
@@ -80,13 +80,15 @@ def _imbalance(value) -> float:
     return float(value)
 
 
-def _check_offload(meshes, offload) -> None:
+def _check_offload(offload, optimizer: str) -> None:
     if offload not in OFFLOAD_MODES or isinstance(offload, int) and not isinstance(offload, bool):
         raise AutoparError(f"offload={offload!r}: use 'auto' (offload when the memory budget needs it), True "
                            f"(always) or False (never)")
-    if offload is True and any(has_pipeline(m) for m in meshes):
-        raise AutoparError("offload=True on a mesh with 'pp': autopar does not offload a pipeline's stages yet; "
-                           "leave offload='auto' (pipelines then hold their state on the device) or plan without 'pp'")
+    if offload is True and optimizer == "kfac":
+        raise AutoparError("offload=True with optimizer='kfac': K-FAC's curvature work reads each weight's "
+                           "gradient operands and steps the weights on the device, and an offloaded pipeline "
+                           "keeps them in host memory; use offload=False (or 'auto', which keeps a K-FAC pipeline "
+                           "on the device), or a first-order optimizer")
 
 
 def _check_kfac_options(meshes, optimizer: str, inv_every) -> None:

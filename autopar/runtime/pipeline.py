@@ -48,6 +48,7 @@ from autopar.runtime.microbatch_dropout import MicrobatchMasks
 from autopar.runtime.microbatch_inputs import MicrobatchInputs, microbatch_inputs
 from autopar.runtime.program import batch_blocks, check_local_batches, global_call, load_program, program_identity
 from autopar.runtime.rank_mesh import RankMesh
+from autopar.runtime.stage_offload import HostStageState
 from autopar.runtime.stage_runner import StageRunner, kfac_work, torch_schedule
 from autopar.runtime.stage_state import hold_own_state, tied_copies, whole_stand_in
 from autopar.runtime.state import as_dtensor
@@ -94,7 +95,9 @@ class PipelinedModule(nn.Module):
         self.given = batch_blocks(plan.mesh) if local_inputs else None
         programs = stage_programs(plan)
         mine = _mine(plan, programs, rank_mesh)
-        self.params, self.buffers = hold_own_state(model, plan, programs, mine, rank_mesh, init)
+        # an offloaded pipeline's parameters live in host memory in every mode it is called in
+        self.host = HostStageState(rank_mesh.device) if plan.pipeline.offload is not None else None
+        self.params, self.buffers = hold_own_state(model, plan, programs, mine, rank_mesh, init, self.host)
         first = _PlanRun(self, plan, source, programs, mine)
         self.runs = {plan.graph.modes: first}  # the model's modes -> the plan this rank runs in them
         self.kfac = first.kfac
@@ -181,7 +184,7 @@ class _PlanRun:
         self.module, self.plan, self.rt = module, plan, module.rt
         code = load_program(source, f"autopar_pipeline_{plan.hash}")
         self.runners = [StageRunner(plan, p, code, self.rt, module.params, module.buffers, module.given,
-                                    module.compile) for p in mine]
+                                    module.compile, module.host) for p in mine]
         self.kfac = kfac_work(plan, self.rt, mine, module.params, self.runners)
         self.schedule = torch_schedule(plan, self.runners, self.rt)
         self.tied = tied_copies(plan, programs, mine)

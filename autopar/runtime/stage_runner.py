@@ -33,6 +33,7 @@ from autopar.runtime.kfac import KfacWork
 from autopar.runtime.microbatch_dropout import MicrobatchMasks
 from autopar.runtime.microbatch_inputs import MicrobatchInputs
 from autopar.runtime.rank_mesh import RankMesh, local_shard
+from autopar.runtime.stage_offload import HostStageState, detach_views, reattach
 from autopar.runtime.state import as_gradient, local
 from autopar.runtime.traced_collectives import TracedCollectives
 
@@ -44,11 +45,12 @@ class StageRunner:
     """One stage's programs on this rank, called by its autograd Function."""
 
     def __init__(self, plan: Plan, program: StageProgram, module, rt: RankMesh, params: dict, buffers: dict,
-                 given: Spec | None = None, compiled: bool = False):
+                 given: Spec | None = None, compiled: bool = False, host: HostStageState | None = None):
         """``given``: the layout the call's tensors are in, where each rank passes its block
         (inputs="local"); None: they are whole. ``compiled``: the stage's programs run through
         torch.compile, as the flat runtime's do (autopar.runtime.program.RankProgram), their
-        collectives functional ones inside the graphs."""
+        collectives functional ones inside the graphs. ``host``: the parameters live in host
+        memory, and each action brings them up (autopar.runtime.stage_offload)."""
         self.plan, self.program, self.given = plan, program, given
         self.rt = TracedCollectives(rt) if compiled else rt  # what the programs call
         self.rank_mesh = rt
@@ -60,6 +62,9 @@ class StageRunner:
         graph = plan.graph
         self.params = {fqn: params[fqn] for ph, fqn in graph.params.items() if ph in program.placeholders}
         self._placeholder_sources = [(ph, graph.params.get(ph), graph.buffers.get(ph)) for ph in program.placeholders]
+        self.host = host
+        self._kept_params = [graph.params.get(ph) is not None for ph in program.placeholders
+                             if ph not in program.inputs]  # which of forward's kept arguments are parameters
         self._buffers = buffers
         self._input_index = {ph: i for i, ph in enumerate(graph.inputs)}
         self.inputs: MicrobatchInputs | None = None  # this step's call (stage 0 reads it)
@@ -111,14 +116,18 @@ class StageRunner:
         first = self.program.index == 0
         start = time.perf_counter()
         args = self.placeholders(self.inputs.microbatch(int(received[0])) if first else [])
+        is_param = [param is not None for _, param, _ in self._placeholder_sources]
+        on_device, copies = self._up(args, is_param)
         self.rank_mesh.given_masks = iter(self.masks.for_microbatch(self.program.index, self.counts["F"]))
         try:
-            loss, sends, saved, values = self.forward_fn(self.rt, *args, *(() if first else received))
+            loss, sends, saved, values = self.forward_fn(self.rt, *on_device, *(() if first else received))
         finally:
             self.rank_mesh.given_masks = None
+        saved = self._release(copies, saved)
         if values:
             self.values.append([v.detach() for v in values])
         self.busy_s += time.perf_counter() - start
+        # the parameters' host blocks where they live there: the backward actions bring them up again
         kept = [a for a, ph in zip(args, self.program.placeholders) if ph not in self.program.inputs]
         self.normalizer_values += [saved[i].detach() for i in self._normalizers]
         self._done("F")
@@ -136,7 +145,9 @@ class StageRunner:
         else:
             grads_in, grad_loss = [g for g, slot in zip(grads, self.program.sends) if slot.differentiable], None
         start = time.perf_counter()
-        sent_back, for_weights = self.input_fn(self.rt, *kept, saved, grads_in, grad_loss)
+        on_device, copies = self._up(kept, self._kept_params)
+        sent_back, for_weights = self.input_fn(self.rt, *on_device, reattach(saved, copies), grads_in, grad_loss)
+        for_weights = self._release(copies, for_weights)
         self.busy_s += time.perf_counter() - start
         self.pending.append((kept, for_weights, grad_loss))
         self._done("I")
@@ -158,8 +169,18 @@ class StageRunner:
                 self.weights = 0
             microbatch = self.counts["W"]
             curvature = self.kfac.wants_operands(self.program.index, microbatch) if self.kfac else None
+            on_device, copies = self._up(kept, self._kept_params)
+            unsynced = self.unsynced
+            if self.host is not None and sync and unsynced:  # the earlier micro-batches' sum, for the syncs
+                sums = self.host.up(list(unsynced.values()))
+                copies, unsynced = copies + sums, dict(zip(unsynced, sums))
+                self.unsynced.clear()  # the program takes each sum from the device's dict
             with torch.no_grad():
-                gradients = self.weight_fn(self.rt, *kept, for_weights, grad_loss, sync, self.unsynced, curvature)
+                gradients = self.weight_fn(self.rt, *on_device, reattach(for_weights, copies), grad_loss, sync,
+                                           unsynced, curvature)
+            if self.host is not None:
+                self.host.release(copies)
+                gradients = self.host.down(gradients)
             if sync:
                 self.staged.update(gradients)
             else:
@@ -168,6 +189,22 @@ class StageRunner:
             self.busy_s += time.perf_counter() - start
             self._done("W")
         return run
+
+    def _up(self, args: list, is_param: list[bool]) -> tuple[list, list]:
+        """(``args`` with each parameter's host block replaced by its device copy, the copies);
+        ``args`` as they are where the parameters live on the device."""
+        if self.host is None:
+            return args, []
+        copies = iter(self.host.up([a for a, p in zip(args, is_param) if p]))
+        on_device = [next(copies) if p else a for a, p in zip(args, is_param)]
+        return on_device, [a for a, p in zip(on_device, is_param) if p]
+
+    def _release(self, copies: list, kept: list) -> list:
+        """The action that read ``copies`` ended: what it keeps for a later one, without a hold on them."""
+        if self.host is None:
+            return kept
+        self.host.release(copies)
+        return detach_views(kept, copies)
 
     def hand_gradients(self, staged: dict, grad_loss: torch.Tensor) -> None:
         """Each of its parameters' staged gradient, times ``grad_loss``, added to ``.grad``."""

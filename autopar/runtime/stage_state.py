@@ -22,10 +22,12 @@ from autopar.ir.plan import Plan
 from autopar.lowering.stages import StageProgram
 from autopar.runtime.rank_mesh import RankMesh
 from autopar.runtime.replaced import adopt_replacements, remember_replaced
+from autopar.runtime.stage_offload import HostStageState
 
 
 def hold_own_state(model: nn.Module, plan: Plan, programs: list[StageProgram], mine: list[StageProgram],
-                   rt: RankMesh, init: Callable[[nn.Module], None] | None) -> tuple[dict, dict]:
+                   rt: RankMesh, init: Callable[[nn.Module], None] | None,
+                   host: HostStageState | None = None) -> tuple[dict, dict]:
     """This rank's stages' parameters and buffers as DTensors of its blocks; every other
     parameter and buffer is dropped (None, as a Linear without bias holds), so the model's
     parameters, state dict and checkpoint on this rank are its stages' own, as a torchtitan
@@ -33,21 +35,25 @@ def hold_own_state(model: nn.Module, plan: Plan, programs: list[StageProgram], m
     blocks from its own copy (which must be alike: checked); where any holds it on the meta
     device, rank 0 sends each rank its blocks, of its own values or of ``init`` run on one
     module at a time (autopar.runtime.state.distribute), so they equal a single-process
-    initialization from rank 0's random state. (name -> parameter, name -> buffer) of the ones
-    it holds."""
+    initialization from rank 0's random state. ``host``: the parameters' blocks live in host
+    memory (an offloaded pipeline's). (name -> parameter, name -> buffer) of the ones it holds."""
     from autopar.runtime.state import distribute
 
     graph = plan.graph
     held = {ph for p in mine for ph in p.placeholders}
     params = {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items() if ph in held}
     buffers = {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items() if ph in held}
+    in_host = None
+    if host is not None:
+        dtypes = {fqn: getattr(torch, graph.node(ph).outputs[0].dtype) for ph, fqn in graph.params.items()}
+        in_host = lambda fqn, shape: host.host_block(shape, dtypes[fqn]) if fqn in dtypes else None  # noqa: E731
     if _any_rank_on_meta(model, rt.device):
         distribute(model, {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items()},
                    {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}, plan.mesh, rt, init=init,
-                   holders=_holders(plan, programs, rt))
+                   holders=_holders(plan, programs, rt), host=in_host)
     else:
         _check_models_agree(model, rt.device)
-        distribute(model, params, buffers, plan.mesh, rt, own_copy=True)
+        distribute(model, params, buffers, plan.mesh, rt, own_copy=True, host=in_host)
     # every name of a tied weight (a copy per stage that reads it) that this rank does not hold
     for fqn, p in list(model.named_parameters(remove_duplicate=False)):
         if fqn not in params:
@@ -120,10 +126,12 @@ class TiedCopies:
         mine = [staged.pop(name) for name in self.held if name in staged]
         total = sum(mine[1:], mine[0]) if mine else torch.zeros(self.shape, dtype=getattr(torch, self.dtype),
                                                                  device=rt.device)
-        # ranks that hold no copy add zeros: the pipeline group is every rank's, so no group per tie
-        dist.all_reduce(total, group=rt.pipeline_group)
+        # ranks that hold no copy add zeros: the pipeline group is every rank's, so no group per tie;
+        # reduced on the device, where an offloaded pipeline's gradients are in host memory
+        summed = total.to(rt.device)
+        dist.all_reduce(summed, group=rt.pipeline_group)
         if self.held:
-            staged[self.held[0]] = total
+            staged[self.held[0]] = summed.to(total.device)
 
 
 def tied_copies(plan: Plan, programs: list[StageProgram], mine: list[StageProgram]) -> list[TiedCopies]:

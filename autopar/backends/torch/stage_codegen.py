@@ -49,7 +49,10 @@ def emit_torch_pipeline(plan) -> str:
         "# backward_input_<k>(rt, placeholders..., saved, grads_in, grad_loss) -> ([sent back...], [kept...])",
         "# backward_weight_<k>(rt, placeholders..., kept, grad_loss, sync, unsynced, curvature) -> "
         "{parameter name: gradient}",
-    ] + module_preamble(plan)
+    ] + ([f"# the stages' parameters, gradients and optimizer state live in host memory "
+          f"({one_line(pipeline.offload.reason)}): the runner passes each program its stage's parameters "
+          f"brought up for that call and moves the gradients down (autopar.runtime.stage_offload)"]
+         if pipeline.offload is not None else []) + module_preamble(plan)
     printer = StatementPrinter(named)
     captured = _captured_weights(named)
     for stage in stage_programs(named):
