@@ -5,6 +5,7 @@ from autopar.inspect.explain import explain
 from autopar.inspect.offload_view import explain_offload
 from autopar.inspect.pipeline_view import explain_pipeline
 from autopar.inspect.summary import summarize
+from autopar.inspect.trace import write_trace
 from autopar.ir.plan import register_view
 from autopar.planning.state import planning_state
 
@@ -20,3 +21,4 @@ def _explain(plan, target, model=None, example_inputs=None, hardware=None):
 
 register_view("summary", summarize)
 register_view("explain", _explain)
+register_view("trace", write_trace)

@@ -9,6 +9,7 @@ the script adds the memory chart's read-out, a filter and expand/collapse button
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 from dataclasses import dataclass
@@ -17,9 +18,11 @@ from importlib import resources
 
 from autopar.backends.printer import shape_text
 from autopar.cost_models.hardware import PRESETS
+from autopar.errors import AutoparError
 from autopar.inspect.plan_layers import TOP_LEVEL, node_modules
 from autopar.inspect.report_offload import offload_section
 from autopar.inspect.report_pipeline import pipeline_chart
+from autopar.inspect.trace import predicted_trace
 from autopar.ir.placement import Partial, Shard, Spec
 from autopar.ops.moe import KERNEL_OPS, MOE_FORWARD, expert_axis, layout_text
 from autopar.units import human_bytes, human_seconds
@@ -57,8 +60,20 @@ def _header(plan) -> str:
     cards = "".join(f'<div class="card"><div class="k">{escape(k)}</div><div class="v">{escape(v)}</div>'
                     f'<div class="n">{escape(n)}</div></div>' for k, v, n in facts)
     return (f'<header><h1>autopar plan <code>{escape(plan.hash)}</code></h1><p class="sub">graph '
-            f'{escape(plan.fingerprint)}: {n_calls} ops; {_recompute_note(plan)}</p>'
+            f'{escape(plan.fingerprint)}: {n_calls} ops; {_recompute_note(plan)}; {_trace_link(plan)}</p>'
             f'<div class="cards">{cards}</div></header>')
+
+
+def _trace_link(plan) -> str:
+    """A download of the predicted step as a Chrome trace (autopar.inspect.trace), for Perfetto."""
+    try:
+        trace = json.dumps(predicted_trace(plan))
+    except AutoparError as exc:
+        return f"no predicted trace: {escape(str(exc))}"
+    data = base64.b64encode(trace.encode()).decode()
+    return (f'<a class="trace" download="autopar-{escape(plan.hash)}-predicted-trace.json" '
+            f'href="data:application/json;base64,{data}">the predicted step as a Chrome trace</a> '
+            f'(open it in ui.perfetto.dev)')
 
 
 def _device_memory_note(plan) -> str:

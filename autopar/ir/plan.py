@@ -156,6 +156,12 @@ class Plan:
     def summary(self) -> str:
         return _registered(_VIEWS, "summary", "view")(self)
 
+    def trace(self, path, hardware=None) -> str:
+        """Write the predicted step to ``path`` as a Chrome trace (open it in ui.perfetto.dev or
+        chrome://tracing): per rank, the ops, collectives and their overlap, pipeline actions and
+        offload's host copies, each as long as the planner priced it. Returns the path."""
+        return _registered(_VIEWS, "trace", "view")(self, path, hardware)
+
     # ---- JSON ----------------------------------------------------------------------
     def to_json(self) -> str:
         body = {

@@ -30,9 +30,9 @@ def unit_moves_s(unit: UnitCost, link: Link) -> float:
 def with_moves(times: StageTimes, stage: Stage, link: Link) -> StageTimes:
     """A stage's action times with its parameters brought up for each action and its gradients
     moved down after each W."""
-    up = copy_s(stage.parameter_bytes / 2, link)
-    return StageTimes(times.forward_s + up, times.backward_input_s + up, times.backward_weight_s + 2 * up,
-                      times.send_s)
+    one_way = copy_s(stage.parameter_bytes / 2, link)  # the gradients take as long down as the parameters up
+    return StageTimes(times.forward_s + one_way, times.backward_input_s + one_way,
+                      times.backward_weight_s + 2 * one_way, times.send_s)
 
 
 def device_bytes(stages: list[Stage]) -> float:

@@ -63,8 +63,9 @@ class StageRunner:
         self.params = {fqn: params[fqn] for ph, fqn in graph.params.items() if ph in program.placeholders}
         self._placeholder_sources = [(ph, graph.params.get(ph), graph.buffers.get(ph)) for ph in program.placeholders]
         self.host = host
-        self._kept_params = [graph.params.get(ph) is not None for ph in program.placeholders
-                             if ph not in program.inputs]  # which of forward's kept arguments are parameters
+        # which of forward's arguments, and of those it keeps for backward, are parameters
+        self._args_params = [param is not None for _, param, _ in self._placeholder_sources]
+        self._kept_params = [p for p, ph in zip(self._args_params, program.placeholders) if ph not in program.inputs]
         self._buffers = buffers
         self._input_index = {ph: i for i, ph in enumerate(graph.inputs)}
         self.inputs: MicrobatchInputs | None = None  # this step's call (stage 0 reads it)
@@ -116,8 +117,7 @@ class StageRunner:
         first = self.program.index == 0
         start = time.perf_counter()
         args = self.placeholders(self.inputs.microbatch(int(received[0])) if first else [])
-        is_param = [param is not None for _, param, _ in self._placeholder_sources]
-        on_device, copies = self._up(args, is_param)
+        on_device, copies = self._up(args, self._args_params)
         self.rank_mesh.given_masks = iter(self.masks.for_microbatch(self.program.index, self.counts["F"]))
         try:
             loss, sends, saved, values = self.forward_fn(self.rt, *on_device, *(() if first else received))

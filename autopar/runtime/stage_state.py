@@ -43,10 +43,7 @@ def hold_own_state(model: nn.Module, plan: Plan, programs: list[StageProgram], m
     held = {ph for p in mine for ph in p.placeholders}
     params = {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items() if ph in held}
     buffers = {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items() if ph in held}
-    in_host = None
-    if host is not None:
-        dtypes = {fqn: getattr(torch, graph.node(ph).outputs[0].dtype) for ph, fqn in graph.params.items()}
-        in_host = lambda fqn, shape: host.host_block(shape, dtypes[fqn]) if fqn in dtypes else None  # noqa: E731
+    in_host = None if host is None else _parameters_in(host, plan)
     if _any_rank_on_meta(model, rt.device):
         distribute(model, {fqn: plan.out_spec(ph) for ph, fqn in graph.params.items()},
                    {fqn: plan.out_spec(ph) for ph, fqn in graph.buffers.items()}, plan.mesh, rt, init=init,
@@ -66,6 +63,16 @@ def hold_own_state(model: nn.Module, plan: Plan, programs: list[StageProgram], m
     adopt_replacements()  # an optimizer built before: this rank's parameters in place of the model's
     named = dict(model.named_parameters(remove_duplicate=False))
     return {fqn: named[fqn] for fqn in params}, {fqn: model.get_buffer(fqn) for fqn in buffers}
+
+
+def _parameters_in(host: HostStageState, plan: Plan) -> Callable[[str, tuple], torch.Tensor | None]:
+    """(name, block shape) -> the host memory for that parameter's block (None: a buffer, which
+    stays on the device), as autopar.runtime.state.distribute takes it."""
+    dtypes = {fqn: getattr(torch, plan.graph.node(ph).outputs[0].dtype) for ph, fqn in plan.graph.params.items()}
+
+    def block(name: str, shape: tuple) -> torch.Tensor | None:
+        return host.host_block(shape, dtypes[name]) if name in dtypes else None
+    return block
 
 
 def _holders(plan: Plan, programs: list[StageProgram], rt: RankMesh) -> dict[str, frozenset[int]]:
