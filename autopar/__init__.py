@@ -28,10 +28,12 @@ from autopar.parallelize import autoparallelize, data_parallel_info, plan_of, pr
 from autopar.passes.base import Pass, PassContext
 from autopar.passes.constraints import Constraints
 from autopar.passes.registry import register_pass, registered_passes, unregister_pass
+from autopar.profile import ProfileReport, profile
 from autopar.runtime.clipping import clip_grad_norm_
 
 __all__ = [
-    "plan", "baselines", "Baselines", "check", "CheckReport", "diff", "PlanDiff", "autoparallelize", "prepare",
+    "plan", "baselines", "Baselines", "check", "CheckReport", "profile", "ProfileReport", "diff", "PlanDiff",
+    "autoparallelize", "prepare",
     "data_parallel_info", "plan_of", "register_pass", "unregister_pass", "registered_passes", "Pass", "PassContext",
     "Constraints", "register_rule", "validate_rule", "RuleReport", "register_jax_translation", "Plan",
     "MixedPrecision", "Mesh", "Shard",

@@ -293,9 +293,9 @@ def _run_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tuple, 
     rt.bytes_moved.clear()
     parallel = ParallelModule(model, plan, rt, plan.emit("torch"), compile=compile)
     if measure_memory:
-        peak = _measure_peak_memory(model, lambda: _autopar_loss(parallel(*inputs, **kwargs)).backward())
+        peak = _measure_peak_memory(model, lambda: autopar_loss(parallel(*inputs, **kwargs)).backward())
     rt.bytes_moved.clear()
-    losses, grads, values = train(model, lambda: parallel(*inputs, **kwargs), steps, lr, _autopar_loss)
+    losses, grads, values = train(model, lambda: parallel(*inputs, **kwargs), steps, lr, autopar_loss)
     return {"losses": losses, "grads": grads, "values": values, "bytes_moved": dict(rt.bytes_moved),
             "peak_memory": peak if measure_memory else None}
 
@@ -311,14 +311,14 @@ def _run_pipeline_on_rank(model: nn.Module, inputs: tuple, kwargs: dict, plan: P
     # (tests/test_bubbles.py checks K-FAC itself against a reference)
     plan = dataclasses.replace(plan, pipeline=dataclasses.replace(plan.pipeline, fill=None))
     pipelined = PipelinedModule(model, plan, rt, plan.emit("torch"), compile=compile)
-    losses, grads, values = train(model, lambda: pipelined(*inputs, **kwargs), steps, lr, _autopar_loss)  # its stages'
+    losses, grads, values = train(model, lambda: pipelined(*inputs, **kwargs), steps, lr, autopar_loss)  # its stages'
     # a tied weight's copies on other stages, each compared under the name eager knows it by
     grads = {plan.graph.tied.get(fqn, fqn): grad for fqn, grad in grads.items()}
     return {"losses": losses, "grads": grads, "values": values, "bytes_moved": dict(rt.bytes_moved),
             "peak_memory": None}
 
 
-def _autopar_loss(output):
+def autopar_loss(output):
     """The loss in what an autoparallelized model returns: its one tensor that is not a DTensor
     (the user's loss_fn need not be picklable to reach the workers)."""
     from torch.distributed.tensor import DTensor

@@ -111,6 +111,19 @@ def cmd_check(args) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_profile(args) -> int:
+    from autopar.api import plan
+    from autopar.inspect.progress import terminal_progress
+    from autopar.profile import profile
+
+    model, inputs = load_factory(args.factory)
+    with terminal_progress(True) as progress:
+        planned = plan(model, inputs, **_options(args, PLAN), progress=progress)
+    print(profile(planned, model, inputs, out_dir=args.out, steps=args.steps,
+                  hardware=args.hardware))
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     import time
 
@@ -180,6 +193,14 @@ def main(argv=None) -> int:
                                                         "with eager PyTorch")
     _add_options(c, CHECK)
     c.set_defaults(run=cmd_check)
+    f = sub.add_parser("profile", parents=[common], help="plan, then run the plan on local CPU processes under "
+                                                          "torch.profiler: predicted and measured traces, and "
+                                                          "their times per op class")
+    _add_options(f, PLAN)
+    f.add_argument("--out", default="autopar-profile", help="the folder for predicted.json and "
+                                                            "measured-rank<r>.json")
+    f.add_argument("--steps", type=int, default=3, help="steps to profile (after one to warm up)")
+    f.set_defaults(run=cmd_profile)
     k = sub.add_parser("calibrate", help="measure this machine (local gloo processes) and write a hardware spec")
     k.add_argument("--out", help="where to write the spec (JSON); default: the file --hardware cpu reads")
     k.add_argument("--world-sizes", default="2,4", help="group sizes to time collectives in; the largest is "

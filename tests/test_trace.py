@@ -2,7 +2,6 @@
 checked against the plan it renders."""
 import base64
 import json
-import math
 import re
 
 import pytest
@@ -12,6 +11,7 @@ from autopar.inspect.report_html import render_html
 from autopar.inspect.trace import predicted_trace
 from autopar.lowering.schedule import schedule
 from examples import gpt2
+from tests.traces import named_tracks, valid_chrome_trace
 from tests.workers import FAST
 
 TINY = gpt2.GPT2Config(vocab=96, seq=16, layers=2, heads=2, width=48, batch=8)
@@ -19,27 +19,15 @@ COMPUTE, ASYNC, HOST = 1, 2, 3
 
 
 def _valid_chrome_trace(path) -> list[dict]:
-    """The trace's events, after checking the structure Perfetto's JSON importer reads: complete
-    ("X") events with a name, category, non-negative microsecond start and duration and integer
-    process and thread ids; metadata ("M") events naming each process and thread used."""
+    """The trace's complete events, each on a process and thread the trace names."""
     with open(path) as f:
         trace = json.load(f)
-    assert set(trace) >= {"traceEvents", "displayTimeUnit"} and trace["displayTimeUnit"] in ("ms", "ns")
-    events = trace["traceEvents"]
-    named = set()
+    assert trace["displayTimeUnit"] in ("ms", "ns")
+    events, named = valid_chrome_trace(path), named_tracks(path)
     for e in events:
-        assert e["ph"] in ("X", "M") and isinstance(e["name"], str)
-        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
-        if e["ph"] == "M":
-            assert e["name"] in ("process_name", "thread_name") and isinstance(e["args"]["name"], str)
-            named.add((e["pid"], e["tid"] if e["name"] == "thread_name" else None))
-            continue
-        assert isinstance(e["cat"], str) and isinstance(e["args"], dict)
-        assert math.isfinite(e["ts"]) and e["ts"] >= 0 and math.isfinite(e["dur"]) and e["dur"] >= 0
-    for e in events:
-        if e["ph"] == "X":
-            assert (e["pid"], None) in named and (e["pid"], e["tid"]) in named, e
-    return [e for e in events if e["ph"] == "X"]
+        assert (e["pid"], None) in named and (e["pid"], e["tid"]) in named, e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and isinstance(e["args"], dict)
+    return events
 
 
 def test_a_flat_plans_trace_holds_its_ops_and_collectives_as_priced(tmp_path):
