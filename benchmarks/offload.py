@@ -2,6 +2,10 @@
 FSDP2's offload-everything policy, and the predicted step time against a measured one.
 
     python benchmarks/offload.py [--width 8192] [--time-limit 20] [--rounds 8] [--skip-search] [--skip-measured]
+                                 [--mesh dp=8]
+
+With ``--mesh pp=8`` part 1 searches a pipeline, whose offload keeps whole stages in host memory
+(autopar.planning.stage_offload), and part 2 is skipped (it prices flat plans).
 
 1. Largest model (planned on the meta device, 8 x a100-sxm-80g as mesh dp=8, default budget:
    90% of 80 GB; host memory 1 TB per node, i.e. 125 GB per device): a GPT-shaped decoder
@@ -68,8 +72,8 @@ class Attempt:
 class Planner:
     """Plans the GPT-shaped model at a layer count, keeps every attempt and prints its line."""
 
-    def __init__(self, width: int, time_limit: float):
-        self.width, self.time_limit = width, time_limit
+    def __init__(self, width: int, time_limit: float, mesh: str):
+        self.width, self.time_limit, self.mesh = width, time_limit, mesh
         self.attempts: list[tuple[object, Attempt]] = []  # (offload setting, attempt)
 
     def config(self, layers: int) -> gpt2.GPT2Config:
@@ -83,8 +87,8 @@ class Planner:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # solver gaps: the time limit is modest on purpose
             try:
-                plan = autopar.plan(model, inputs, mesh=MESH, hardware=HARDWARE, offload=offload, memory_budget=budget,
-                                    solver_time_limit_s=self.time_limit, cache=False)
+                plan = autopar.plan(model, inputs, mesh=self.mesh, hardware=HARDWARE, offload=offload,
+                                    memory_budget=budget, solver_time_limit_s=self.time_limit, cache=False)
             except autopar.AutoparError as exc:
                 error = str(exc)
         found = Attempt(layers, params, plan, error, time.perf_counter() - start)
@@ -101,13 +105,22 @@ def chunks_note(o) -> str:
     return f"{len(o.chunks)} chunks of {human_bytes(o.chunk_bytes)}, {o.slots} on device" if o else "no offload"
 
 
+def offload_note(plan: autopar.Plan) -> tuple[float, str]:
+    """(host bytes per device, what is offloaded) of a flat plan's chunks or a pipeline's stages."""
+    staged = plan.pipeline.offload if plan.pipeline is not None else None
+    if staged is not None:
+        pl = plan.pipeline
+        return max(staged.host_bytes), f"whole stages ({pl.schedule}, {pl.microbatches} micro-batches)"
+    return (plan.offload.host_bytes if plan.offload else 0.0), chunks_note(plan.offload)
+
+
 def attempt_line(offload, a: Attempt) -> str:
     head = f"  offload={str(offload):<5} {a.layers:>4} layers {a.params / 1e9:7.2f} B params  "
     if a.plan is None:
         return head + f"fits no   ({a.seconds:5.1f} s to plan)"
-    p, o = a.plan.predicted, a.plan.offload
+    p, (host, what) = a.plan.predicted, offload_note(a.plan)
     return head + (f"fits yes  step {human_seconds(p.step_time_s):>9}  peak {human_bytes(p.peak_memory_bytes):>8}  "
-                   f"host {human_bytes(o.host_bytes if o else 0):>8}  {chunks_note(o)}  ({a.seconds:5.1f} s to plan)")
+                   f"host {human_bytes(host):>8}  {what}  ({a.seconds:5.1f} s to plan)")
 
 
 def largest(planner: Planner, offload, start: int, known_fit: Attempt | None = None) -> Attempt | None:
@@ -134,10 +147,9 @@ def largest(planner: Planner, offload, start: int, known_fit: Attempt | None = N
 def summary(without: Attempt, with_: Attempt) -> None:
     print(f"\n{'':<18} {'layers':>6} {'params':>9} {'step':>10} {'peak device':>11} {'host':>9}  offload")
     for label, a in (("offload=False", without), ('offload="auto"', with_)):
-        p, o = a.plan.predicted, a.plan.offload
+        p, (host, what) = a.plan.predicted, offload_note(a.plan)
         print(f"{label:<18} {a.layers:>6} {a.params / 1e9:>7.2f} B {human_seconds(p.step_time_s):>10} "
-              f"{human_bytes(p.peak_memory_bytes):>11} {human_bytes(o.host_bytes if o else 0):>9}  "
-              f"{o.reason if o else '-'}")
+              f"{human_bytes(p.peak_memory_bytes):>11} {human_bytes(host):>9}  {what}")
     print("device memory at the peak, by category:")
     for label, a in (("offload=False", without), ('offload="auto"', with_)):
         parts = "  ".join(f"{SHORT[k]} {human_bytes(v)}" for k, v in a.plan.predicted.memory_bytes.items())
@@ -297,24 +309,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="measured rounds (CPU part)")
     parser.add_argument("--skip-search", action="store_true", help="only the CPU measurement")
     parser.add_argument("--skip-measured", action="store_true")
+    parser.add_argument("--mesh", default=MESH, help="the mesh of part 1 (pp=8: a pipeline, whose stages "
+                                                     "offload whole; part 2 prices flat plans only)")
     args = parser.parse_args()
     start = time.perf_counter()
     ratio = None
     if not args.skip_search:
-        planner = Planner(args.width, args.time_limit)
+        planner = Planner(args.width, args.time_limit, args.mesh)
         cfg = planner.config(0)
         print(f"1. largest model: GPT-shaped, width {cfg.width}, {cfg.heads} heads, vocabulary {cfg.vocab}, "
-              f"batch {cfg.batch} x {cfg.seq}, float32 parameters, Adam; mesh {MESH} of {HARDWARE}, default budget; "
-              f"solver limit {args.time_limit:.0f} s")
+              f"batch {cfg.batch} x {cfg.seq}, float32 parameters, Adam; mesh {args.mesh} of {HARDWARE}, default "
+              f"budget; solver limit {args.time_limit:.0f} s")
         without = largest(planner, False, 8)
         with_ = largest(planner, "auto", 2 * without.layers, known_fit=without)
         if with_ is without:  # nothing deeper fits: plan its depth with "auto" for the comparison
             with_ = planner.attempt(without.layers, "auto")
         print(f"{len(planner.attempts)} plans in {planner.seconds:.0f} s")
         summary(without, with_)
-        print("\n2. against FSDP2's CPUOffloadPolicy (everything on the host), priced in the same figures")
-        against_fsdp2(planner, with_, '"auto"', "largest model with offload")
-        against_fsdp2(planner, without, "False", "largest model without offload")
+        if "pp" not in args.mesh:
+            print("\n2. against FSDP2's CPUOffloadPolicy (everything on the host), priced in the same figures")
+            against_fsdp2(planner, with_, '"auto"', "largest model with offload")
+            against_fsdp2(planner, without, "False", "largest model without offload")
         ratio = with_.params / without.params
     if not args.skip_measured:
         measured(args.rounds)

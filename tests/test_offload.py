@@ -228,6 +228,11 @@ def test_a_pipeline_offloads_its_stages_when_asked_or_when_nothing_else_fits():
     auto = autopar.plan(model, inputs, memory_budget=budget, recompute="none", **options)
     assert auto.pipeline.offload is not None and "no schedule fits" in auto.pipeline.offload.reason
     assert autopar.plan(model, inputs, **options).pipeline.offload is None  # the default budget fits
+    # a budget the micro-batch's whole program misses with the model's state on the device
+    tight = 1.01 * max(forced.pipeline.rank_peak_bytes)
+    with pytest.raises(autopar.AutoparError, match="fits the memory budget"):
+        autopar.plan(model, inputs, offload=False, memory_budget=tight, **options)
+    assert max(autopar.plan(model, inputs, memory_budget=tight, **options).pipeline.rank_peak_bytes) <= tight
 
 
 @pytest.mark.parametrize("schedule", tiers.sampled(["InterleavedZeroBubble", "1F1B"],

@@ -18,6 +18,7 @@ run once per step, after the last micro-batch), so every stage shares one layout
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -35,6 +36,7 @@ from autopar.ir.pipeline import Block, Candidate, Pipeline, Stage, UnitCost
 from autopar.ir.plan import Plan
 from autopar.ir.records import PassRecord, Predicted
 from autopar.ir.request import PlanRequest
+from autopar.lowering.memory import optimizer_bytes_per_element
 from autopar.passes.pipeline_units import PipelineUnitsPass, StageValuesPass
 from autopar.passes.predict import exposed
 from autopar.planning.bubbles import FactorsDoNotFit, with_fill
@@ -77,14 +79,18 @@ def _pipelined(planner, request: PlanRequest) -> tuple[Plan, Plan]:
     inner = dataclasses.replace(request.on(stage_mesh), memory_budget_bytes=request.memory_budget_bytes * pp,
                                 schedule=None, microbatches=None, offload=False)
     send = _send_seconds(mesh, request.hardware)
-    candidates, built = [], {}
-    report = planner.progress or (lambda message: None)
-    for m in microbatch_counts(pp, batch, request.microbatches):
-        report(f"pipeline: planning a micro-batch of {batch // m} on {stage_mesh} ...")
-        found, micro, note = _fitted_microbatch(planner, dataclasses.replace(inner, sync_share=1.0 / m), batch, m,
-                                                pp, send, request)
-        candidates.extend(c for c, _ in found)
-        built.update(((c.schedule, m, c.virtual), (p, micro, note)) for c, p in found if p is not None)
+    search = functools.partial(_search, planner, inner, batch, pp, send, request)
+    if request.offload is True:
+        candidates, built = search(host=True)
+    else:
+        try:
+            candidates, built = search(host=False)
+        except AutoparError:  # the micro-batch's program fits no layout with the state on the device
+            if request.offload is False or request.optimizer == "kfac":
+                raise
+            candidates, built = [], {}
+        if not built and request.offload == "auto" and request.optimizer != "kfac":
+            candidates, built = search(host=True)  # offload is the last lever
     if not built:
         raise AutoparError(f"no pipeline schedule fits mesh {mesh}: " + "; ".join(
             f"{c.schedule} with {c.microbatches} micro-batches: {c.note}" for c in candidates))
@@ -109,7 +115,34 @@ _IN_FLIGHT_ATTEMPTS = 3
 _IN_FLIGHT = "; the micro-batch fitted to the budget with {} micro-batches' saved activations in flight"
 
 
-def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, pp: int, send, request: PlanRequest):
+def _search(planner, inner: PlanRequest, batch: int, pp: int, send, request: PlanRequest, host: bool):
+    """([every candidate weighed], (schedule, m, virtual) -> (its pipeline, micro-batch, note)).
+    ``host``: the stages' state in host memory, so the micro-batch's program is fitted with the
+    model's parameters, gradients and optimizer state off its budget (the stages' exact device
+    memory is checked when each schedule is priced)."""
+    if host:
+        inner = dataclasses.replace(inner, memory_budget_bytes=inner.memory_budget_bytes
+                                    + _state_bytes(planner.model, request.optimizer))
+    candidates, built = [], {}
+    report = planner.progress or (lambda message: None)
+    for m in microbatch_counts(pp, batch, request.microbatches):
+        report(f"pipeline: planning a micro-batch of {batch // m} on {split_mesh(request.meshes[0])[1]}"
+               f"{' with the stages in host memory' if host else ''} ...")
+        found, micro, note = _fitted_microbatch(planner, dataclasses.replace(inner, sync_share=1.0 / m), batch, m,
+                                                pp, send, request, host)
+        candidates.extend(c for c, _ in found)
+        built.update(((c.schedule, m, c.virtual), (p, micro, note)) for c, p in found if p is not None)
+    return candidates, built
+
+
+def _state_bytes(model, optimizer: str) -> float:
+    """The whole model's parameters, gradients and optimizer state, unsharded."""
+    return sum(p.numel() * (2 * p.element_size() + optimizer_bytes_per_element(optimizer, p.element_size()))
+               for p in model.parameters())
+
+
+def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, pp: int, send, request: PlanRequest,
+                       host: bool):
     """([(candidate, its pipeline or None)], the micro-batch plan, what the pipeline's record
     adds): planned again, with more micro-batches' saved activations in flight, while every
     schedule's stages are over the budget with the micro-batches they keep in flight.
@@ -120,7 +153,6 @@ def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, 
     fitted with pp (then 2 pp) micro-batches' saved values held through its backward, the
     micro-batch's budget search recomputes (or shards) to meet that, as it would any budget;
     recomputation is so chosen for the whole micro-batch's program, not per stage."""
-    host = request.offload is True
     micro = _plan_microbatch(planner, micro_request, batch, m)
     priced = _priced(micro, pp, m, send, request, host)
     for attempt in range(1, _IN_FLIGHT_ATTEMPTS):
@@ -137,7 +169,7 @@ def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, 
         priced = _priced(micro, pp, m, send, request, host)
         micro_request = held
     note = _IN_FLIGHT.format(micro_request.activations_in_flight) if micro_request.activations_in_flight > 1 else ""
-    if request.offload == "auto" and request.optimizer != "kfac" and all(p is None for _, p, _ in priced):
+    if not host and request.offload == "auto" and request.optimizer != "kfac" and all(p is None for _, p, _ in priced):
         # offload is the last lever: only where no schedule fits with the stages' state on the device
         priced = _priced(micro, pp, m, send, request, host=True)
     return [(c, p) for c, p, _ in priced], micro, note
