@@ -7,6 +7,10 @@ decoder, each run on 4 local CPU processes (gloo), priced with a calibrated spec
 Plans differ by mesh and by pinned parameter layouts (to force layouts the solver
 would not pick). Per plan it prints predicted vs measured step time, and the
 bytes the plan's collectives move as predicted vs as counted by the runtime.
+With ``--profile DIR`` it then runs the solver's own plan of each mesh under torch.profiler
+(autopar.profile) and prints predicted against measured time per op class, the traces of both
+in DIR (open them in ui.perfetto.dev).
+
 The last line reads ``MAPE: X.X% spearman: Y.YY`` (step times).
 """
 from __future__ import annotations
@@ -109,6 +113,7 @@ def main() -> None:
     parser.add_argument("--size", default="small", help=f"one of {', '.join(gpt2.SIZES)}")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--world", type=int, default=4, help="local processes (the issue's figure uses 4)")
+    parser.add_argument("--profile", metavar="DIR", help="also profile the solver's plan of each mesh, traces in DIR")
     args = parser.parse_args()
     try:
         hw = get_hardware(args.hardware)
@@ -147,6 +152,11 @@ def main() -> None:
     bytes_match = sum(1 for _, _, w, c in rows
                       if {k: round(v) for k, v in w.items()} == {k: round(v) for k, v in c.items()})
     print(f"{len(rows)} distinct plans; collective bytes agree exactly in {bytes_match} of {len(rows)}")
+    if args.profile:
+        for mesh in dict.fromkeys(m for m, pins in variants(gpt2.SIZES[args.size].layers, args.world) if not pins):
+            plan = autopar.plan(model, inputs, mesh=mesh, hardware=hw, cache=False)
+            print(autopar.profile(plan, model, inputs, out_dir=os.path.join(args.profile, mesh.replace(",", "_")),
+                                  steps=args.steps, hardware=hw), flush=True)
     print(f"MAPE: {mape:.1%} spearman: {rho:.2f}")
 
 
