@@ -6,7 +6,8 @@ steps) and writes torch.profiler's Chrome trace; the plan's predicted step is wr
 (autopar.inspect.trace), so Perfetto shows both. The report compares them per op class: the
 planner's seconds for the class's statements (an op's compute_s, a collective step's seconds)
 against the profiler's self CPU time for the ops of that class, per step and averaged over the
-ranks; what the profiler counts in no ATen op or collective (the programs' Python, autograd's
+ranks (a collective counts its launch and the wait for it, which autopar.runtime.rank_mesh
+names); what the profiler counts in no ATen op or collective (the programs' Python, autograd's
 glue) is its own row, which the planner does not price.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from autopar.ir.plan import Plan
 from autopar.ir.redistribute import COMMUNICATING
 from autopar.lowering.schedule import schedule
 from autopar.runtime.local_cluster import get_cluster
+from autopar.runtime.rank_mesh import WAIT_EVENT
 
 # op classes by ATen name (without "aten::" / "aten." and the overload); the rest is "other ops"
 _CLASSES = {
@@ -173,7 +175,7 @@ def _measured_classes(prof, steps: int, step_s: float) -> dict[str, float]:
     the step (measured outside the profiler) is UNPRICED."""
     out = dict.fromkeys(CLASSES, 0.0)
     for e in prof.key_averages():
-        if e.key.startswith("c10d::") and e.key != "c10d::barrier":  # the steps' own barriers
+        if e.key.startswith(("c10d::", WAIT_EVENT)) and e.key != "c10d::barrier":  # the steps' own barriers
             out[COLLECTIVES] += e.self_cpu_time_total / 1e6 / steps
         elif e.key.startswith("aten::"):
             out[op_class(e.key)] += e.self_cpu_time_total / 1e6 / steps

@@ -5,6 +5,7 @@ import pytest
 import autopar
 from autopar.cli import main as cli
 from autopar.profile import CLASSES, COLLECTIVES, UNPRICED, op_class, predicted_classes, profile
+from autopar.runtime.rank_mesh import WAIT_EVENT
 from examples import gpt2
 from tests.traces import valid_chrome_trace
 from tests.workers import FAST
@@ -29,6 +30,7 @@ def test_a_profiled_plan_writes_both_traces_and_compares_every_class(tmp_path):
     for path in report.measured_traces:
         names = {e["name"] for e in valid_chrome_trace(path)}
         assert "aten::mm" in names and any(n.startswith("c10d::") for n in names)  # ops and collectives ran
+        assert any(n.startswith(WAIT_EVENT) for n in names)  # and the waits for them are named
     rows = {r.name: r for r in report.rows}
     assert list(rows) == list(CLASSES)
     assert rows["matmul"].predicted_s > 0 and rows["matmul"].measured_s > 0

@@ -357,6 +357,9 @@ class _Bucket:
         self.nbytes += x.numel() * x.element_size()
 
 
+WAIT_EVENT = "autopar::wait"  # a collective's wait, as torch.profiler records it
+
+
 class Pending:
     """A collective in flight, or a gradient sync in a bucket not sent yet (``send`` sends it);
     ``wait()`` returns its result (after ``then``, a local finishing step), or raises
@@ -372,7 +375,9 @@ class Pending:
         if self.work is None:
             self.send()
         try:
-            self.work.wait(datetime.timedelta(seconds=self.timeout_s))
+            # named in torch.profiler's traces (autopar.profile counts it with the collectives)
+            with torch.profiler.record_function(f"{WAIT_EVENT} {self.what[0]}"):
+                self.work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
             if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
                 raise
