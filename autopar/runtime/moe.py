@@ -10,6 +10,9 @@ Backward makes the same trip once: each pair's token row and its output gradient
 go to the expert, which recomputes its output and returns it with the row's gradient; the
 experts' weight gradients stay where the experts are (they already sum over every rank's
 tokens). The expert math is autopar.ops.moe's, shared with the single-device op.
+
+Under compile=True each of the two kernels is a graph break: the program's statements around
+it compile, and the kernel runs as written on the rank's RankMesh.
 """
 from __future__ import annotations
 
@@ -53,6 +56,17 @@ class _Dispatch:
         return out
 
 
+def _between_graphs(kernel):
+    """A kernel a compiled program calls: a graph break, so the statements around it compile and
+    the kernel runs as Python (its split sizes come from the routing at run time) on the rank's
+    own mesh, the one behind a compiled program's functional collectives."""
+    def eager(rt, *args):
+        return kernel(getattr(rt, "rank_mesh", rt), *args)
+    eager.__doc__, eager.__name__ = kernel.__doc__, kernel.__name__
+    return torch.compiler.disable(eager, recursive=True)
+
+
+@_between_graphs
 def experts_all_to_all(rt, axis: str, x, top_k_index, top_k_weights, gate_up, down):
     """autopar::moe_experts with tokens and experts split over ``axis`` (gate_up, down: this
     rank's experts)."""
@@ -62,6 +76,7 @@ def experts_all_to_all(rt, axis: str, x, top_k_index, top_k_weights, gate_up, do
     return trip.routing.combine(outputs, x)
 
 
+@_between_graphs
 def experts_all_to_all_backward(rt, axis: str, grad, x, top_k_index, top_k_weights, gate_up, down):
     """autopar::moe_experts_backward with tokens and experts split over ``axis``: (grad x,
     grad top_k_weights, grad gate_up, grad down), the last two of this rank's experts."""

@@ -19,7 +19,6 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
 
-from autopar.backends.printer import kernel_modules
 from autopar.errors import AutoparError, PlanMismatchError, user_stacklevel
 from autopar.ir.call import FlatCall, call_signature, flatten_call, frozen_parameters, module_modes
 from autopar.ir.mesh import Mesh
@@ -81,11 +80,6 @@ class RankProgram:
         self.module = load_program(source, f"autopar_plan_{plan.hash}")
         self._forward, self._backward = self.module.forward, getattr(self.module, "backward", None)
         self._rt = rank_mesh
-        if compiled and kernel_modules(plan):
-            raise AutoparError(f"compile=True with expert parallelism (plan {plan.hash} runs layers whose ranks "
-                               f"communicate inside them: MoE experts split over a mesh axis) is not run yet: the "
-                               f"all-to-alls' sizes come from the routing at run time; train without compile, or "
-                               f"plan with expert parallelism forbidden (docs/moe.md)")
         if compiled:
             self._forward = compile_program(self._forward)
             self._backward = self._backward and compile_program(self._backward)
