@@ -16,6 +16,8 @@ it compile, and the kernel runs as written on the rank's RankMesh.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from autopar.ops.moe import Routing, expert_backward, expert_forward
@@ -60,9 +62,9 @@ def _between_graphs(kernel):
     """A kernel a compiled program calls: a graph break, so the statements around it compile and
     the kernel runs as Python (its split sizes come from the routing at run time) on the rank's
     own mesh, the one behind a compiled program's functional collectives."""
+    @functools.wraps(kernel)
     def eager(rt, *args):
         return kernel(getattr(rt, "rank_mesh", rt), *args)
-    eager.__doc__, eager.__name__ = kernel.__doc__, kernel.__name__
     return torch.compiler.disable(eager, recursive=True)
 
 
