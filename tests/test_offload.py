@@ -199,6 +199,7 @@ def test_parameters_replaced_after_offloading_are_refused(tiny):
 PIPELINE = gpt2.GPT2Config(vocab=96, seq=16, layers=2, heads=2, width=48, batch=8)
 
 
+@pytest.mark.slow  # ten pipeline plans; the inner loop trains an offloaded pipeline below
 def test_a_pipeline_offloads_its_stages_when_asked_or_when_nothing_else_fits():
     """offload=True keeps every stage's state in host memory, prices each action's copies and
     the host's optimizer step, and predicts a lower device peak; 'auto' offloads only under a

@@ -40,6 +40,7 @@ def test_a_profiled_plan_writes_both_traces_and_compares_every_class(tmp_path):
     assert "MAPE over the priced classes" in str(report) and "matmul" in str(report)
 
 
+@pytest.mark.slow  # plans and profiles the CLI demo's model on 2 ranks
 def test_the_cli_profiles_a_factory_and_a_pipeline_is_refused(tmp_path, capsys):
     assert cli(["profile", "examples.gpt2:factory", "--mesh", "dp=2", "--hardware", "h100-sxm", "--no-cache",
                 "--out", str(tmp_path), "--steps", "1"]) == 0
