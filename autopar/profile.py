@@ -166,8 +166,8 @@ def _profile_on_rank(rank: int, world_size: int, model_bytes: bytes, inputs: tup
             step()
     trace = os.path.join(out_dir, f"measured-rank{rank}.json")
     prof.export_chrome_trace(trace)
-    return {"classes": _measured_classes(prof, steps, statistics.fmean(unprofiled)),
-            "step_s": statistics.fmean(unprofiled), "trace": trace}
+    step_s = statistics.fmean(unprofiled)
+    return {"classes": _measured_classes(prof, steps, step_s), "step_s": step_s, "trace": trace}
 
 
 def _measured_classes(prof, steps: int, step_s: float) -> dict[str, float]:

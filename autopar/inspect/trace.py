@@ -98,7 +98,7 @@ def _host_copies(plan, started_at: list[float], end: float, hardware) -> list[di
         if m.kind != FETCH:
             continue
         begin = max(started_at[m.at] if m.at < len(started_at) else end, free)
-        seconds = link.latency + chunks[m.chunk].nbytes / link.bandwidth
+        seconds = link.seconds(chunks[m.chunk].nbytes)
         out.append(_event(f"fetch chunk {m.chunk}", "host copy", begin, seconds, 0, _HOST,
                           bytes=chunks[m.chunk].nbytes, params=list(chunks[m.chunk].params)))
         free = begin + seconds

@@ -21,6 +21,10 @@ class Link:
     bandwidth: float  # bytes/s per direction
     latency: float  # seconds per step
 
+    def seconds(self, nbytes: float) -> float:
+        """One transfer of ``nbytes`` over the link (nothing for no bytes)."""
+        return self.latency + nbytes / self.bandwidth if nbytes else 0.0
+
 
 GRADIENT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 

@@ -256,7 +256,7 @@ def _plan_microbatch(planner, request: PlanRequest, batch: int, m: int) -> _Micr
 def _send_seconds(mesh: Mesh, hw) -> Callable[[float], float]:
     """bytes -> the P2P time between neighbouring stages, over the link the pp axis lies on."""
     link = hw.inter_node if axis_placement(mesh, 0, hw).nodes > 1 else hw.intra_node
-    return lambda nbytes: link.latency + nbytes / link.bandwidth if nbytes else 0.0
+    return link.seconds
 
 
 class _RuledOut(Exception):

@@ -16,10 +16,6 @@ from autopar.ir.hardware import Link
 from autopar.ir.pipeline import Stage, StageOffload, UnitCost
 
 
-def copy_s(nbytes: float, link: Link) -> float:
-    return link.latency + nbytes / link.bandwidth if nbytes else 0.0
-
-
 def unit_moves_s(unit: UnitCost, link: Link) -> float:
     """What one micro-batch's moves add to a unit's compute, for the stage partition: its
     parameters up for F, I and W, its gradients down after W (the links' latencies are the
@@ -30,7 +26,7 @@ def unit_moves_s(unit: UnitCost, link: Link) -> float:
 def with_moves(times: StageTimes, stage: Stage, link: Link) -> StageTimes:
     """A stage's action times with its parameters brought up for each action and its gradients
     moved down after each W."""
-    one_way = copy_s(stage.parameter_bytes / 2, link)  # the gradients take as long down as the parameters up
+    one_way = link.seconds(stage.parameter_bytes / 2)  # the gradients take as long down as the parameters up
     return StageTimes(times.forward_s + one_way, times.backward_input_s + one_way,
                       times.backward_weight_s + 2 * one_way, times.send_s)
 
@@ -57,5 +53,5 @@ def stage_offload(stages: tuple[Stage, ...], units: list[list[UnitCost]], pp: in
 def once_a_step_s(offload: StageOffload, rank: int, stages: list[Stage], m: int, link: Link) -> float:
     """What a rank adds after its schedule's last action: its stages' gradient sums brought up
     for the syncs (with several micro-batches) and the host's optimizer step."""
-    sums = sum(copy_s(st.parameter_bytes / 2, link) for st in stages) if m > 1 else 0.0
+    sums = sum(link.seconds(st.parameter_bytes / 2) for st in stages) if m > 1 else 0.0
     return sums + offload.optimizer_s[rank]
