@@ -349,12 +349,13 @@ def close(mine, theirs: torch.Tensor) -> str | None:
 def _attention_calls(dtype: torch.dtype, backward: bool) -> list[Call]:
     """CPU flash attention (no OpInfo reaches the kernel itself: eager SDPA picks its math path
     when the sample asks for gradients), causal or not, with an additive mask (the kernel takes
-    only a mask of the query's dtype)."""
+    only a mask of the query's dtype), self-attention among them (the sequence split's)."""
     torch.manual_seed(0)
     forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     calls = []
-    for s_q, s_k, causal, mask in [(5, 7, False, None), (6, 6, True, None), (5, 7, False, "float"),
-                                   (4, 9, True, "float"), (8, 8, True, None)]:
+    for s_q, s_k, causal, mask in [(5, 7, False, None), (6, 6, True, None), (8, 8, False, None),
+                                   (8, 8, False, "float"), (5, 7, False, "float"), (4, 9, True, "float"),
+                                   (8, 8, True, None)]:
         q, k, v = (torch.randn(2, 3, n, 8).to(dtype) for n in (s_q, s_k, s_k))
         extra = {}
         if mask == "float":

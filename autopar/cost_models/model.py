@@ -39,11 +39,10 @@ class CostModel:
                 seconds, moved = 2 * local / p / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
             elif step.kind == "zero_partial":  # a local fill with zeros
                 seconds, moved = local / (hw.memory_efficiency * hw.memory_bandwidth), 0.0
-            else:  # every collective also pays a launch, like any kernel, and the library's own
-                where = axis_placement(self.mesh, step.axis, hw)
-                seconds = collective_time(step.kind, message, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
+            else:
+                seconds = self.collective_seconds(step.kind, message, step.axis)
                 if bucketed and not out and self._joins_bucket(step.kind):
-                    fixed = collective_time(step.kind, 0.0, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
+                    fixed = self.collective_seconds(step.kind, 0.0, step.axis)
                     seconds -= fixed * (1.0 - smallest(1.0, message / hw.gradient_bucket_bytes))
                 moved = message
             out.append((step, seconds, moved))
@@ -52,6 +51,14 @@ class CostModel:
             if step.kind in ("reduce_scatter", "shard", "all_to_all"):
                 sharded[step.dim] = step.axis
         return out
+
+    def collective_seconds(self, kind: str, message: float, axis: int) -> float:
+        """One collective of ``kind`` over ``axis`` with a ``message`` of that many bytes (the
+        whole gathered tensor for an all-gather, the input for the others): the transfer, and
+        the launch every collective pays, like any kernel, and the library's own."""
+        hw = self.hardware
+        where = axis_placement(self.mesh, axis, hw)
+        return collective_time(kind, message, where, hw) + hw.kernel_floor_s + hw.collective_launch_s
 
     def routed_exchange_time(self, nbytes: float, axis: int) -> float:
         """An uneven all-to-all (``all_to_all_single`` with split sizes, which every library runs

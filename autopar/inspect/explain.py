@@ -18,7 +18,9 @@ from autopar.errors import AutoparError
 from autopar.ir.placement import Spec
 from autopar.ir.program import Program, tensor_inputs
 from autopar.ir.redistribute import COMMUNICATING, plan_steps
-from autopar.ops.moe import KERNEL_OPS, MOE_FORWARD, expert_axis
+from autopar.ops.attention import FORWARD as ATTENTION_FORWARD
+from autopar.ops.moe import MOE_FORWARD
+from autopar.ops.table import rule_for
 from autopar.passes.base import PassContext
 from autopar.units import human_bytes, human_seconds
 
@@ -102,6 +104,12 @@ def _resolve(plan, program: Program, target: str) -> list[str]:
             raise AutoparError(f"plan {plan.hash} has no mixture-of-experts layer (a Hugging Face experts module "
                                f"captured as autopar::moe_experts)")
         return layers[:_MAX_NODES]
+    if target == "attention":  # every attention call of forward: where context parallelism is weighed
+        layers = [n.name for n in plan.graph.nodes if n.target == ATTENTION_FORWARD]
+        if not layers:
+            raise AutoparError(f"plan {plan.hash} has no attention call (scaled dot-product attention, as "
+                               f"F.scaled_dot_product_attention captures)")
+        return layers[:_MAX_NODES]
     by_fqn = {fqn: ph for ph, fqn in program.params.items()}
     if target in by_fqn:
         return [by_fqn[target]]
@@ -155,11 +163,12 @@ def _explain_node(plan, program: Program, ctx: PassContext, allowed: dict, name:
 
 
 def _inner_collectives(program: Program, name: str, strategy, mesh) -> list[str]:
-    """The collectives a layout's op runs itself, priced in its compute (expert parallelism's all-to-alls)."""
-    if str(program.node(name).target) not in KERNEL_OPS:
-        return []
-    axis = expert_axis(strategy.in_specs)
-    return [] if axis is None else [f"all_to_all[{mesh.axis_names[axis]}] inside"]
+    """The collectives a layout's op runs itself, priced in its compute (expert parallelism's
+    all-to-alls, context parallelism's gathers of keys and values)."""
+    node = program.node(name)
+    rule = rule_for(node.target) if node.op == "call_function" else None
+    axis = None if rule is None else rule.kernel_axis(strategy.in_specs)
+    return [] if axis is None else [f"{kind}[{mesh.axis_names[axis]}] inside" for kind in rule.kernel_collectives]
 
 
 class _Pricer:

@@ -7,6 +7,8 @@ from autopar.backends.printer import shape_text
 from autopar.inspect.offload_view import offload_lines
 from autopar.inspect.pipeline_view import pipeline_lines
 from autopar.inspect.plan_layers import TOP_LEVEL, module_rows
+from autopar.ops.attention import FORWARD as ATTENTION_FORWARD
+from autopar.ops.attention import sequence_axis
 from autopar.ops.moe import MOE_FORWARD, layout_text
 from autopar.units import human_bytes, human_seconds
 
@@ -44,6 +46,7 @@ def summarize(plan) -> str:
         + " + ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in p.memory_bytes.items() if v),
         _recompute_line(plan),
         *_moe_lines(plan),
+        *_sequence_split_lines(plan),
         *offload_lines(plan),
         *pipeline_lines(plan),
         "",
@@ -139,6 +142,20 @@ def _moe_lines(plan) -> list[str]:
                                                     if len(modules) > _MAX_SITES else "")
         out.append(f"  {layout}: {shown}")
     return out
+
+
+def _sequence_split_lines(plan) -> list[str]:
+    """Context parallelism (autopar.ops.attention): the attention calls that split their
+    sequence, over which axis, by which kernel."""
+    layers = [n for n in plan.graph.nodes if n.target == ATTENTION_FORWARD]
+    axes = [sequence_axis(plan.strategies[n.name].in_specs[0]) for n in layers]
+    split = [a for a in axes if a is not None]
+    if not split:
+        return []
+    names = ", ".join(sorted({plan.mesh.axis_names[a] for a in split}))
+    return [f"context parallel: {len(split)} of {len(layers)} attention calls split their sequence over {names} "
+            f"(contiguous blocks; keys and values all-gathered, their gradients reduce-scattered); "
+            f"plan.explain('attention') weighs their layouts"]
 
 
 def _formula_lines(plan, coll) -> list[str]:

@@ -211,7 +211,16 @@ class _Scheduler:
         rule = rule_for(resolve_target(node.target))
         view = rule is not None and rule.free and uses
         self.emit(Statement("call", node.name, uses, node=node, nbytes=0.0 if view else self.local_bytes(node.name),
-                            alias_of=uses[0] if view else None))
+                            alias_of=uses[0] if view else None, scratch=self.kernel_scratch(node, rule)))
+
+    def kernel_scratch(self, node: IRNode, rule) -> float:
+        """What a runtime kernel whose ranks communicate holds while it runs (Rule.scratch_bytes)."""
+        in_specs = self.strategies[node.name].in_specs
+        if rule is None or rule.kernel_axis(in_specs) is None:
+            return 0.0
+        metas = [self.graph.node(ref).outputs[0] for ref in node.refs()]
+        local = tuple(spec.local_shape(m.shape, self.mesh) for spec, m in zip(in_specs, metas))
+        return rule.scratch_bytes(in_specs, local, tuple(m.itemsize for m in metas), self.mesh.shape)
 
     def forward_return(self) -> None:
         """Forward's return, once its last output is computed: the loss, the values, and each

@@ -94,6 +94,7 @@ class Rule:
     follower: bool = False
     shape_arg: int | None = None  # argument holding the output size: rewritten to the local size
     free: bool = False  # metadata-only (a view): no kernel runs, so no compute time
+    kernel_collectives: tuple[str, ...] = ()  # the collectives a runtime kernel runs (kernel_axis)
 
     def options(self, call: OpCall) -> list[Option]:
         raise NotImplementedError
@@ -105,6 +106,12 @@ class Rule:
         """Seconds a strategy's local op takes beyond its FLOPs at its local shapes: collectives
         it runs itself and waits for a busier rank (a layer whose communication is inside it:
         autopar.ops.moe). Moves between ops are priced on the edges."""
+        return 0.0
+
+    def scratch_bytes(self, in_specs, local_inputs: tuple, itemsizes: tuple, mesh_shape: tuple) -> float:
+        """Bytes a strategy's local op holds only while it runs, beyond its outputs, given its
+        inputs' local shapes and item sizes: what a kernel whose ranks communicate gathers
+        (autopar.ops.attention). The memory model counts them at the op."""
         return 0.0
 
     def kernel_axis(self, in_specs) -> int | None:

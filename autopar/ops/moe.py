@@ -180,6 +180,7 @@ class ExpertsRule(LetterRule):
         super().__init__(make, flop_fn=lambda i, o: flop_factor * _pairs(i[routing_operand]) * _flops_per_pair(i))
         self.routing_operand, self.kernel = routing_operand, kernel
         self.row_widths = 1 if routing_operand == 1 else 2  # backward's rows carry a gradient beside
+        self.kernel_collectives = ("all_to_all",)
 
     def options(self, call: OpCall) -> list[Option]:
         lt = self.make(call)

@@ -1,4 +1,5 @@
-"""Sharding rules of neural-network ops: normalization, embedding, losses, attention, convolution, dropout."""
+"""Sharding rules of neural-network ops: normalization, embedding, losses, convolution, dropout
+(attention's are in autopar.ops.attention)."""
 from __future__ import annotations
 
 import math
@@ -94,25 +95,6 @@ def _nll_loss_backward(call: OpCall) -> Letters:
     return Letters(ins, (n + "C",), fixed=frozenset("C"))
 
 
-def _sdpa_letters(call: OpCall, head: tuple[str, ...], outs: tuple[str, ...]) -> Letters:
-    """Attention is independent per (batch, head): only those dims shard."""
-    ins = list(head)
-    for shape in call.in_shapes[len(head):]:  # an attention mask, broadcast against (b, h, t, s)
-        full = "bhts"[-len(shape):]
-        ins.append("".join(c if n > 1 else c.upper() for c, n in zip(full, shape)))
-    return Letters(tuple(ins), outs, fixed=frozenset("tsdTSBH"))
-
-
-def _sdpa_flops(in_shapes, out_shapes):
-    b, h, t, d = in_shapes[0]
-    s = in_shapes[1][2]
-    return 4.0 * b * h * t * s * d
-
-
-def _sdpa_backward_flops(in_shapes, out_shapes):
-    return 2.5 * _sdpa_flops(in_shapes[1:], out_shapes)
-
-
 def _conv_letters(call: OpCall, backward: bool) -> Letters:
     """convolution over (n, channels, *spatial); the batch n shards, spatial dims stay whole.
 
@@ -172,12 +154,6 @@ def _dropout(call: OpCall) -> Letters:
     return Letters((letters,), (letters, letters))
 
 
-SDPA_FORWARD = LetterRule(lambda c: _sdpa_letters(c, ("bhtd", "bhsd", "bhsd"), ("bhtd", "bht")),
-                          flop_fn=_sdpa_flops)
-SDPA_BACKWARD = LetterRule(
-    lambda c: _sdpa_letters(c, ("bhtd", "bhtd", "bhsd", "bhsd", "bhtd", "bht"), ("bhtd", "bhsd", "bhsd")),
-    flop_fn=_sdpa_backward_flops)
-
 NN_RULES: dict = {
     aten.native_layer_norm.default: LetterRule(_layer_norm),
     aten.native_layer_norm_backward.default: LetterRule(_layer_norm_backward),
@@ -187,8 +163,6 @@ NN_RULES: dict = {
     aten._cdist_forward.default: LetterRule(_cdist),
     aten.nll_loss_forward.default: LetterRule(_nll_loss_forward),
     aten.nll_loss_backward.default: LetterRule(_nll_loss_backward),
-    aten._scaled_dot_product_flash_attention_for_cpu.default: SDPA_FORWARD,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: SDPA_BACKWARD,
     aten.convolution.default: _ConvRule(backward=False, flop_fn=_conv_flops),
     aten.convolution_backward.default: _ConvRule(backward=True, flop_fn=_conv_backward_flops),
     # the backend draws the mask for the global shape (same seed on every rank) and keeps its block

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from autopar.ops.attention import ATTENTION_RULES
 from autopar.ops.elementwise import CAST, COPY, TAGGED_POINTWISE, is_tagged_pointwise
 from autopar.ops.indexing import INDEXING_RULES, NAMED_RULES
 from autopar.ops.kinds import (
@@ -124,6 +125,7 @@ RULES: dict = {
     aten.new_empty_strided.default: NewFactoryRule(stride_arg=2),
     aten.scalar_tensor.default: FactoryRule(shardable=False, shape_arg=None),  # arg 0 is the value
     **NN_RULES,
+    **ATTENTION_RULES,
     **INDEXING_RULES,
     **SPATIAL_RULES,
     **SHAPE_RULES,

@@ -159,7 +159,8 @@ def _run_strategy(op, rule: Rule, call: OpCall, tensors: list, expected: list, i
         axis = rule.kernel_axis(in_specs)
         if axis is not None:  # the ranks communicate: run them side by side
             ran = run_on_threads(runtime_kernel(local_op), mesh.axis_names[axis], mesh,
-                                 {c: a for c, (a, _) in rank_calls.items()})
+                                 {c: a for c, (a, _) in rank_calls.items()},
+                                 {c: k for c, (_, k) in rank_calls.items()})
             per_rank = {c: _leaves(out) for c, out in ran.items()}
         for coords, (rank_args, rank_kwargs) in rank_calls.items():
             if coords in per_rank:

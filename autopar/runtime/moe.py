@@ -16,11 +16,10 @@ it compile, and the kernel runs as written on the rank's RankMesh.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from autopar.ops.moe import Routing, expert_backward, expert_forward
+from autopar.runtime.graph_breaks import between_graphs
 
 
 class _Dispatch:
@@ -58,17 +57,7 @@ class _Dispatch:
         return out
 
 
-def _between_graphs(kernel):
-    """A kernel a compiled program calls: a graph break, so the statements around it compile and
-    the kernel runs as Python (its split sizes come from the routing at run time) on the rank's
-    own mesh, the one behind a compiled program's functional collectives."""
-    @functools.wraps(kernel)
-    def eager(rt, *args):
-        return kernel(getattr(rt, "rank_mesh", rt), *args)
-    return torch.compiler.disable(eager, recursive=True)
-
-
-@_between_graphs
+@between_graphs
 def experts_all_to_all(rt, axis: str, x, top_k_index, top_k_weights, gate_up, down):
     """autopar::moe_experts with tokens and experts split over ``axis`` (gate_up, down: this
     rank's experts)."""
@@ -78,7 +67,7 @@ def experts_all_to_all(rt, axis: str, x, top_k_index, top_k_weights, gate_up, do
     return trip.routing.combine(outputs, x)
 
 
-@_between_graphs
+@between_graphs
 def experts_all_to_all_backward(rt, axis: str, grad, x, top_k_index, top_k_weights, gate_up, down):
     """autopar::moe_experts_backward with tokens and experts split over ``axis``: (grad x,
     grad top_k_weights, grad gate_up, grad down), the last two of this rank's experts."""

@@ -170,8 +170,8 @@ class _Printer:
         if axis is not None:
             raise AutoparError(f"the JAX backend does not emit {target} yet ({self._origin(node)}, runs it under "
                                f"this plan: its ranks communicate inside it over mesh axis {axis!r}, as expert "
-                               f"parallelism does); emit this plan for torch, or plan with that layout forbidden "
-                               f"(docs/moe.md shows the pass)")
+                               f"parallelism and context parallelism do); emit this plan for torch, or plan with "
+                               f"that layout forbidden (docs/moe.md and docs/context-parallel.md show the pass)")
         function = TABLE.get(target, USER_TRANSLATIONS.get(target))
         if function is None and has_decomposition(target):
             return f"{s.defines} = {self._decomposed(node, target, args)}({', '.join(s.uses)})"

@@ -1,0 +1,163 @@
+"""Sharding rules of scaled dot-product attention, with the sequence split over a mesh axis.
+
+Attention is independent per (batch, head), so those dims shard as letters do. Its query
+sequence t and key sequence s stay whole under letters: every query reads every key. Context
+parallelism splits them anyway, as its own option: query, key and value ``Shard(2)`` over one
+axis, each rank holding a contiguous block of the sequence (and a mask's rows of that block).
+What a rank runs then is a runtime kernel (autopar.runtime.context_parallel, named by
+``Rule.kernel_axis`` / ``local_call``):
+it all-gathers the keys and values over the axis and attends its queries to them (a causal
+mask offset by the block's position); backward gathers them again and reduce-scatters their
+gradients. This is the all-gather variant of context parallelism (Llama 3, arXiv:2407.21783,
+§3.3.2), whose messages are the keys and values once per layer and direction.
+"""
+from __future__ import annotations
+
+import torch
+
+from autopar.ir.placement import R, Shard
+from autopar.ir.strategy import Option
+from autopar.ops.kinds import LetterRule, Letters, OpCall, letter_options
+
+SEQUENCE_DIM = 2  # of query, key, value, output (b, h, t, d) and log-sum-exp (b, h, t)
+FORWARD = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+# what a rank runs under the sequence-split option (Rule.kernel_axis)
+ALL_GATHER_FORWARD = "context_parallel.attention_all_gather"
+ALL_GATHER_BACKWARD = "context_parallel.attention_all_gather_backward"
+
+
+def _sdpa_letters(call: OpCall, head: tuple[str, ...], outs: tuple[str, ...]) -> Letters:
+    """Attention is independent per (batch, head): only those dims shard as letters."""
+    ins = list(head)
+    for shape in call.in_shapes[len(head):]:  # an attention mask, broadcast against (b, h, t, s)
+        full = "bhts"[-len(shape):]
+        ins.append("".join(c if n > 1 else c.upper() for c, n in zip(full, shape)))
+    return Letters(tuple(ins), outs, fixed=frozenset("tsdTSBH"))
+
+
+def _sdpa_flops(in_shapes, out_shapes):
+    b, h, t, d = in_shapes[0]
+    s = in_shapes[1][2]
+    return 4.0 * b * h * t * s * d
+
+
+def _sdpa_backward_flops(in_shapes, out_shapes):
+    return 2.5 * _sdpa_flops(in_shapes[1:], out_shapes)
+
+
+class AttentionRule(LetterRule):
+    """Letters, plus the sequence split over an axis, run by the all-gather kernel.
+
+    ``operands``: the tensor inputs before any mask (3 in forward, 6 in backward);
+    ``query``: the query's place among them (key and value follow it); ``dropout_arg``: the
+    position of the dropout probability among the call's arguments."""
+
+    def __init__(self, make, flop_fn, kernel: str, operands: int, query: int, dropout_arg: int,
+                 backward: bool):
+        super().__init__(make, flop_fn=flop_fn)
+        self.kernel, self.operands, self.query = kernel, operands, query
+        self.dropout_arg, self.backward = dropout_arg, backward
+        self.kernel_collectives = ("all_gather", "reduce_scatter") if backward else ("all_gather",)
+
+    def options(self, call: OpCall) -> list[Option]:
+        letters = self.make(call)
+        options = letter_options(letters)
+        if self.splits_sequence(call):
+            # a mask's rows are the queries': a rank reads its block's rows, every key's column
+            masks = tuple(Shard(m.index("t")) if "t" in m else R for m in letters.inputs[self.operands:])
+            options.append(Option((Shard(SEQUENCE_DIM),) * self.operands + masks,
+                                  tuple(Shard(SEQUENCE_DIM) for _ in call.out_shapes)))
+        return options
+
+    def splits_sequence(self, call: OpCall) -> bool:
+        """Whether the kernel computes this call with its sequence split: self-attention
+        (queries and keys of one sequence, so a rank's query block and key block are the same
+        positions) without dropout (its mask is drawn for the whole score matrix), and not both
+        a mask tensor and the causal flag (the kernel applies one or the other)."""
+        query, key = call.in_shapes[self.query], call.in_shapes[self.query + 1]
+        masked = len(call.in_shapes) > self.operands
+        causal = call.arg(self.dropout_arg + 1, "is_causal", False)
+        return (query[SEQUENCE_DIM] == key[SEQUENCE_DIM] and not call.arg(self.dropout_arg, "dropout_p", 0.0)
+                and not (masked and causal))
+
+    def kernel_axis(self, in_specs) -> int | None:
+        return sequence_axis(in_specs[self.query])
+
+    def local_call(self, call, local):
+        if local.inputs[self.query][SEQUENCE_DIM] == call.in_shapes[self.query][SEQUENCE_DIM]:
+            return super().local_call(call, local)
+        return self.kernel, list(call.args)
+
+    def inner_time(self, call, in_specs, local, cost) -> float:
+        """The sequence split: the keys' and values' all-gathers (and in backward, their
+        gradients' reduce-scatters), and the compute that ``flops`` at the local shapes leaves out:
+        a rank's queries attend to every key, not to its own block only (priced without the
+        causal mask's savings, as the whole op's FLOPs are)."""
+        axis = sequence_axis(in_specs[self.query])
+        if axis is None:
+            return 0.0
+        ranks = cost.mesh.shape[axis]
+        key = local.inputs[self.query + 1]
+        key_bytes = _numel(key) * _itemsize(call, self.query + 1)
+        moves = 2 * cost.collective_seconds("all_gather", key_bytes * ranks, axis)
+        if self.backward:
+            moves += 2 * cost.collective_seconds("reduce_scatter", key_bytes * ranks, axis)
+        local_flops = self.flops(call, local.inputs, local.outputs)
+        return moves + cost.op_time((ranks - 1) * local_flops, 0.0, _itemsize(call, self.query))
+
+
+    def scratch_bytes(self, in_specs, local_inputs, itemsizes, mesh_shape) -> float:
+        """The sequence split: the gathered keys and values; forward's spans' outputs and their
+        merge in float32; backward's float32 sums of every key's and value's gradient, cast
+        back before the reduce-scatter, and the query's gradient in float32."""
+        axis = sequence_axis(in_specs[self.query])
+        if axis is None:
+            return 0.0
+        key = self.query + 1
+        key_elements = _numel(local_inputs[key]) * mesh_shape[axis]
+        query_elements = _numel(local_inputs[self.query])
+        gathered = 2 * key_elements * itemsizes[key]
+        if not self.backward:
+            return gathered + 3 * query_elements * 4
+        return gathered + 2 * key_elements * (4 + itemsizes[key]) + query_elements * 4
+
+
+def query_spec(target, in_specs):
+    """The query's layout among an attention call's input layouts (``target``: the op or its
+    name; the query is the second input of backward, after the output's gradient)."""
+    return in_specs[SDPA_BACKWARD.query if "backward" in str(target) else SDPA_FORWARD.query]
+
+
+def sequence_axis(query_spec) -> int | None:
+    """The mesh axis a query's sequence is split over (context parallel), or None."""
+    for axis, placement in enumerate(query_spec.placements):
+        if placement == Shard(SEQUENCE_DIM):
+            return axis
+    return None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _itemsize(call: OpCall, operand: int) -> int:
+    dtype = call.in_dtypes[operand] if call.in_dtypes else None
+    return getattr(torch, dtype).itemsize if dtype else 4
+
+
+SDPA_FORWARD = AttentionRule(lambda c: _sdpa_letters(c, ("bhtd", "bhsd", "bhsd"), ("bhtd", "bht")),
+                             flop_fn=_sdpa_flops, kernel=ALL_GATHER_FORWARD, operands=3, query=0, dropout_arg=3,
+                             backward=False)
+SDPA_BACKWARD = AttentionRule(
+    lambda c: _sdpa_letters(c, ("bhtd", "bhtd", "bhsd", "bhsd", "bhtd", "bht"), ("bhtd", "bhsd", "bhsd")),
+    flop_fn=_sdpa_backward_flops, kernel=ALL_GATHER_BACKWARD, operands=6, query=1, dropout_arg=6,
+    backward=True)
+
+ATTENTION_RULES: dict = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: SDPA_FORWARD,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: SDPA_BACKWARD,
+}

@@ -1,0 +1,186 @@
+"""Context parallelism: attention with its sequence split over a mesh axis (autopar.ops.attention,
+autopar.runtime.context_parallel), checked against eager and against the rule's own op."""
+import pytest
+import torch
+
+import autopar
+from autopar.ir.placement import R, Shard
+from autopar.ops.attention import SDPA_BACKWARD, SDPA_FORWARD, query_spec, sequence_axis
+from autopar.ops.kinds import OpCall
+from autopar.ops.validation import validate_rule
+from examples.gpt2 import GPT2Config, make
+from tests.models import tiny_llama
+from tests.op_samples import GENERATED
+from tests.tiers import sampled
+from tests.workers import FAST
+
+ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
+             "aten._scaled_dot_product_flash_attention_for_cpu_backward.default")
+
+
+class SequenceOn(autopar.Pass):
+    """Every attention of the plan splits its sequence over ``axis``: these tests check the
+    sequence-split programs themselves, whichever layout tiny models would be cheapest in."""
+
+    name = "sequence_split"
+
+    def __init__(self, axis: str):
+        self.axis = axis
+
+    def run(self, program, ctx) -> str:
+        def elsewhere(node, strategy):
+            if "scaled_dot_product" not in str(node.target):
+                return False
+            return sequence_axis(query_spec(node.target, strategy.in_specs)) != ctx.mesh.axis_names.index(self.axis)
+
+        ctx.constraints.forbid(elsewhere)
+        return f"attention's sequence split over {self.axis}"
+
+
+def sequence_split_axes(plan) -> set:
+    """The mesh axes the plan's attention calls split their sequence over."""
+    axes = set()
+    for node in plan.graph.nodes:
+        if "scaled_dot_product" in node.target:
+            axis = sequence_axis(query_spec(node.target, plan.strategies[node.name].in_specs))
+            axes.add(None if axis is None else plan.mesh.axis_names[axis])
+    return axes
+
+
+def gpt2(batch: int):
+    return make(GPT2Config(vocab=64, seq=32, layers=2, heads=2, width=32, batch=batch))
+
+
+def llama(batch: int):
+    model, kwargs = tiny_llama(heads=4, positions=64, sequence=32)
+    return model, {k: v[:batch] for k, v in kwargs.items()}
+
+
+MODELS = {"gpt2": gpt2, "llama": llama}
+
+
+@pytest.mark.parametrize("target", ATTENTION)
+def test_every_sequence_split_strategy_computes_attention(target):
+    """The kernels on simulated ranks of a 2 x 2 mesh, causal or not, with a mask or not, against
+    the op on the whole sequence; a kernel that drops the keys before a rank's block fails it."""
+    rule = SDPA_FORWARD if "backward" not in target else SDPA_BACKWARD
+    samples = [(c.args, c.kwargs) for c in GENERATED[target](torch.float64)]
+    report = validate_rule(eval(f"torch.ops.{target}"), samples)
+    assert report.ok, str(report)
+    split = [c for c in GENERATED[target](torch.float64)
+             if any(o.inputs[rule.query] == Shard(2) for o in rule.options(_call(target, c)))]
+    assert len(split) >= 3, "samples of causal, plain and masked self-attention reach the sequence split"
+
+
+def _call(target: str, c) -> OpCall:
+    tensors = [a for a in c.args if isinstance(a, torch.Tensor)] + \
+        [v for v in c.kwargs.values() if isinstance(v, torch.Tensor)]
+    return OpCall(eval(f"torch.ops.{target}"), tuple(c.args), dict(c.kwargs), tuple(t.shape for t in tensors),
+                  tuple(o.shape for o in c.out))
+
+
+def test_the_sequence_splits_only_where_the_kernel_computes_the_call():
+    q = (2, 3, 8, 4)
+    plain = OpCall(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (None, None, None, 0.0, True),
+                   {}, (q, q, q), (q, (2, 3, 8)))
+    cross = OpCall(plain.target, plain.args, {}, (q, (2, 3, 6, 4), (2, 3, 6, 4)), (q, (2, 3, 8)))
+    dropout = OpCall(plain.target, (None, None, None, 0.1, True), {}, (q, q, q), (q, (2, 3, 8)))
+    mask = torch.zeros(8, 8)
+    masked_causal = OpCall(plain.target, plain.args, {"attn_mask": mask}, (q, q, q, (8, 8)), (q, (2, 3, 8)))
+    masked = OpCall(plain.target, (None, None, None, 0.0, False), {"attn_mask": mask}, (q, q, q, (8, 8)),
+                    (q, (2, 3, 8)))
+
+    def splits(call):
+        return [o for o in SDPA_FORWARD.options(call) if o.inputs[0] == Shard(2)]
+
+    assert len(splits(plain)) == 1
+    assert not splits(cross) and not splits(dropout) and not splits(masked_causal)
+    assert splits(masked)[0].inputs[3] == Shard(0)  # the mask's rows: the block's queries
+    broadcast_rows = OpCall(plain.target, masked.args, {"attn_mask": torch.zeros(1, 8)}, (q, q, q, (1, 8)),
+                            (q, (2, 3, 8)))
+    assert splits(broadcast_rows)[0].inputs[3] == R
+
+
+@pytest.mark.parametrize("name,mesh,precision", sampled(
+    [(name, mesh, precision) for name in MODELS for mesh in ("cp=4", "dp=2,cp=2")
+     for precision in (None, "bf16-mixed")],
+    inner_loop=[("gpt2", "cp=4", None), ("llama", "dp=2,cp=2", "bf16-mixed")]))
+def test_sequence_split_training_equals_eager(name, mesh, precision):
+    """Three steps on gloo against eager (loss and every gradient): causal attention (GPT-2's
+    flag, Llama's mask tensor with grouped-query heads and rotary positions) with the sequence
+    split over cp, the batch over dp where there is one."""
+    model, inputs = MODELS[name](batch=2 if "dp" in mesh else 1)
+    args, kwargs = (inputs, {}) if name == "gpt2" else ((), inputs)
+    plan = autopar.plan(model, args, kwargs=kwargs, mesh=mesh, hardware=FAST, precision=precision,
+                        passes=[SequenceOn("cp")])
+    assert sequence_split_axes(plan) == {"cp"}
+    report = autopar.check(model, args, kwargs=kwargs, plan=plan, steps=3)
+    assert report.ok, str(report)
+
+
+@pytest.mark.slow  # each rank compiles the programs
+def test_a_compiled_sequence_split_program_equals_eager():
+    model, inputs = gpt2(batch=1)
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp")])
+    report = autopar.check(model, inputs, plan=plan, steps=2, compile=True)
+    assert report.ok, str(report)
+
+
+def test_predicted_peak_of_a_sequence_split_matches_the_workers():
+    """Activations dominate (512 tokens, width 32): the kernels' gathered keys and values and
+    their gradients' sums are counted where they run. Within 10% of torch's MemTracker."""
+    model, inputs = make(GPT2Config(vocab=64, seq=512, layers=2, heads=2, width=32, batch=1))
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, optimizer="sgd", passes=[SequenceOn("cp")])
+    report = autopar.check(model, inputs, plan=plan, measure_memory=True)
+    assert report.ok, str(report)
+    assert max(report.peak_memory_bytes) == pytest.approx(plan.predicted.peak_memory_bytes, rel=0.1), \
+        plan.predicted.memory_bytes
+
+
+def test_summary_and_explain_name_the_sequence_split():
+    model, inputs = gpt2(batch=1)
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp")])
+    assert "context parallel: 2 of 2 attention calls split their sequence over cp" in plan.summary()
+    explained = str(plan.explain("attention"))
+    chosen = [line for line in explained.splitlines() if line.lstrip().startswith("->")]
+    assert len(chosen) == 2 and all("all_gather[cp] inside" in line for line in chosen), explained
+    code = plan.emit()
+    assert code.count("context_parallel.attention_all_gather(rt, 'cp'") == 2
+    assert code.count("context_parallel.attention_all_gather_backward(rt, 'cp'") == 2
+
+
+def test_the_jax_backend_refuses_the_sequence_split_by_name():
+    model, inputs = gpt2(batch=1)
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp")])
+    with pytest.raises(autopar.AutoparError, match="does not emit context_parallel.attention_all_gather yet"):
+        plan.emit("jax")
+
+
+def _llama_8b_shaped(seq: int, layers: int = 4):
+    """Llama-3-8B's layer (width 4096, 32 heads over 8 key-value heads, MLP 14336, vocabulary
+    128256) on the meta device, one sequence of ``seq`` tokens; four layers keep the plan fast
+    (each layer's activations are the 8B model's)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from examples.hf_zoo import LossOf
+
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=seq)
+    with torch.device("meta"):
+        model = LossOf(LlamaForCausalLM(cfg)).to(torch.bfloat16)
+        ids = torch.empty(1, seq, dtype=torch.long)
+    return model, (ids, ids)
+
+
+@pytest.mark.slow  # two plans of a Llama-8B-shaped model
+def test_the_solver_splits_the_sequence_of_long_contexts_only():
+    """On 8 H100s, 131,072 tokens of a Llama-8B-shaped model: the sequence split over the axis
+    (without it the best plan found recomputes, offloads and takes over ten times as long:
+    docs/context-parallel.md); 2,048 tokens: the whole sequence on each device."""
+    long = autopar.plan(*_llama_8b_shaped(131072), mesh="dp=8", hardware="h100-sxm", optimizer="adam-mixed",
+                        cache=False)
+    assert sequence_split_axes(long) == {"dp"}, long.summary()
+    assert long.predicted.peak_memory_bytes <= autopar.PRESETS["h100-sxm"].memory_bytes
+    short = autopar.plan(*_llama_8b_shaped(2048), mesh="dp=8", hardware="h100-sxm", optimizer="adam-mixed",
+                         cache=False)
+    assert sequence_split_axes(short) == {None}, short.summary()
