@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import autopar
-from autopar.ir.placement import R, Shard
+from autopar.ir.placement import P, R, Shard
 from autopar.ops.attention import SDPA_BACKWARD, SDPA_FORWARD, query_spec, sequence_axis
 from autopar.ops.kinds import OpCall
 from autopar.ops.validation import validate_rule
@@ -19,22 +19,33 @@ ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
 
 
 class SequenceOn(autopar.Pass):
-    """Every attention of the plan splits its sequence over ``axis``: these tests check the
-    sequence-split programs themselves, whichever layout tiny models would be cheapest in."""
+    """Every attention of the plan splits its sequence over ``axis``, its keys and values
+    ``keys``: "gathered" by the kernel, "whole" (gathered by the plan's moves) or either: these
+    tests check the sequence-split programs themselves, whichever layout tiny models would be
+    cheapest in."""
 
     name = "sequence_split"
 
-    def __init__(self, axis: str):
-        self.axis = axis
+    def __init__(self, axis: str, keys: str | None = None):
+        self.axis, self.keys = axis, keys
 
     def run(self, program, ctx) -> str:
+        axis = ctx.mesh.axis_names.index(self.axis)
+
         def elsewhere(node, strategy):
             if "scaled_dot_product" not in str(node.target):
                 return False
-            return sequence_axis(query_spec(node.target, strategy.in_specs)) != ctx.mesh.axis_names.index(self.axis)
+            if sequence_axis(query_spec(node.target, strategy.in_specs)) != axis:
+                return True
+            return self.keys is not None and keys_form(node.target, strategy.in_specs, axis) != self.keys
 
         ctx.constraints.forbid(elsewhere)
         return f"attention's sequence split over {self.axis}"
+
+
+def keys_form(target, in_specs, axis: int) -> str:
+    key = in_specs[(1 if "backward" in str(target) else 0) + 1]
+    return "whole" if key.placements[axis] == R else "gathered"
 
 
 def sequence_split_axes(plan) -> set:
@@ -93,7 +104,12 @@ def test_the_sequence_splits_only_where_the_kernel_computes_the_call():
     def splits(call):
         return [o for o in SDPA_FORWARD.options(call) if o.inputs[0] == Shard(2)]
 
-    assert len(splits(plain)) == 1
+    assert [o.inputs[1] for o in splits(plain)] == [Shard(2), R]  # keys split as the queries, or whole
+    assert [o.outputs for o in splits(plain)] == [(Shard(2), Shard(2))] * 2
+    backward = OpCall(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+                      (None,) * 6 + (0.0, True), {}, (q, q, q, q, q, (2, 3, 8)), (q, q, q))
+    assert [o.outputs for o in SDPA_BACKWARD.options(backward) if o.inputs[1] == Shard(2)] == \
+        [(Shard(2),) * 3, (Shard(2), P, P)]  # whole keys: every rank's queries add to their gradients
     assert not splits(cross) and not splits(dropout) and not splits(masked_causal)
     assert splits(masked)[0].inputs[3] == Shard(0)  # the mask's rows: the block's queries
     broadcast_rows = OpCall(plain.target, masked.args, {"attn_mask": torch.zeros(1, 8)}, (q, q, q, (1, 8)),
@@ -101,19 +117,26 @@ def test_the_sequence_splits_only_where_the_kernel_computes_the_call():
     assert splits(broadcast_rows)[0].inputs[3] == R
 
 
-@pytest.mark.parametrize("name,mesh,precision", sampled(
-    [(name, mesh, precision) for name in MODELS for mesh in ("cp=4", "dp=2,cp=2")
-     for precision in (None, "bf16-mixed")],
-    inner_loop=[("gpt2", "cp=4", None), ("llama", "dp=2,cp=2", "bf16-mixed")]))
-def test_sequence_split_training_equals_eager(name, mesh, precision):
+@pytest.mark.parametrize("name,mesh,precision,keys", sampled(
+    [(name, mesh, precision, "gathered") for name in MODELS for mesh in ("cp=4", "dp=2,cp=2")
+     for precision in (None, "bf16-mixed")]
+    + [(name, mesh, precision, "whole") for name, mesh, precision in
+       [("gpt2", "cp=4", None), ("llama", "cp=4", None), ("gpt2", "dp=2,cp=2", "bf16-mixed"),
+        ("llama", "dp=2,cp=2", "bf16-mixed")]],
+    inner_loop=[("gpt2", "cp=4", None, "gathered"), ("llama", "dp=2,cp=2", "bf16-mixed", "whole")]))
+def test_sequence_split_training_equals_eager(name, mesh, precision, keys):
     """Three steps on gloo against eager (loss and every gradient): causal attention (GPT-2's
     flag, Llama's mask tensor with grouped-query heads and rotary positions) with the sequence
-    split over cp, the batch over dp where there is one."""
+    split over cp, the keys and values gathered by the kernel or whole (gathered by the plan),
+    the batch over dp where there is one."""
     model, inputs = MODELS[name](batch=2 if "dp" in mesh else 1)
     args, kwargs = (inputs, {}) if name == "gpt2" else ((), inputs)
     plan = autopar.plan(model, args, kwargs=kwargs, mesh=mesh, hardware=FAST, precision=precision,
-                        passes=[SequenceOn("cp")])
+                        passes=[SequenceOn("cp", keys)])
     assert sequence_split_axes(plan) == {"cp"}
+    cp = plan.mesh.axis_names.index("cp")
+    assert {keys_form(n.target, plan.strategies[n.name].in_specs, cp) for n in plan.graph.nodes
+            if "scaled_dot_product" in n.target} == {keys}
     report = autopar.check(model, args, kwargs=kwargs, plan=plan, steps=3)
     assert report.ok, str(report)
 
@@ -139,19 +162,25 @@ def test_predicted_peak_of_a_sequence_split_matches_the_workers():
 
 def test_summary_and_explain_name_the_sequence_split():
     model, inputs = gpt2(batch=1)
-    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp")])
-    assert "context parallel: 2 of 2 attention calls split their sequence over cp" in plan.summary()
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp", "gathered")])
+    assert ("context parallel: 2 of 2 attention calls split their sequence over cp in contiguous blocks, 2 with "
+            "their keys and values gathered inside the kernel") in plan.summary()
     explained = str(plan.explain("attention"))
     chosen = [line for line in explained.splitlines() if line.lstrip().startswith("->")]
     assert len(chosen) == 2 and all("all_gather[cp] inside" in line for line in chosen), explained
     code = plan.emit()
     assert code.count("context_parallel.attention_all_gather(rt, 'cp'") == 2
     assert code.count("context_parallel.attention_all_gather_backward(rt, 'cp'") == 2
+    whole = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp", "whole")])
+    assert "2 with their keys and values gathered by the plan's moves" in whole.summary()
+    chosen = [line for line in str(whole.explain("attention")).splitlines() if line.lstrip().startswith("->")]
+    assert len(chosen) == 2 and not any("inside" in line for line in chosen), chosen
+    assert whole.emit().count("context_parallel.attention_of_block(rt, 'cp'") == 2
 
 
 def test_the_jax_backend_refuses_the_sequence_split_by_name():
     model, inputs = gpt2(batch=1)
-    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp")])
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp", "gathered")])
     with pytest.raises(autopar.AutoparError, match="does not emit context_parallel.attention_all_gather yet"):
         plan.emit("jax")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import autopar
+from autopar.ir.placement import Shard
 from examples import gpt2, mlp
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -128,3 +129,12 @@ def test_values_named_like_the_programs_own_names_are_renamed_apart():
     source = autopar.plan(model, inputs, mesh="dp=2", hardware="h100-sxm", cache=False).emit("torch")
     compile(source, "<clashing>", "exec")  # no argument named twice
     assert "def forward(rt, accumulate_weight, accumulate_bias, saved_, sync_):" in source
+
+
+def test_of_mirror_image_layouts_the_batch_lies_on_the_axis_named_dp(plans):
+    """dp and tp are alike on one node, so each layout prices as its mirror image with the two
+    axes swapped; the plan splits the batch over the axis the user named dp."""
+    plan = plans["gpt2", "dp2_tp2"]
+    dp, tp = plan.mesh.axis_names.index("dp"), plan.mesh.axis_names.index("tp")
+    inputs = [plan.strategies[name].out_specs[0].placements for name in plan.graph.inputs]
+    assert any(p[dp] == Shard(0) for p in inputs) and not any(p[tp] == Shard(0) for p in inputs), inputs

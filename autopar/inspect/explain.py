@@ -168,7 +168,9 @@ def _inner_collectives(program: Program, name: str, strategy, mesh) -> list[str]
     node = program.node(name)
     rule = rule_for(node.target) if node.op == "call_function" else None
     axis = None if rule is None else rule.kernel_axis(strategy.in_specs)
-    return [] if axis is None else [f"{kind}[{mesh.axis_names[axis]}] inside" for kind in rule.kernel_collectives]
+    if axis is None:
+        return []
+    return [f"{kind}[{mesh.axis_names[axis]}] inside" for kind in rule.kernel_collectives(strategy.in_specs)]
 
 
 class _Pricer:

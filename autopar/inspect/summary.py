@@ -7,6 +7,7 @@ from autopar.backends.printer import shape_text
 from autopar.inspect.offload_view import offload_lines
 from autopar.inspect.pipeline_view import pipeline_lines
 from autopar.inspect.plan_layers import TOP_LEVEL, module_rows
+from autopar.ir.placement import R
 from autopar.ops.attention import FORWARD as ATTENTION_FORWARD
 from autopar.ops.attention import sequence_axis
 from autopar.ops.moe import MOE_FORWARD, layout_text
@@ -146,16 +147,18 @@ def _moe_lines(plan) -> list[str]:
 
 def _sequence_split_lines(plan) -> list[str]:
     """Context parallelism (autopar.ops.attention): the attention calls that split their
-    sequence, over which axis, by which kernel."""
+    sequence, over which axis, and where their keys and values are gathered."""
     layers = [n for n in plan.graph.nodes if n.target == ATTENTION_FORWARD]
-    axes = [sequence_axis(plan.strategies[n.name].in_specs[0]) for n in layers]
-    split = [a for a in axes if a is not None]
+    split = [(n, sequence_axis(plan.strategies[n.name].in_specs[0])) for n in layers]
+    split = [(n, axis) for n, axis in split if axis is not None]
     if not split:
         return []
-    names = ", ".join(sorted({plan.mesh.axis_names[a] for a in split}))
+    names = ", ".join(sorted({plan.mesh.axis_names[axis] for _, axis in split}))
+    inside = sum(1 for n, axis in split if plan.strategies[n.name].in_specs[1].placements[axis] != R)
+    forms = [f"{count} with their keys and values {how}" for count, how in
+             ((inside, "gathered inside the kernel"), (len(split) - inside, "gathered by the plan's moves")) if count]
     return [f"context parallel: {len(split)} of {len(layers)} attention calls split their sequence over {names} "
-            f"(contiguous blocks; keys and values all-gathered, their gradients reduce-scattered); "
-            f"plan.explain('attention') weighs their layouts"]
+            f"in contiguous blocks, {', '.join(forms)}; plan.explain('attention') weighs their layouts"]
 
 
 def _formula_lines(plan, coll) -> list[str]:

@@ -135,7 +135,7 @@ def _collective(s, axes, begin: float, seconds: float, track: int) -> dict:
     step = r.steps[s.step]
     category = "collective" if step.kind in COMMUNICATING else "local redistribution"  # a slice, say
     return _event(f"{step.kind} over {axes[step.axis]}", category, begin, seconds, 0, track, value=r.value,
-                  bytes=r.step_bytes[s.step], gradient_sync=r.consumers == ("output",))
+                  bytes=r.step_bytes[s.step], gradient_sync=r.consumers == ("output",), prefetch=s.prefetch)
 
 
 def _event(name: str, category: str, begin_s: float, seconds: float, pid: int, tid: int, **args) -> dict:

@@ -2,29 +2,37 @@
 
 Attention is independent per (batch, head), so those dims shard as letters do. Its query
 sequence t and key sequence s stay whole under letters: every query reads every key. Context
-parallelism splits them anyway, as its own option: query, key and value ``Shard(2)`` over one
-axis, each rank holding a contiguous block of the sequence (and a mask's rows of that block).
-What a rank runs then is a runtime kernel (autopar.runtime.context_parallel, named by
-``Rule.kernel_axis`` / ``local_call``):
-it all-gathers the keys and values over the axis and attends its queries to them (a causal
-mask offset by the block's position); backward gathers them again and reduce-scatters their
-gradients. This is the all-gather variant of context parallelism (Llama 3, arXiv:2407.21783,
-§3.3.2), whose messages are the keys and values once per layer and direction.
+parallelism splits them anyway, each rank holding a contiguous block of the query's positions
+(``Shard(2)`` over one axis, and a mask's rows of that block), in two options:
+
+- the keys and values split as the queries are: the rank's kernel all-gathers them over the
+  axis, and backward gathers them again and reduce-scatters their gradients;
+- the keys and values whole on the axis: the plan gathers them where its moves are cheapest
+  (before grouped-query heads are repeated, say), and backward's gradients of them are
+  partial sums, reduced where the plan's moves are cheapest.
+
+Either way a rank attends its queries to every key, under a causal mask offset by its block's
+position, so what it runs is a runtime kernel (autopar.runtime.context_parallel, named by
+``Rule.kernel_axis`` / ``local_call``). This is the all-gather form of context parallelism
+(Llama 3, arXiv:2407.21783, §3.3.2), whose messages are the keys and values once per layer
+and direction.
 """
 from __future__ import annotations
 
 import torch
 
-from autopar.ir.placement import R, Shard
+from autopar.ir.placement import P, R, Shard
 from autopar.ir.strategy import Option
 from autopar.ops.kinds import LetterRule, Letters, OpCall, letter_options
 
 SEQUENCE_DIM = 2  # of query, key, value, output (b, h, t, d) and log-sum-exp (b, h, t)
 FORWARD = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 
-# what a rank runs under the sequence-split option (Rule.kernel_axis)
+# what a rank runs under the sequence-split options (Rule.kernel_axis): keys gathered inside, or whole
 ALL_GATHER_FORWARD = "context_parallel.attention_all_gather"
 ALL_GATHER_BACKWARD = "context_parallel.attention_all_gather_backward"
+WHOLE_KEYS_FORWARD = "context_parallel.attention_of_block"
+WHOLE_KEYS_BACKWARD = "context_parallel.attention_of_block_backward"
 
 
 def _sdpa_letters(call: OpCall, head: tuple[str, ...], outs: tuple[str, ...]) -> Letters:
@@ -47,18 +55,20 @@ def _sdpa_backward_flops(in_shapes, out_shapes):
 
 
 class AttentionRule(LetterRule):
-    """Letters, plus the sequence split over an axis, run by the all-gather kernel.
+    """Letters, plus the sequence split over an axis in two forms: the keys and values split as
+    the queries are, gathered inside the kernel (``gathering``); or whole on the axis, where the
+    plan's own moves gathered them, before the op (``whole_keys``: say before grouped-query
+    heads are repeated, where they are fewer bytes), their gradients partial sums.
 
     ``operands``: the tensor inputs before any mask (3 in forward, 6 in backward);
     ``query``: the query's place among them (key and value follow it); ``dropout_arg``: the
     position of the dropout probability among the call's arguments."""
 
-    def __init__(self, make, flop_fn, kernel: str, operands: int, query: int, dropout_arg: int,
+    def __init__(self, make, flop_fn, gathering: str, whole_keys: str, operands: int, query: int, dropout_arg: int,
                  backward: bool):
         super().__init__(make, flop_fn=flop_fn)
-        self.kernel, self.operands, self.query = kernel, operands, query
+        self.gathering, self.whole_keys, self.operands, self.query = gathering, whole_keys, operands, query
         self.dropout_arg, self.backward = dropout_arg, backward
-        self.kernel_collectives = ("all_gather", "reduce_scatter") if backward else ("all_gather",)
 
     def options(self, call: OpCall) -> list[Option]:
         letters = self.make(call)
@@ -66,15 +76,20 @@ class AttentionRule(LetterRule):
         if self.splits_sequence(call):
             # a mask's rows are the queries': a rank reads its block's rows, every key's column
             masks = tuple(Shard(m.index("t")) if "t" in m else R for m in letters.inputs[self.operands:])
-            options.append(Option((Shard(SEQUENCE_DIM),) * self.operands + masks,
-                                  tuple(Shard(SEQUENCE_DIM) for _ in call.out_shapes)))
+            block = Shard(SEQUENCE_DIM)
+            options.append(Option((block,) * self.operands + masks, tuple(block for _ in call.out_shapes)))
+            whole = [block] * self.operands
+            whole[self.query + 1] = whole[self.query + 2] = R
+            # backward: every rank's queries add to each key's and value's gradient
+            outs = (block, P, P) if self.backward else (block, block)
+            options.append(Option(tuple(whole) + masks, outs))
         return options
 
     def splits_sequence(self, call: OpCall) -> bool:
-        """Whether the kernel computes this call with its sequence split: self-attention
+        """Whether the kernels compute this call with its sequence split: self-attention
         (queries and keys of one sequence, so a rank's query block and key block are the same
         positions) without dropout (its mask is drawn for the whole score matrix), and not both
-        a mask tensor and the causal flag (the kernel applies one or the other)."""
+        a mask tensor and the causal flag (the kernels apply one or the other)."""
         query, key = call.in_shapes[self.query], call.in_shapes[self.query + 1]
         masked = len(call.in_shapes) > self.operands
         causal = call.arg(self.dropout_arg + 1, "is_causal", False)
@@ -84,18 +99,30 @@ class AttentionRule(LetterRule):
     def kernel_axis(self, in_specs) -> int | None:
         return sequence_axis(in_specs[self.query])
 
+    def _gathers(self, in_specs, axis: int) -> bool:
+        """Whether the kernel gathers the keys (they are split over the axis as the queries are)."""
+        return in_specs[self.query + 1].placements[axis] != R
+
+    def kernel_collectives(self, in_specs) -> tuple[str, ...]:
+        axis = self.kernel_axis(in_specs)
+        if axis is None or not self._gathers(in_specs, axis):
+            return ()
+        return ("all_gather", "reduce_scatter") if self.backward else ("all_gather",)
+
     def local_call(self, call, local):
         if local.inputs[self.query][SEQUENCE_DIM] == call.in_shapes[self.query][SEQUENCE_DIM]:
             return super().local_call(call, local)
-        return self.kernel, list(call.args)
+        keys_whole = local.inputs[self.query + 1][SEQUENCE_DIM] == call.in_shapes[self.query + 1][SEQUENCE_DIM]
+        return (self.whole_keys if keys_whole else self.gathering), list(call.args)
 
     def inner_time(self, call, in_specs, local, cost) -> float:
-        """The sequence split: the keys' and values' all-gathers (and in backward, their
-        gradients' reduce-scatters), and the compute that ``flops`` at the local shapes leaves out:
-        a rank's queries attend to every key, not to its own block only (priced without the
-        causal mask's savings, as the whole op's FLOPs are)."""
+        """The sequence split with the keys gathered inside: their and the values' all-gathers
+        (and in backward, their gradients' reduce-scatters), and the compute that ``flops`` at the
+        local shapes leaves out: a rank's queries attend to every key, not to its own block only
+        (priced without the causal mask's savings, as the whole op's FLOPs are). With the keys
+        whole, ``flops`` at the local shapes is already the block's against every key."""
         axis = sequence_axis(in_specs[self.query])
-        if axis is None:
+        if axis is None or not self._gathers(in_specs, axis):
             return 0.0
         ranks = cost.mesh.shape[axis]
         key = local.inputs[self.query + 1]
@@ -106,21 +133,23 @@ class AttentionRule(LetterRule):
         local_flops = self.flops(call, local.inputs, local.outputs)
         return moves + cost.op_time((ranks - 1) * local_flops, 0.0, _itemsize(call, self.query))
 
-
     def scratch_bytes(self, in_specs, local_inputs, itemsizes, mesh_shape) -> float:
-        """The sequence split: the gathered keys and values; forward's spans' outputs and their
-        merge in float32; backward's float32 sums of every key's and value's gradient, cast
-        back before the reduce-scatter, and the query's gradient in float32."""
+        """The sequence split: the gathered keys and values (where the kernel gathers them);
+        forward's spans' outputs and their merge in float32; backward's float32 sums of every
+        key's and value's gradient, cast back (before the reduce-scatter, where it gathered), and
+        the query's gradient in float32."""
         axis = sequence_axis(in_specs[self.query])
         if axis is None:
             return 0.0
         key = self.query + 1
-        key_elements = _numel(local_inputs[key]) * mesh_shape[axis]
+        gathers = self._gathers(in_specs, axis)
+        key_elements = _numel(local_inputs[key]) * (mesh_shape[axis] if gathers else 1)
         query_elements = _numel(local_inputs[self.query])
-        gathered = 2 * key_elements * itemsizes[key]
+        gathered = 2 * key_elements * itemsizes[key] if gathers else 0.0
         if not self.backward:
             return gathered + 3 * query_elements * 4
-        return gathered + 2 * key_elements * (4 + itemsizes[key]) + query_elements * 4
+        cast_back = 2 * key_elements * itemsizes[key] if gathers else 0.0
+        return gathered + 2 * key_elements * 4 + cast_back + query_elements * 4
 
 
 def query_spec(target, in_specs):
@@ -150,12 +179,13 @@ def _itemsize(call: OpCall, operand: int) -> int:
 
 
 SDPA_FORWARD = AttentionRule(lambda c: _sdpa_letters(c, ("bhtd", "bhsd", "bhsd"), ("bhtd", "bht")),
-                             flop_fn=_sdpa_flops, kernel=ALL_GATHER_FORWARD, operands=3, query=0, dropout_arg=3,
+                             flop_fn=_sdpa_flops, gathering=ALL_GATHER_FORWARD,
+                             whole_keys=WHOLE_KEYS_FORWARD, operands=3, query=0, dropout_arg=3,
                              backward=False)
 SDPA_BACKWARD = AttentionRule(
     lambda c: _sdpa_letters(c, ("bhtd", "bhtd", "bhsd", "bhsd", "bhtd", "bht"), ("bhtd", "bhsd", "bhsd")),
-    flop_fn=_sdpa_backward_flops, kernel=ALL_GATHER_BACKWARD, operands=6, query=1, dropout_arg=6,
-    backward=True)
+    flop_fn=_sdpa_backward_flops, gathering=ALL_GATHER_BACKWARD, whole_keys=WHOLE_KEYS_BACKWARD, operands=6,
+    query=1, dropout_arg=6, backward=True)
 
 ATTENTION_RULES: dict = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: SDPA_FORWARD,

@@ -94,7 +94,6 @@ class Rule:
     follower: bool = False
     shape_arg: int | None = None  # argument holding the output size: rewritten to the local size
     free: bool = False  # metadata-only (a view): no kernel runs, so no compute time
-    kernel_collectives: tuple[str, ...] = ()  # the collectives a runtime kernel runs (kernel_axis)
 
     def options(self, call: OpCall) -> list[Option]:
         raise NotImplementedError
@@ -113,6 +112,11 @@ class Rule:
         inputs' local shapes and item sizes: what a kernel whose ranks communicate gathers
         (autopar.ops.attention). The memory model counts them at the op."""
         return 0.0
+
+    def kernel_collectives(self, in_specs) -> tuple[str, ...]:
+        """The kinds of collective the runtime kernel of a strategy runs over ``kernel_axis``
+        (what ``explain`` lists as inside the op)."""
+        return ()
 
     def kernel_axis(self, in_specs) -> int | None:
         """The mesh axis whose ranks communicate inside what a strategy runs, or None (a local

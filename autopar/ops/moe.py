@@ -180,7 +180,6 @@ class ExpertsRule(LetterRule):
         super().__init__(make, flop_fn=lambda i, o: flop_factor * _pairs(i[routing_operand]) * _flops_per_pair(i))
         self.routing_operand, self.kernel = routing_operand, kernel
         self.row_widths = 1 if routing_operand == 1 else 2  # backward's rows carry a gradient beside
-        self.kernel_collectives = ("all_to_all",)
 
     def options(self, call: OpCall) -> list[Option]:
         lt = self.make(call)
@@ -209,6 +208,9 @@ class ExpertsRule(LetterRule):
 
     def kernel_axis(self, in_specs) -> int | None:
         return expert_axis(in_specs)
+
+    def kernel_collectives(self, in_specs) -> tuple[str, ...]:
+        return ("all_to_all",) if expert_axis(in_specs) is not None else ()
 
     def local_call(self, call, local):
         if local.inputs[-1][0] == call.in_shapes[-1][0]:  # every expert here: the op itself, on this rank's tokens

@@ -12,6 +12,7 @@ from autopar.errors import AutoparError
 from autopar.ir.program import Program
 from autopar.passes.base import Pass, PassContext, side_table
 from autopar.passes.budget_search import BudgetSearch
+from autopar.passes.mirror_axes import batch_on_dp_axes
 from autopar.passes.recompute import Fit
 from autopar.passes.sharding_problem import build_problem
 from autopar.solvers.sharding import SolverResult
@@ -33,7 +34,7 @@ class SolveShardingPass(Pass):
         search = BudgetSearch(program, problem, ctx)
         picked = search.run()
         result, program.tables["fit"] = picked.result, picked.fit  # the recompute pass takes this fit as decided here
-        program.tables["choice"] = problem.choice_of(result.choice)
+        program.tables["choice"] = batch_on_dp_axes(problem.choice_of(result.choice), program, ctx, allowed)
         program.tables["solver"] = result
         return (f"{len(problem.groups)} variables groups, {len(problem.edge_costs)} edges, {result.n_variables} "
                 f"booleans, {result.status}, objective {result.objective * 1e3:.4f} ms, gap {result.gap:.2%}"

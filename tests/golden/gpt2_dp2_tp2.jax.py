@@ -1,5 +1,5 @@
 # autopar: training step as a sharded JAX program (generated; do not edit)
-# plan 99882b62c030 | graph f9c235857f9b1ca1 | mesh (dp=2, tp=2) | hardware h100-sxm
+# plan 8e70889be121 | graph f9c235857f9b1ca1 | mesh (dp=2, tp=2) | hardware h100-sxm
 # predicted step 0.5905 ms = compute 0.4483 ms + communication 0.1421 ms
 # parameter layouts (S(d): split along dim d; R: replicated):
 #   wte.weight                 [256, 2048]   R on dp, R on tp
@@ -41,9 +41,9 @@
 #   head.weight                [256, 2048]   R on dp, R on tp
 # passes:
 #   shapes: 309 nodes
-#   strategies: 309 nodes, 116 free, 1174 strategies, 0 fallbacks
+#   strategies: 309 nodes, 116 free, 1222 strategies, 0 fallbacks
 #   cluster_layers: no repeated layers
-#   solve_sharding: 116 variables groups, 220 edges, 27349 booleans, optimal, objective 0.5905 ms, gap 0.00%
+#   solve_sharding: 116 variables groups, 220 edges, 32917 booleans, optimal, objective 0.5905 ms, gap 0.00%
 #   collectives: 56 redistributions, 50 collectives
 #   recompute: peak 844.3 MB per device at mm_26__r55_pending
 #   predict: step 0.5905 ms (compute 0.4483, communication 0.1421 + 0.2438 hidden), 100% of FLOPs sharded
@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-PLAN_HASH = '99882b62c030'
+PLAN_HASH = '8e70889be121'
 AXES = ('dp', 'tp')
 SHAPE = (2, 2)
 PLACEHOLDERS = [
@@ -605,15 +605,16 @@ def backward_local(
     blocks_1_fc_view_2 = aten_view(blocks_1_gelu_backward, [256, 4096])
     blocks_1_fc_mm = aten_mm(blocks_1_fc_view_2, blocks_1_fc_weight)
     blocks_1_fc_t_1 = aten_t(blocks_1_fc_view_2)
-    grad_blocks_1_fc_weight = aten_mm(blocks_1_fc_t_1, blocks_1_fc_view)
-    grad_blocks_1_fc_weight__r47_pending = lax.psum(grad_blocks_1_fc_weight, 'dp')  # r47: (P, S(0)) -> (R, S(0))
+    blocks_1_fc_t_1__r12 = lax.all_gather(blocks_1_fc_t_1, 'dp', axis=1, tiled=True)  # r12: (S(1), S(0)) -> (R, S(0))
+    blocks_1_fc_view__r13 = lax.all_gather(blocks_1_fc_view, 'dp', axis=0, tiled=True)  # r13: (S(0), R) -> (R, R)
+    grad_blocks_1_fc_weight = aten_mm(blocks_1_fc_t_1__r12, blocks_1_fc_view__r13)
     blocks_1_fc_sum = aten_sum(blocks_1_fc_view_2, [0], True)
     grad_blocks_1_fc_bias = aten_view(blocks_1_fc_sum, [4096])
     grad_blocks_1_fc_bias__r42_pending = lax.psum(grad_blocks_1_fc_bias, 'dp')  # r42: (P, S(0)) -> (R, S(0))
     blocks_1_fc_view_3 = aten_view(blocks_1_fc_mm, [4, 64, 2048])
-    blocks_1_fc_view_3__r12 = lax.psum(blocks_1_fc_view_3, 'tp')  # r12: (S(0), P) -> (S(0), R)
+    blocks_1_fc_view_3__r14 = lax.psum(blocks_1_fc_view_3, 'tp')  # r14: (S(0), P) -> (S(0), R)
     # blocks.1.ln2
-    blocks_1_ln2_native_layer_norm_backward = aten_native_layer_norm_backward(blocks_1_fc_view_3__r12, blocks_1_add, [2048], blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2, blocks_1_ln2_weight, blocks_1_ln2_bias, [True, True, True])
+    blocks_1_ln2_native_layer_norm_backward = aten_native_layer_norm_backward(blocks_1_fc_view_3__r14, blocks_1_add, [2048], blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2, blocks_1_ln2_weight, blocks_1_ln2_bias, [True, True, True])
     blocks_1_ln2_getitem_3 = blocks_1_ln2_native_layer_norm_backward[0]
     grad_blocks_1_ln2_weight = blocks_1_ln2_native_layer_norm_backward[1]
     grad_blocks_1_ln2_weight__r40_pending = lax.psum(grad_blocks_1_ln2_weight, 'dp')  # r40: (P, R) -> (R, R)
@@ -625,7 +626,7 @@ def backward_local(
     blocks_1_attn_proj_mm = aten_mm(blocks_1_attn_proj_view_2, blocks_1_attn_proj_weight)
     blocks_1_attn_proj_t_1 = aten_t(blocks_1_attn_proj_view_2)
     grad_blocks_1_attn_proj_weight = aten_mm(blocks_1_attn_proj_t_1, blocks_1_attn_proj_view)
-    grad_blocks_1_attn_proj_weight__r48_pending = lax.psum(grad_blocks_1_attn_proj_weight, 'dp')  # r48: (P, S(1)) -> (R, S(1))
+    grad_blocks_1_attn_proj_weight__r47_pending = lax.psum(grad_blocks_1_attn_proj_weight, 'dp')  # r47: (P, S(1)) -> (R, S(1))
     blocks_1_attn_proj_sum = aten_sum(blocks_1_attn_proj_view_2, [0], True)
     grad_blocks_1_attn_proj_bias = aten_view(blocks_1_attn_proj_sum, [2048])
     grad_blocks_1_attn_proj_bias__r39_pending = lax.psum(grad_blocks_1_attn_proj_bias, 'dp')  # r39: (P, R) -> (R, R)
@@ -645,7 +646,7 @@ def backward_local(
     blocks_1_attn_v_mm = aten_mm(blocks_1_attn_v_view_2, blocks_1_attn_v_weight)
     blocks_1_attn_v_t_1 = aten_t(blocks_1_attn_v_view_2)
     grad_blocks_1_attn_v_weight = aten_mm(blocks_1_attn_v_t_1, blocks_1_attn_v_view)
-    grad_blocks_1_attn_v_weight__r49_pending = lax.psum(grad_blocks_1_attn_v_weight, 'dp')  # r49: (P, S(0)) -> (R, S(0))
+    grad_blocks_1_attn_v_weight__r48_pending = lax.psum(grad_blocks_1_attn_v_weight, 'dp')  # r48: (P, S(0)) -> (R, S(0))
     blocks_1_attn_v_sum = aten_sum(blocks_1_attn_v_view_2, [0], True)
     grad_blocks_1_attn_v_bias = aten_view(blocks_1_attn_v_sum, [1024])
     grad_blocks_1_attn_v_bias__r38_pending = lax.psum(grad_blocks_1_attn_v_bias, 'dp')  # r38: (P, S(0)) -> (R, S(0))
@@ -658,7 +659,7 @@ def backward_local(
     blocks_1_attn_k_mm = aten_mm(blocks_1_attn_k_view_2, blocks_1_attn_k_weight)
     blocks_1_attn_k_t_1 = aten_t(blocks_1_attn_k_view_2)
     grad_blocks_1_attn_k_weight = aten_mm(blocks_1_attn_k_t_1, blocks_1_attn_k_view)
-    grad_blocks_1_attn_k_weight__r50_pending = lax.psum(grad_blocks_1_attn_k_weight, 'dp')  # r50: (P, S(0)) -> (R, S(0))
+    grad_blocks_1_attn_k_weight__r49_pending = lax.psum(grad_blocks_1_attn_k_weight, 'dp')  # r49: (P, S(0)) -> (R, S(0))
     blocks_1_attn_k_sum = aten_sum(blocks_1_attn_k_view_2, [0], True)
     grad_blocks_1_attn_k_bias = aten_view(blocks_1_attn_k_sum, [1024])
     grad_blocks_1_attn_k_bias__r37_pending = lax.psum(grad_blocks_1_attn_k_bias, 'dp')  # r37: (P, S(0)) -> (R, S(0))
@@ -673,16 +674,16 @@ def backward_local(
     blocks_1_attn_q_mm = aten_mm(blocks_1_attn_q_view_2, blocks_1_attn_q_weight)
     blocks_1_attn_q_t_1 = aten_t(blocks_1_attn_q_view_2)
     grad_blocks_1_attn_q_weight = aten_mm(blocks_1_attn_q_t_1, blocks_1_attn_q_view)
-    grad_blocks_1_attn_q_weight__r51_pending = lax.psum(grad_blocks_1_attn_q_weight, 'dp')  # r51: (P, S(0)) -> (R, S(0))
+    grad_blocks_1_attn_q_weight__r50_pending = lax.psum(grad_blocks_1_attn_q_weight, 'dp')  # r50: (P, S(0)) -> (R, S(0))
     blocks_1_attn_q_sum = aten_sum(blocks_1_attn_q_view_2, [0], True)
     grad_blocks_1_attn_q_bias = aten_view(blocks_1_attn_q_sum, [1024])
     grad_blocks_1_attn_q_bias__r36_pending = lax.psum(grad_blocks_1_attn_q_bias, 'dp')  # r36: (P, S(0)) -> (R, S(0))
     blocks_1_attn_q_view_3 = aten_view(blocks_1_attn_q_mm, [4, 64, 2048])
     # blocks.1.attn.v
     blocks_1_attn_v_add_1 = aten_add(blocks_1_attn_v_add, blocks_1_attn_q_view_3)
-    blocks_1_attn_v_add_1__r13 = lax.psum(blocks_1_attn_v_add_1, 'tp')  # r13: (S(0), P) -> (S(0), R)
+    blocks_1_attn_v_add_1__r15 = lax.psum(blocks_1_attn_v_add_1, 'tp')  # r15: (S(0), P) -> (S(0), R)
     # blocks.1.ln1
-    blocks_1_ln1_native_layer_norm_backward = aten_native_layer_norm_backward(blocks_1_attn_v_add_1__r13, blocks_0_add_1, [2048], blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_ln1_weight, blocks_1_ln1_bias, [True, True, True])
+    blocks_1_ln1_native_layer_norm_backward = aten_native_layer_norm_backward(blocks_1_attn_v_add_1__r15, blocks_0_add_1, [2048], blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_ln1_weight, blocks_1_ln1_bias, [True, True, True])
     blocks_1_ln1_getitem_3 = blocks_1_ln1_native_layer_norm_backward[0]
     grad_blocks_1_ln1_weight = blocks_1_ln1_native_layer_norm_backward[1]
     grad_blocks_1_ln1_weight__r34_pending = lax.psum(grad_blocks_1_ln1_weight, 'dp')  # r34: (P, R) -> (R, R)
@@ -694,9 +695,9 @@ def backward_local(
     blocks_0_out_view_2 = aten_view(blocks_1_ln2_add_1, [256, 2048])
     blocks_0_out_mm = aten_mm(blocks_0_out_view_2, blocks_0_out_weight)
     blocks_0_out_t_1 = aten_t(blocks_0_out_view_2)
-    blocks_0_out_t_1__r14 = lax.all_gather(blocks_0_out_t_1, 'dp', axis=1, tiled=True)  # r14: (S(1), R) -> (R, R)
-    blocks_0_out_view__r15 = lax.all_gather(blocks_0_out_view, 'dp', axis=0, tiled=True)  # r15: (S(0), S(1)) -> (R, S(1))
-    grad_blocks_0_out_weight = aten_mm(blocks_0_out_t_1__r14, blocks_0_out_view__r15)
+    blocks_0_out_t_1__r16 = lax.all_gather(blocks_0_out_t_1, 'dp', axis=1, tiled=True)  # r16: (S(1), R) -> (R, R)
+    blocks_0_out_view__r17 = lax.all_gather(blocks_0_out_view, 'dp', axis=0, tiled=True)  # r17: (S(0), S(1)) -> (R, S(1))
+    grad_blocks_0_out_weight = aten_mm(blocks_0_out_t_1__r16, blocks_0_out_view__r17)
     blocks_0_out_sum = aten_sum(blocks_0_out_view_2, [0], True)
     grad_blocks_0_out_bias = aten_view(blocks_0_out_sum, [2048])
     grad_blocks_0_out_bias__r33_pending = lax.psum(grad_blocks_0_out_bias, 'dp')  # r33: (P, R) -> (R, R)
@@ -707,9 +708,8 @@ def backward_local(
     blocks_0_fc_view_2 = aten_view(blocks_0_gelu_backward, [256, 4096])
     blocks_0_fc_mm = aten_mm(blocks_0_fc_view_2, blocks_0_fc_weight)
     blocks_0_fc_t_1 = aten_t(blocks_0_fc_view_2)
-    blocks_0_fc_t_1__r16 = lax.all_gather(blocks_0_fc_t_1, 'dp', axis=1, tiled=True)  # r16: (S(1), S(0)) -> (R, S(0))
-    blocks_0_fc_view__r17 = lax.all_gather(blocks_0_fc_view, 'dp', axis=0, tiled=True)  # r17: (S(0), R) -> (R, R)
-    grad_blocks_0_fc_weight = aten_mm(blocks_0_fc_t_1__r16, blocks_0_fc_view__r17)
+    grad_blocks_0_fc_weight = aten_mm(blocks_0_fc_t_1, blocks_0_fc_view)
+    grad_blocks_0_fc_weight__r51_pending = lax.psum(grad_blocks_0_fc_weight, 'dp')  # r51: (P, S(0)) -> (R, S(0))
     blocks_0_fc_sum = aten_sum(blocks_0_fc_view_2, [0], True)
     grad_blocks_0_fc_bias = aten_view(blocks_0_fc_sum, [4096])
     grad_blocks_0_fc_bias__r32_pending = lax.psum(grad_blocks_0_fc_bias, 'dp')  # r32: (P, S(0)) -> (R, S(0))
@@ -819,27 +819,27 @@ def backward_local(
     grad_blocks_0_attn_proj_bias__r29 = grad_blocks_0_attn_proj_bias__r29_pending
     grad_blocks_0_ln2_weight__r30 = grad_blocks_0_ln2_weight__r30_pending
     grad_blocks_0_ln2_bias__r31 = grad_blocks_0_ln2_bias__r31_pending
+    grad_blocks_0_fc_weight__r51 = grad_blocks_0_fc_weight__r51_pending
     grad_blocks_0_fc_bias__r32 = grad_blocks_0_fc_bias__r32_pending
     grad_blocks_0_out_bias__r33 = grad_blocks_0_out_bias__r33_pending
     grad_blocks_1_ln1_weight__r34 = grad_blocks_1_ln1_weight__r34_pending
     grad_blocks_1_ln1_bias__r35 = grad_blocks_1_ln1_bias__r35_pending
-    grad_blocks_1_attn_q_weight__r51 = grad_blocks_1_attn_q_weight__r51_pending
+    grad_blocks_1_attn_q_weight__r50 = grad_blocks_1_attn_q_weight__r50_pending
     grad_blocks_1_attn_q_bias__r36 = grad_blocks_1_attn_q_bias__r36_pending
-    grad_blocks_1_attn_k_weight__r50 = grad_blocks_1_attn_k_weight__r50_pending
+    grad_blocks_1_attn_k_weight__r49 = grad_blocks_1_attn_k_weight__r49_pending
     grad_blocks_1_attn_k_bias__r37 = grad_blocks_1_attn_k_bias__r37_pending
-    grad_blocks_1_attn_v_weight__r49 = grad_blocks_1_attn_v_weight__r49_pending
+    grad_blocks_1_attn_v_weight__r48 = grad_blocks_1_attn_v_weight__r48_pending
     grad_blocks_1_attn_v_bias__r38 = grad_blocks_1_attn_v_bias__r38_pending
-    grad_blocks_1_attn_proj_weight__r48 = grad_blocks_1_attn_proj_weight__r48_pending
+    grad_blocks_1_attn_proj_weight__r47 = grad_blocks_1_attn_proj_weight__r47_pending
     grad_blocks_1_attn_proj_bias__r39 = grad_blocks_1_attn_proj_bias__r39_pending
     grad_blocks_1_ln2_weight__r40 = grad_blocks_1_ln2_weight__r40_pending
     grad_blocks_1_ln2_bias__r41 = grad_blocks_1_ln2_bias__r41_pending
-    grad_blocks_1_fc_weight__r47 = grad_blocks_1_fc_weight__r47_pending
     grad_blocks_1_fc_bias__r42 = grad_blocks_1_fc_bias__r42_pending
     grad_blocks_1_out_bias__r43 = grad_blocks_1_out_bias__r43_pending
     grad_ln_f_weight__r44 = grad_ln_f_weight__r44_pending
     grad_ln_f_bias__r45 = grad_ln_f_bias__r45_pending
     grad_head_weight__r46 = grad_head_weight__r46_pending
-    return (grad_wte_weight__r22, grad_wpe_weight__r23, grad_blocks_0_ln1_weight__r24, grad_blocks_0_ln1_bias__r25, grad_blocks_0_attn_q_weight__r55, grad_blocks_0_attn_q_bias__r26, grad_blocks_0_attn_k_weight__r54, grad_blocks_0_attn_k_bias__r27, grad_blocks_0_attn_v_weight__r53, grad_blocks_0_attn_v_bias__r28, grad_blocks_0_attn_proj_weight__r52, grad_blocks_0_attn_proj_bias__r29, grad_blocks_0_ln2_weight__r30, grad_blocks_0_ln2_bias__r31, grad_blocks_0_fc_weight, grad_blocks_0_fc_bias__r32, grad_blocks_0_out_weight, grad_blocks_0_out_bias__r33, grad_blocks_1_ln1_weight__r34, grad_blocks_1_ln1_bias__r35, grad_blocks_1_attn_q_weight__r51, grad_blocks_1_attn_q_bias__r36, grad_blocks_1_attn_k_weight__r50, grad_blocks_1_attn_k_bias__r37, grad_blocks_1_attn_v_weight__r49, grad_blocks_1_attn_v_bias__r38, grad_blocks_1_attn_proj_weight__r48, grad_blocks_1_attn_proj_bias__r39, grad_blocks_1_ln2_weight__r40, grad_blocks_1_ln2_bias__r41, grad_blocks_1_fc_weight__r47, grad_blocks_1_fc_bias__r42, grad_blocks_1_out_weight, grad_blocks_1_out_bias__r43, grad_ln_f_weight__r44, grad_ln_f_bias__r45, grad_head_weight__r46,)
+    return (grad_wte_weight__r22, grad_wpe_weight__r23, grad_blocks_0_ln1_weight__r24, grad_blocks_0_ln1_bias__r25, grad_blocks_0_attn_q_weight__r55, grad_blocks_0_attn_q_bias__r26, grad_blocks_0_attn_k_weight__r54, grad_blocks_0_attn_k_bias__r27, grad_blocks_0_attn_v_weight__r53, grad_blocks_0_attn_v_bias__r28, grad_blocks_0_attn_proj_weight__r52, grad_blocks_0_attn_proj_bias__r29, grad_blocks_0_ln2_weight__r30, grad_blocks_0_ln2_bias__r31, grad_blocks_0_fc_weight__r51, grad_blocks_0_fc_bias__r32, grad_blocks_0_out_weight, grad_blocks_0_out_bias__r33, grad_blocks_1_ln1_weight__r34, grad_blocks_1_ln1_bias__r35, grad_blocks_1_attn_q_weight__r50, grad_blocks_1_attn_q_bias__r36, grad_blocks_1_attn_k_weight__r49, grad_blocks_1_attn_k_bias__r37, grad_blocks_1_attn_v_weight__r48, grad_blocks_1_attn_v_bias__r38, grad_blocks_1_attn_proj_weight__r47, grad_blocks_1_attn_proj_bias__r39, grad_blocks_1_ln2_weight__r40, grad_blocks_1_ln2_bias__r41, grad_blocks_1_fc_weight, grad_blocks_1_fc_bias__r42, grad_blocks_1_out_weight, grad_blocks_1_out_bias__r43, grad_ln_f_weight__r44, grad_ln_f_bias__r45, grad_head_weight__r46,)
 
 
 def local_step(

@@ -1,5 +1,5 @@
 # autopar: per-rank training step for torch.distributed (generated; do not edit)
-# plan 99882b62c030 | graph f9c235857f9b1ca1 | mesh (dp=2, tp=2) | hardware h100-sxm
+# plan 8e70889be121 | graph f9c235857f9b1ca1 | mesh (dp=2, tp=2) | hardware h100-sxm
 # predicted step 0.5905 ms = compute 0.4483 ms + communication 0.1421 ms
 # parameter layouts (S(d): split along dim d; R: replicated):
 #   wte.weight                 [256, 2048]   R on dp, R on tp
@@ -41,9 +41,9 @@
 #   head.weight                [256, 2048]   R on dp, R on tp
 # passes:
 #   shapes: 309 nodes
-#   strategies: 309 nodes, 116 free, 1174 strategies, 0 fallbacks
+#   strategies: 309 nodes, 116 free, 1222 strategies, 0 fallbacks
 #   cluster_layers: no repeated layers
-#   solve_sharding: 116 variables groups, 220 edges, 27349 booleans, optimal, objective 0.5905 ms, gap 0.00%
+#   solve_sharding: 116 variables groups, 220 edges, 32917 booleans, optimal, objective 0.5905 ms, gap 0.00%
 #   collectives: 56 redistributions, 50 collectives
 #   recompute: peak 844.3 MB per device at mm_26__r55_pending
 #   predict: step 0.5905 ms (compute 0.4483, communication 0.1421 + 0.2438 hidden), 100% of FLOPs sharded
@@ -58,7 +58,7 @@ from autopar.runtime import kernels  # kernels by what they compute, on any devi
 
 aten = torch.ops.aten
 
-PLAN_HASH = '99882b62c030'
+PLAN_HASH = '8e70889be121'
 GRAPH_FINGERPRINT = 'f9c235857f9b1ca1'
 PLACEHOLDERS = [
     'wte_weight', 'wpe_weight', 'blocks_0_ln1_weight', 'blocks_0_ln1_bias', 'blocks_0_attn_q_weight',
@@ -470,12 +470,12 @@ def backward(
     del blocks_1_gelu_backward
     blocks_1_fc_mm = aten.mm.default(blocks_1_fc_view_2, blocks_1_fc_weight)  # [512, 2048] -> local [256, 2048] (S(0), P)
     blocks_1_fc_t_1 = aten.t.default(blocks_1_fc_view_2)  # [8192, 512] -> local [4096, 256] (S(1), S(0))
-    grad_blocks_1_fc_weight = aten.mm.default(blocks_1_fc_t_1, blocks_1_fc_view)  # [8192, 2048] -> local [4096, 2048] (P, S(0))
-    del blocks_1_fc_view, blocks_1_fc_t_1
-    if sync:
-        grad_blocks_1_fc_weight = accumulate(grad_blocks_1_fc_weight, unsynced, 'blocks.1.fc.weight')
-        grad_blocks_1_fc_weight__r47_pending = rt.start_all_reduce(grad_blocks_1_fc_weight, 'dp')  # r47 backward: (P, S(0)) -> (R, S(0)), 33.6 MB, 78.6 us, overlaps the rest of backward
-        del grad_blocks_1_fc_weight
+    blocks_1_fc_t_1__r12 = rt.all_gather(blocks_1_fc_t_1, 'dp', dim=1)  # r12 backward: (S(1), S(0)) -> (R, S(0)), 8.4 MB, 12.3 us
+    del blocks_1_fc_t_1
+    blocks_1_fc_view__r13 = rt.all_gather(blocks_1_fc_view, 'dp', dim=0)  # r13 backward: (S(0), R) -> (R, R), 4.2 MB, 7.7 us
+    del blocks_1_fc_view
+    grad_blocks_1_fc_weight = aten.mm.default(blocks_1_fc_t_1__r12, blocks_1_fc_view__r13)  # [8192, 2048] -> local [4096, 2048] (R, S(0))
+    del blocks_1_fc_t_1__r12, blocks_1_fc_view__r13
     blocks_1_fc_sum = aten.sum.dim_IntList(blocks_1_fc_view_2, [0], True)  # [1, 8192] -> local [1, 4096] (P, S(1))
     del blocks_1_fc_view_2
     grad_blocks_1_fc_bias = aten.reshape.default(blocks_1_fc_sum, [4096])  # [8192] -> local [4096] (P, S(0))
@@ -486,11 +486,11 @@ def backward(
         del grad_blocks_1_fc_bias
     blocks_1_fc_view_3 = aten.reshape.default(blocks_1_fc_mm, [4, 64, 2048])  # [8, 64, 2048] -> local [4, 64, 2048] (S(0), P)
     del blocks_1_fc_mm
-    blocks_1_fc_view_3__r12 = rt.all_reduce(blocks_1_fc_view_3, 'tp', last_read=True)  # r12 backward: (S(0), P) -> (S(0), R), 2.1 MB, 8.7 us
+    blocks_1_fc_view_3__r14 = rt.all_reduce(blocks_1_fc_view_3, 'tp', last_read=True)  # r14 backward: (S(0), P) -> (S(0), R), 2.1 MB, 8.7 us
     del blocks_1_fc_view_3
     # blocks.1.ln2
-    blocks_1_ln2_native_layer_norm_backward = aten.native_layer_norm_backward.default(blocks_1_fc_view_3__r12, blocks_1_add, [2048], blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2, blocks_1_ln2_weight, blocks_1_ln2_bias, [True, True, True])  # -> (S(0), R), (P, R), (P, R)
-    del blocks_1_add, blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2, blocks_1_fc_view_3__r12
+    blocks_1_ln2_native_layer_norm_backward = aten.native_layer_norm_backward.default(blocks_1_fc_view_3__r14, blocks_1_add, [2048], blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2, blocks_1_ln2_weight, blocks_1_ln2_bias, [True, True, True])  # -> (S(0), R), (P, R), (P, R)
+    del blocks_1_add, blocks_1_ln2_getitem_1, blocks_1_ln2_getitem_2, blocks_1_fc_view_3__r14
     blocks_1_ln2_getitem_3 = blocks_1_ln2_native_layer_norm_backward[0]  # [8, 64, 2048] -> local [4, 64, 2048] (S(0), R)
     grad_blocks_1_ln2_weight = blocks_1_ln2_native_layer_norm_backward[1]  # [2048] -> local [2048] (P, R)
     if sync:
@@ -513,7 +513,7 @@ def backward(
     del blocks_1_attn_proj_view, blocks_1_attn_proj_t_1
     if sync:
         grad_blocks_1_attn_proj_weight = accumulate(grad_blocks_1_attn_proj_weight, unsynced, 'blocks.1.attn.proj.weight')
-        grad_blocks_1_attn_proj_weight__r48_pending = rt.start_all_reduce(grad_blocks_1_attn_proj_weight, 'dp')  # r48 backward: (P, S(1)) -> (R, S(1)), 8.4 MB, 19.9 us, overlaps the rest of backward
+        grad_blocks_1_attn_proj_weight__r47_pending = rt.start_all_reduce(grad_blocks_1_attn_proj_weight, 'dp')  # r47 backward: (P, S(1)) -> (R, S(1)), 8.4 MB, 19.9 us, overlaps the rest of backward
         del grad_blocks_1_attn_proj_weight
     blocks_1_attn_proj_sum = aten.sum.dim_IntList(blocks_1_attn_proj_view_2, [0], True)  # [1, 2048] -> local [1, 2048] (P, R)
     del blocks_1_attn_proj_view_2
@@ -551,7 +551,7 @@ def backward(
     del blocks_1_attn_v_view, blocks_1_attn_v_t_1
     if sync:
         grad_blocks_1_attn_v_weight = accumulate(grad_blocks_1_attn_v_weight, unsynced, 'blocks.1.attn.v.weight')
-        grad_blocks_1_attn_v_weight__r49_pending = rt.start_all_reduce(grad_blocks_1_attn_v_weight, 'dp')  # r49 backward: (P, S(0)) -> (R, S(0)), 8.4 MB, 19.9 us, overlaps the rest of backward
+        grad_blocks_1_attn_v_weight__r48_pending = rt.start_all_reduce(grad_blocks_1_attn_v_weight, 'dp')  # r48 backward: (P, S(0)) -> (R, S(0)), 8.4 MB, 19.9 us, overlaps the rest of backward
         del grad_blocks_1_attn_v_weight
     blocks_1_attn_v_sum = aten.sum.dim_IntList(blocks_1_attn_v_view_2, [0], True)  # [1, 2048] -> local [1, 1024] (P, S(1))
     del blocks_1_attn_v_view_2
@@ -577,7 +577,7 @@ def backward(
     del blocks_1_attn_k_view, blocks_1_attn_k_t_1
     if sync:
         grad_blocks_1_attn_k_weight = accumulate(grad_blocks_1_attn_k_weight, unsynced, 'blocks.1.attn.k.weight')
-        grad_blocks_1_attn_k_weight__r50_pending = rt.start_all_reduce(grad_blocks_1_attn_k_weight, 'dp')  # r50 backward: (P, S(0)) -> (R, S(0)), 8.4 MB, 19.9 us, overlaps the rest of backward
+        grad_blocks_1_attn_k_weight__r49_pending = rt.start_all_reduce(grad_blocks_1_attn_k_weight, 'dp')  # r49 backward: (P, S(0)) -> (R, S(0)), 8.4 MB, 19.9 us, overlaps the rest of backward
         del grad_blocks_1_attn_k_weight
     blocks_1_attn_k_sum = aten.sum.dim_IntList(blocks_1_attn_k_view_2, [0], True)  # [1, 2048] -> local [1, 1024] (P, S(1))
     del blocks_1_attn_k_view_2
@@ -606,7 +606,7 @@ def backward(
     del blocks_1_attn_q_view, blocks_1_attn_q_t_1
     if sync:
         grad_blocks_1_attn_q_weight = accumulate(grad_blocks_1_attn_q_weight, unsynced, 'blocks.1.attn.q.weight')
-        grad_blocks_1_attn_q_weight__r51_pending = rt.start_all_reduce(grad_blocks_1_attn_q_weight, 'dp')  # r51 backward: (P, S(0)) -> (R, S(0)), 8.4 MB, 19.9 us, overlaps the rest of backward
+        grad_blocks_1_attn_q_weight__r50_pending = rt.start_all_reduce(grad_blocks_1_attn_q_weight, 'dp')  # r50 backward: (P, S(0)) -> (R, S(0)), 8.4 MB, 19.9 us, overlaps the rest of backward
         del grad_blocks_1_attn_q_weight
     blocks_1_attn_q_sum = aten.sum.dim_IntList(blocks_1_attn_q_view_2, [0], True)  # [1, 2048] -> local [1, 1024] (P, S(1))
     del blocks_1_attn_q_view_2
@@ -621,11 +621,11 @@ def backward(
     # blocks.1.attn.v
     blocks_1_attn_v_add_1 = aten.add.Tensor(blocks_1_attn_v_add, blocks_1_attn_q_view_3)  # [8, 64, 2048] -> local [4, 64, 2048] (S(0), P)
     del blocks_1_attn_v_add, blocks_1_attn_q_view_3
-    blocks_1_attn_v_add_1__r13 = rt.all_reduce(blocks_1_attn_v_add_1, 'tp', last_read=True)  # r13 backward: (S(0), P) -> (S(0), R), 2.1 MB, 8.7 us
+    blocks_1_attn_v_add_1__r15 = rt.all_reduce(blocks_1_attn_v_add_1, 'tp', last_read=True)  # r15 backward: (S(0), P) -> (S(0), R), 2.1 MB, 8.7 us
     del blocks_1_attn_v_add_1
     # blocks.1.ln1
-    blocks_1_ln1_native_layer_norm_backward = aten.native_layer_norm_backward.default(blocks_1_attn_v_add_1__r13, blocks_0_add_1, [2048], blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_ln1_weight, blocks_1_ln1_bias, [True, True, True])  # -> (S(0), R), (P, R), (P, R)
-    del blocks_0_add_1, blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_attn_v_add_1__r13
+    blocks_1_ln1_native_layer_norm_backward = aten.native_layer_norm_backward.default(blocks_1_attn_v_add_1__r15, blocks_0_add_1, [2048], blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_ln1_weight, blocks_1_ln1_bias, [True, True, True])  # -> (S(0), R), (P, R), (P, R)
+    del blocks_0_add_1, blocks_1_ln1_getitem_1, blocks_1_ln1_getitem_2, blocks_1_attn_v_add_1__r15
     blocks_1_ln1_getitem_3 = blocks_1_ln1_native_layer_norm_backward[0]  # [8, 64, 2048] -> local [4, 64, 2048] (S(0), R)
     grad_blocks_1_ln1_weight = blocks_1_ln1_native_layer_norm_backward[1]  # [2048] -> local [2048] (P, R)
     if sync:
@@ -645,12 +645,12 @@ def backward(
     blocks_0_out_view_2 = aten.reshape.default(blocks_1_ln2_add_1, [256, 2048])  # [512, 2048] -> local [256, 2048] (S(0), R)
     blocks_0_out_mm = aten.mm.default(blocks_0_out_view_2, blocks_0_out_weight)  # [512, 8192] -> local [256, 4096] (S(0), S(1))
     blocks_0_out_t_1 = aten.t.default(blocks_0_out_view_2)  # [2048, 512] -> local [2048, 256] (S(1), R)
-    blocks_0_out_t_1__r14 = rt.all_gather(blocks_0_out_t_1, 'dp', dim=1)  # r14 backward: (S(1), R) -> (R, R), 4.2 MB, 7.7 us
+    blocks_0_out_t_1__r16 = rt.all_gather(blocks_0_out_t_1, 'dp', dim=1)  # r16 backward: (S(1), R) -> (R, R), 4.2 MB, 7.7 us
     del blocks_0_out_t_1
-    blocks_0_out_view__r15 = rt.all_gather(blocks_0_out_view, 'dp', dim=0)  # r15 backward: (S(0), S(1)) -> (R, S(1)), 8.4 MB, 12.3 us
+    blocks_0_out_view__r17 = rt.all_gather(blocks_0_out_view, 'dp', dim=0)  # r17 backward: (S(0), S(1)) -> (R, S(1)), 8.4 MB, 12.3 us
     del blocks_0_out_view
-    grad_blocks_0_out_weight = aten.mm.default(blocks_0_out_t_1__r14, blocks_0_out_view__r15)  # [2048, 8192] -> local [2048, 4096] (R, S(1))
-    del blocks_0_out_t_1__r14, blocks_0_out_view__r15
+    grad_blocks_0_out_weight = aten.mm.default(blocks_0_out_t_1__r16, blocks_0_out_view__r17)  # [2048, 8192] -> local [2048, 4096] (R, S(1))
+    del blocks_0_out_t_1__r16, blocks_0_out_view__r17
     blocks_0_out_sum = aten.sum.dim_IntList(blocks_0_out_view_2, [0], True)  # [1, 2048] -> local [1, 2048] (P, R)
     del blocks_0_out_view_2
     grad_blocks_0_out_bias = aten.reshape.default(blocks_0_out_sum, [2048])  # [2048] -> local [2048] (P, R)
@@ -669,12 +669,12 @@ def backward(
     del blocks_0_gelu_backward
     blocks_0_fc_mm = aten.mm.default(blocks_0_fc_view_2, blocks_0_fc_weight)  # [512, 2048] -> local [256, 2048] (S(0), P)
     blocks_0_fc_t_1 = aten.t.default(blocks_0_fc_view_2)  # [8192, 512] -> local [4096, 256] (S(1), S(0))
-    blocks_0_fc_t_1__r16 = rt.all_gather(blocks_0_fc_t_1, 'dp', dim=1)  # r16 backward: (S(1), S(0)) -> (R, S(0)), 8.4 MB, 12.3 us
-    del blocks_0_fc_t_1
-    blocks_0_fc_view__r17 = rt.all_gather(blocks_0_fc_view, 'dp', dim=0)  # r17 backward: (S(0), R) -> (R, R), 4.2 MB, 7.7 us
-    del blocks_0_fc_view
-    grad_blocks_0_fc_weight = aten.mm.default(blocks_0_fc_t_1__r16, blocks_0_fc_view__r17)  # [8192, 2048] -> local [4096, 2048] (R, S(0))
-    del blocks_0_fc_t_1__r16, blocks_0_fc_view__r17
+    grad_blocks_0_fc_weight = aten.mm.default(blocks_0_fc_t_1, blocks_0_fc_view)  # [8192, 2048] -> local [4096, 2048] (P, S(0))
+    del blocks_0_fc_view, blocks_0_fc_t_1
+    if sync:
+        grad_blocks_0_fc_weight = accumulate(grad_blocks_0_fc_weight, unsynced, 'blocks.0.fc.weight')
+        grad_blocks_0_fc_weight__r51_pending = rt.start_all_reduce(grad_blocks_0_fc_weight, 'dp')  # r51 backward: (P, S(0)) -> (R, S(0)), 33.6 MB, 78.6 us, overlaps the rest of backward
+        del grad_blocks_0_fc_weight
     blocks_0_fc_sum = aten.sum.dim_IntList(blocks_0_fc_view_2, [0], True)  # [1, 8192] -> local [1, 4096] (P, S(1))
     del blocks_0_fc_view_2
     grad_blocks_0_fc_bias = aten.reshape.default(blocks_0_fc_sum, [4096])  # [8192] -> local [4096] (P, S(0))
@@ -931,6 +931,8 @@ def backward(
     del grad_blocks_0_ln2_weight__r30_pending
     grad_blocks_0_ln2_bias__r31 = rt.wait(grad_blocks_0_ln2_bias__r31_pending)  # r31: the gradient sync started above
     del grad_blocks_0_ln2_bias__r31_pending
+    grad_blocks_0_fc_weight__r51 = rt.wait(grad_blocks_0_fc_weight__r51_pending)  # r51: the gradient sync started above
+    del grad_blocks_0_fc_weight__r51_pending
     grad_blocks_0_fc_bias__r32 = rt.wait(grad_blocks_0_fc_bias__r32_pending)  # r32: the gradient sync started above
     del grad_blocks_0_fc_bias__r32_pending
     grad_blocks_0_out_bias__r33 = rt.wait(grad_blocks_0_out_bias__r33_pending)  # r33: the gradient sync started above
@@ -939,28 +941,26 @@ def backward(
     del grad_blocks_1_ln1_weight__r34_pending
     grad_blocks_1_ln1_bias__r35 = rt.wait(grad_blocks_1_ln1_bias__r35_pending)  # r35: the gradient sync started above
     del grad_blocks_1_ln1_bias__r35_pending
-    grad_blocks_1_attn_q_weight__r51 = rt.wait(grad_blocks_1_attn_q_weight__r51_pending)  # r51: the gradient sync started above
-    del grad_blocks_1_attn_q_weight__r51_pending
+    grad_blocks_1_attn_q_weight__r50 = rt.wait(grad_blocks_1_attn_q_weight__r50_pending)  # r50: the gradient sync started above
+    del grad_blocks_1_attn_q_weight__r50_pending
     grad_blocks_1_attn_q_bias__r36 = rt.wait(grad_blocks_1_attn_q_bias__r36_pending)  # r36: the gradient sync started above
     del grad_blocks_1_attn_q_bias__r36_pending
-    grad_blocks_1_attn_k_weight__r50 = rt.wait(grad_blocks_1_attn_k_weight__r50_pending)  # r50: the gradient sync started above
-    del grad_blocks_1_attn_k_weight__r50_pending
+    grad_blocks_1_attn_k_weight__r49 = rt.wait(grad_blocks_1_attn_k_weight__r49_pending)  # r49: the gradient sync started above
+    del grad_blocks_1_attn_k_weight__r49_pending
     grad_blocks_1_attn_k_bias__r37 = rt.wait(grad_blocks_1_attn_k_bias__r37_pending)  # r37: the gradient sync started above
     del grad_blocks_1_attn_k_bias__r37_pending
-    grad_blocks_1_attn_v_weight__r49 = rt.wait(grad_blocks_1_attn_v_weight__r49_pending)  # r49: the gradient sync started above
-    del grad_blocks_1_attn_v_weight__r49_pending
+    grad_blocks_1_attn_v_weight__r48 = rt.wait(grad_blocks_1_attn_v_weight__r48_pending)  # r48: the gradient sync started above
+    del grad_blocks_1_attn_v_weight__r48_pending
     grad_blocks_1_attn_v_bias__r38 = rt.wait(grad_blocks_1_attn_v_bias__r38_pending)  # r38: the gradient sync started above
     del grad_blocks_1_attn_v_bias__r38_pending
-    grad_blocks_1_attn_proj_weight__r48 = rt.wait(grad_blocks_1_attn_proj_weight__r48_pending)  # r48: the gradient sync started above
-    del grad_blocks_1_attn_proj_weight__r48_pending
+    grad_blocks_1_attn_proj_weight__r47 = rt.wait(grad_blocks_1_attn_proj_weight__r47_pending)  # r47: the gradient sync started above
+    del grad_blocks_1_attn_proj_weight__r47_pending
     grad_blocks_1_attn_proj_bias__r39 = rt.wait(grad_blocks_1_attn_proj_bias__r39_pending)  # r39: the gradient sync started above
     del grad_blocks_1_attn_proj_bias__r39_pending
     grad_blocks_1_ln2_weight__r40 = rt.wait(grad_blocks_1_ln2_weight__r40_pending)  # r40: the gradient sync started above
     del grad_blocks_1_ln2_weight__r40_pending
     grad_blocks_1_ln2_bias__r41 = rt.wait(grad_blocks_1_ln2_bias__r41_pending)  # r41: the gradient sync started above
     del grad_blocks_1_ln2_bias__r41_pending
-    grad_blocks_1_fc_weight__r47 = rt.wait(grad_blocks_1_fc_weight__r47_pending)  # r47: the gradient sync started above
-    del grad_blocks_1_fc_weight__r47_pending
     grad_blocks_1_fc_bias__r42 = rt.wait(grad_blocks_1_fc_bias__r42_pending)  # r42: the gradient sync started above
     del grad_blocks_1_fc_bias__r42_pending
     grad_blocks_1_out_bias__r43 = rt.wait(grad_blocks_1_out_bias__r43_pending)  # r43: the gradient sync started above
@@ -986,23 +986,23 @@ def backward(
         'blocks.0.attn.proj.bias': grad_blocks_0_attn_proj_bias__r29,
         'blocks.0.ln2.weight': grad_blocks_0_ln2_weight__r30,
         'blocks.0.ln2.bias': grad_blocks_0_ln2_bias__r31,
-        'blocks.0.fc.weight': accumulate(grad_blocks_0_fc_weight, unsynced, 'blocks.0.fc.weight'),
+        'blocks.0.fc.weight': grad_blocks_0_fc_weight__r51,
         'blocks.0.fc.bias': grad_blocks_0_fc_bias__r32,
         'blocks.0.out.weight': accumulate(grad_blocks_0_out_weight, unsynced, 'blocks.0.out.weight'),
         'blocks.0.out.bias': grad_blocks_0_out_bias__r33,
         'blocks.1.ln1.weight': grad_blocks_1_ln1_weight__r34,
         'blocks.1.ln1.bias': grad_blocks_1_ln1_bias__r35,
-        'blocks.1.attn.q.weight': grad_blocks_1_attn_q_weight__r51,
+        'blocks.1.attn.q.weight': grad_blocks_1_attn_q_weight__r50,
         'blocks.1.attn.q.bias': grad_blocks_1_attn_q_bias__r36,
-        'blocks.1.attn.k.weight': grad_blocks_1_attn_k_weight__r50,
+        'blocks.1.attn.k.weight': grad_blocks_1_attn_k_weight__r49,
         'blocks.1.attn.k.bias': grad_blocks_1_attn_k_bias__r37,
-        'blocks.1.attn.v.weight': grad_blocks_1_attn_v_weight__r49,
+        'blocks.1.attn.v.weight': grad_blocks_1_attn_v_weight__r48,
         'blocks.1.attn.v.bias': grad_blocks_1_attn_v_bias__r38,
-        'blocks.1.attn.proj.weight': grad_blocks_1_attn_proj_weight__r48,
+        'blocks.1.attn.proj.weight': grad_blocks_1_attn_proj_weight__r47,
         'blocks.1.attn.proj.bias': grad_blocks_1_attn_proj_bias__r39,
         'blocks.1.ln2.weight': grad_blocks_1_ln2_weight__r40,
         'blocks.1.ln2.bias': grad_blocks_1_ln2_bias__r41,
-        'blocks.1.fc.weight': grad_blocks_1_fc_weight__r47,
+        'blocks.1.fc.weight': accumulate(grad_blocks_1_fc_weight, unsynced, 'blocks.1.fc.weight'),
         'blocks.1.fc.bias': grad_blocks_1_fc_bias__r42,
         'blocks.1.out.weight': accumulate(grad_blocks_1_out_weight, unsynced, 'blocks.1.out.weight'),
         'blocks.1.out.bias': grad_blocks_1_out_bias__r43,
