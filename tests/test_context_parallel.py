@@ -149,6 +149,7 @@ def test_a_compiled_sequence_split_program_equals_eager():
     assert report.ok, str(report)
 
 
+@pytest.mark.slow  # a step under torch's MemTracker on four ranks; the inner loop runs two sequence-split steps
 def test_predicted_peak_of_a_sequence_split_matches_the_workers():
     """Activations dominate (512 tokens, width 32): the kernels' gathered keys and values and
     their gradients' sums are counted where they run. Within 10% of torch's MemTracker."""
@@ -213,3 +214,15 @@ def test_the_solver_splits_the_sequence_of_long_contexts_only():
     short = autopar.plan(*_llama_8b_shaped(2048), mesh="dp=8", hardware="h100-sxm", optimizer="adam-mixed",
                          cache=False)
     assert sequence_split_axes(short) == {None}, short.summary()
+
+
+def test_over_an_axis_of_one_rank_the_op_itself_runs():
+    """Shard(2) over an axis of size 1 (a pipeline stage's mesh, say) is the whole sequence: no
+    kernel, no module import, and nothing priced or held for one."""
+    model, inputs = gpt2(batch=2)
+    plan = autopar.plan(model, inputs, mesh="dp=2,cp=1", hardware=FAST, passes=[SequenceOn("cp")])
+    assert sequence_split_axes(plan) == {"cp"}
+    code = plan.emit()
+    assert "context_parallel." not in code and code.count("= kernels.attention_forward(") == 2
+    chosen = [line for line in str(plan.explain("attention")).splitlines() if line.lstrip().startswith("->")]
+    assert len(chosen) == 2 and not any("[cp] inside" in line for line in chosen), chosen

@@ -11,7 +11,7 @@ import torch
 
 from autopar.errors import AutoparError
 from autopar.ir.graph import resolve_target
-from autopar.ops.kinds import LocalShapes, OpCall
+from autopar.ops.kinds import LocalShapes, OpCall, communicating_axis
 from autopar.ops.table import rule_for
 
 
@@ -164,7 +164,7 @@ def kernel_axis(plan, node) -> str | None:
     rule = rule_for(resolve_target(node.target))
     if rule is None:
         return None
-    axis = rule.kernel_axis(plan.strategies[node.name].in_specs)
+    axis = communicating_axis(rule, plan.strategies[node.name].in_specs, plan.mesh.shape)
     return None if axis is None else plan.mesh.axis_names[axis]
 
 

@@ -19,6 +19,7 @@ from autopar.ir.placement import Spec
 from autopar.ir.program import Program, tensor_inputs
 from autopar.ir.redistribute import COMMUNICATING, plan_steps
 from autopar.ops.attention import FORWARD as ATTENTION_FORWARD
+from autopar.ops.kinds import communicating_axis
 from autopar.ops.moe import MOE_FORWARD
 from autopar.ops.table import rule_for
 from autopar.passes.base import PassContext
@@ -167,7 +168,7 @@ def _inner_collectives(program: Program, name: str, strategy, mesh) -> list[str]
     all-to-alls, context parallelism's gathers of keys and values)."""
     node = program.node(name)
     rule = rule_for(node.target) if node.op == "call_function" else None
-    axis = None if rule is None else rule.kernel_axis(strategy.in_specs)
+    axis = None if rule is None else communicating_axis(rule, strategy.in_specs, mesh.shape)
     if axis is None:
         return []
     return [f"{kind}[{mesh.axis_names[axis]}] inside" for kind in rule.kernel_collectives(strategy.in_specs)]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from autopar.ir.graph import GraphIR, IRNode, resolve_target
 from autopar.ir.mesh import Mesh
 from autopar.ir.program import STEP
+from autopar.ops.kinds import communicating_axis
 from autopar.ops.table import rule_for
 
 # per collective kind, the local size of its result, and per library the extra bytes it holds
@@ -216,7 +217,7 @@ class _Scheduler:
     def kernel_scratch(self, node: IRNode, rule) -> float:
         """What a runtime kernel whose ranks communicate holds while it runs (Rule.scratch_bytes)."""
         in_specs = self.strategies[node.name].in_specs
-        if rule is None or rule.kernel_axis(in_specs) is None:
+        if rule is None or communicating_axis(rule, in_specs, self.mesh.shape) is None:
             return 0.0
         metas = [self.graph.node(ref).outputs[0] for ref in node.refs()]
         local = tuple(spec.local_shape(m.shape, self.mesh) for spec, m in zip(in_specs, metas))

@@ -122,7 +122,7 @@ class AttentionRule(LetterRule):
         (priced without the causal mask's savings, as the whole op's FLOPs are). With the keys
         whole, ``flops`` at the local shapes is already the block's against every key."""
         axis = sequence_axis(in_specs[self.query])
-        if axis is None or not self._gathers(in_specs, axis):
+        if axis is None or not self._gathers(in_specs, axis) or cost.mesh.shape[axis] == 1:
             return 0.0
         ranks = cost.mesh.shape[axis]
         key = local.inputs[self.query + 1]

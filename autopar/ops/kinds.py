@@ -138,6 +138,14 @@ class Rule:
         return call.target, self.local_args(call, local)
 
 
+def communicating_axis(rule: Rule, in_specs, mesh_shape) -> int | None:
+    """The mesh axis whose ranks communicate inside what ``rule`` runs for a strategy
+    (``Rule.kernel_axis``), where that axis has more than one rank: over a single rank a block
+    is the whole tensor, and ``local_call`` runs the op itself."""
+    axis = rule.kernel_axis(in_specs)
+    return axis if axis is not None and mesh_shape[axis] > 1 else None
+
+
 def _numel(shape) -> int:
     n = 1
     for d in shape:

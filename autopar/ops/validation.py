@@ -26,7 +26,7 @@ from autopar.ir.mesh import Mesh
 from autopar.ir.placement import Partial, Replicate, Shard, Spec
 from autopar.ir.program import TensorMeta
 from autopar.ir.strategy import combine
-from autopar.ops.kinds import LocalShapes, OpCall, Rule, RuleDoesNotApply
+from autopar.ops.kinds import LocalShapes, OpCall, Rule, RuleDoesNotApply, communicating_axis
 from autopar.ops.simulated_ranks import run_on_threads, runtime_kernel
 
 MESH = Mesh(("x", "y"), (2, 2))
@@ -156,7 +156,7 @@ def _run_strategy(op, rule: Rule, call: OpCall, tensors: list, expected: list, i
         blocks = iter([block(t, spec, mesh, coords, seed=i) for i, (t, spec) in enumerate(zip(tensors, in_specs))])
         rank_calls[coords] = (_with_tensors(local_args, blocks), _with_tensors(call.kwargs, blocks))
     try:
-        axis = rule.kernel_axis(in_specs)
+        axis = communicating_axis(rule, in_specs, mesh.shape)
         if axis is not None:  # the ranks communicate: run them side by side
             ran = run_on_threads(runtime_kernel(local_op), mesh.axis_names[axis], mesh,
                                  {c: a for c, (a, _) in rank_calls.items()},
