@@ -186,10 +186,10 @@ def test_the_jax_backend_refuses_the_sequence_split_by_name():
         plan.emit("jax")
 
 
-def _llama_8b_shaped(seq: int, layers: int = 4):
+def _llama_8b_shaped(seq: int, batch: int, layers: int = 4):
     """Llama-3-8B's layer (width 4096, 32 heads over 8 key-value heads, MLP 14336, vocabulary
-    128256) on the meta device, one sequence of ``seq`` tokens; four layers keep the plan fast
-    (each layer's activations are the 8B model's)."""
+    128256) on the meta device, ``batch`` sequences of ``seq`` tokens; four layers keep the plan
+    fast (each layer's activations are the 8B model's)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from examples.hf_zoo import LossOf
@@ -198,21 +198,22 @@ def _llama_8b_shaped(seq: int, layers: int = 4):
                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=seq)
     with torch.device("meta"):
         model = LossOf(LlamaForCausalLM(cfg)).to(torch.bfloat16)
-        ids = torch.empty(1, seq, dtype=torch.long)
+        ids = torch.empty(batch, seq, dtype=torch.long)
     return model, (ids, ids)
 
 
 @pytest.mark.slow  # two plans of a Llama-8B-shaped model
 def test_the_solver_splits_the_sequence_of_long_contexts_only():
-    """On 8 H100s, 131,072 tokens of a Llama-8B-shaped model: the sequence split over the axis
-    (without it the best plan found recomputes, offloads and takes over ten times as long:
-    docs/context-parallel.md); 2,048 tokens: the whole sequence on each device."""
-    long = autopar.plan(*_llama_8b_shaped(131072), mesh="dp=8", hardware="h100-sxm", optimizer="adam-mixed",
-                        cache=False)
+    """On 8 H100s, one sequence of 131,072 tokens of a Llama-8B-shaped model: the sequence split
+    over the axis (without it the best plan found recomputes, offloads and takes over ten times
+    as long: docs/context-parallel.md); a batch of eight sequences of 2,048 tokens: a sequence a
+    device, each whole."""
+    long = autopar.plan(*_llama_8b_shaped(131072, batch=1), mesh="dp=8", hardware="h100-sxm",
+                        optimizer="adam-mixed", cache=False)
     assert sequence_split_axes(long) == {"dp"}, long.summary()
     assert long.predicted.peak_memory_bytes <= autopar.PRESETS["h100-sxm"].memory_bytes
-    short = autopar.plan(*_llama_8b_shaped(2048), mesh="dp=8", hardware="h100-sxm", optimizer="adam-mixed",
-                         cache=False)
+    short = autopar.plan(*_llama_8b_shaped(2048, batch=8), mesh="dp=8", hardware="h100-sxm",
+                         optimizer="adam-mixed", cache=False)
     assert sequence_split_axes(short) == {None}, short.summary()
 
 
