@@ -19,26 +19,14 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
 
 import autopar  # noqa: E402
-from examples.hf_zoo import LossOf  # noqa: E402
-
-
-def llama_70b(layers: int, batch: int = 8, seq: int = 4096):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers, num_attention_heads=64,
-                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=seq)
-    with torch.device("meta"):
-        model = LossOf(LlamaForCausalLM(cfg)).to(torch.bfloat16)
-        ids = torch.empty(batch, seq, dtype=torch.long)
-    return model, (ids, ids)
+from examples.hf_zoo import llama3_shaped  # noqa: E402
 
 
 def timed_plan(layers: int, mesh: str, time_limit: float):
     """(plan, [(stage, seconds)], total seconds, what capture copied): capture, each pass, emit."""
-    model, inputs = llama_70b(layers)
+    model, inputs = llama3_shaped("70b", batch=8, seq=4096, layers=layers)
     marks, notes = [], []
     start = time.perf_counter()
 

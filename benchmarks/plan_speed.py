@@ -20,33 +20,18 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
 
 import autopar  # noqa: E402
 from autopar.ir.request import DEFAULT_WORK_LIMIT  # noqa: E402
 from examples import gpt2  # noqa: E402
-
-
-def llama(layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int, batch: int, seq: int = 4096):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from examples.hf_zoo import LossOf
-
-    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=128256,
-                      max_position_embeddings=seq)
-    with torch.device("meta"):
-        model = LossOf(LlamaForCausalLM(cfg)).to(torch.bfloat16)
-        ids = torch.empty(batch, seq, dtype=torch.long)
-    return model, (ids, ids)
-
+from examples.hf_zoo import llama3_shaped  # noqa: E402
 
 CASES = {  # name: (label, build, mesh, planning options)
     "demo": ("demo decoder 29.5M", lambda: gpt2.make("demo"), "dp=2,tp=2", {}),
     "gpt2": ("GPT-2-124M", lambda: gpt2.make("gpt2-124m", device="meta"), "dp=2,tp=4", {}),
-    "llama8b": ("Llama-8B-shaped", lambda: llama(32, 4096, 14336, 32, 8, batch=32), "dp=16,tp=4",
+    "llama8b": ("Llama-8B-shaped", lambda: llama3_shaped("8b", batch=32, seq=4096), "dp=16,tp=4",
                 {"optimizer": "adam-mixed"}),
-    "llama70b": ("Llama-70B-shaped", lambda: llama(80, 8192, 28672, 64, 8, batch=8), "dp=8,tp=8",
+    "llama70b": ("Llama-70B-shaped", lambda: llama3_shaped("70b", batch=8, seq=4096), "dp=8,tp=8",
                  {"optimizer": "adam-mixed"}),
 }
 

@@ -150,3 +150,22 @@ MORE = {"bloom": bloom, "convnext": convnext}
 def make(name: str, seed: int = 0, **sizes):
     torch.manual_seed(seed)
     return {**ZOO, **MORE}[name](**sizes)
+
+
+# Llama 3's published shapes: (layers, width, MLP width, heads, key-value heads); vocabulary 128256
+LLAMA3 = {"8b": (32, 4096, 14336, 32, 8), "70b": (80, 8192, 28672, 64, 8)}
+
+
+def llama3_shaped(size: str, batch: int, seq: int, layers: int | None = None):
+    """A Llama-3-``size``-shaped model in bf16 on the meta device (planned, never run) with
+    ``batch`` sequences of ``seq`` tokens; ``layers`` fewer than the model's keeps a plan fast."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    depth, width, mlp, heads, kv_heads = LLAMA3[size]
+    cfg = LlamaConfig(hidden_size=width, intermediate_size=mlp, num_hidden_layers=layers or depth,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=128256,
+                      max_position_embeddings=seq)
+    with torch.device("meta"):
+        model = LossOf(LlamaForCausalLM(cfg)).to(torch.bfloat16)
+        ids = torch.empty(batch, seq, dtype=torch.long)
+    return model, (ids, ids)

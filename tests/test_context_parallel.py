@@ -9,6 +9,7 @@ from autopar.ops.attention import SDPA_BACKWARD, SDPA_FORWARD, query_spec, seque
 from autopar.ops.kinds import OpCall
 from autopar.ops.validation import validate_rule
 from examples.gpt2 import GPT2Config, make
+from examples.hf_zoo import llama3_shaped
 from tests.models import tiny_llama
 from tests.op_samples import GENERATED
 from tests.tiers import sampled
@@ -186,33 +187,18 @@ def test_the_jax_backend_refuses_the_sequence_split_by_name():
         plan.emit("jax")
 
 
-def _llama_8b_shaped(seq: int, batch: int, layers: int = 4):
-    """Llama-3-8B's layer (width 4096, 32 heads over 8 key-value heads, MLP 14336, vocabulary
-    128256) on the meta device, ``batch`` sequences of ``seq`` tokens; four layers keep the plan
-    fast (each layer's activations are the 8B model's)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from examples.hf_zoo import LossOf
-
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=seq)
-    with torch.device("meta"):
-        model = LossOf(LlamaForCausalLM(cfg)).to(torch.bfloat16)
-        ids = torch.empty(batch, seq, dtype=torch.long)
-    return model, (ids, ids)
-
-
 @pytest.mark.slow  # two plans of a Llama-8B-shaped model
 def test_the_solver_splits_the_sequence_of_long_contexts_only():
-    """On 8 H100s, one sequence of 131,072 tokens of a Llama-8B-shaped model: the sequence split
+    """On 8 H100s, one sequence of 131,072 tokens of a Llama-8B-shaped model (four of its layers,
+    each with the 8B model's activations, keep the plans fast): the sequence split
     over the axis (without it the best plan found recomputes, offloads and takes over ten times
     as long: docs/context-parallel.md); a batch of eight sequences of 2,048 tokens: a sequence a
     device, each whole."""
-    long = autopar.plan(*_llama_8b_shaped(131072, batch=1), mesh="dp=8", hardware="h100-sxm",
+    long = autopar.plan(*llama3_shaped("8b", batch=1, seq=131072, layers=4), mesh="dp=8", hardware="h100-sxm",
                         optimizer="adam-mixed", cache=False)
     assert sequence_split_axes(long) == {"dp"}, long.summary()
     assert long.predicted.peak_memory_bytes <= autopar.PRESETS["h100-sxm"].memory_bytes
-    short = autopar.plan(*_llama_8b_shaped(2048, batch=8), mesh="dp=8", hardware="h100-sxm",
+    short = autopar.plan(*llama3_shaped("8b", batch=8, seq=2048, layers=4), mesh="dp=8", hardware="h100-sxm",
                          optimizer="adam-mixed", cache=False)
     assert sequence_split_axes(short) == {None}, short.summary()
 

@@ -11,7 +11,6 @@ import random
 import warnings
 
 import pytest
-import torch
 
 import autopar
 from autopar.cost_models.hardware import PRESETS, Link
@@ -21,6 +20,7 @@ from autopar.errors import AutoparError, MeshError
 from autopar.ir.pipeline import Pipeline
 from autopar.solvers.stage_partition import Chain, partition, pipeline_time
 from examples import gpt2
+from examples.hf_zoo import llama3_shaped
 
 # ---- the simulator on torch's action lists -------------------------------------------------
 
@@ -264,25 +264,12 @@ def test_json_of_a_pipeline_round_trips_its_infinite_candidates(demo_pipeline):
 # ---- cost model: when a pipeline pays --------------------------------------------------------
 
 
-def _llama_70b_shaped(layers: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from examples.hf_zoo import LossOf
-
-    cfg = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers, num_attention_heads=64,
-                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=4096)
-    with torch.device("meta"):
-        model = LossOf(LlamaForCausalLM(cfg)).to(torch.bfloat16)
-        ids = torch.empty(8, 4096, dtype=torch.long)
-    return model, (ids, ids)
-
-
 @pytest.mark.slow  # a mesh search over every pp, dp and tp of 16 devices
 def test_the_planner_pipelines_across_slow_links_and_not_inside_a_fast_node():
     """Llama-70B-shaped layers (8 of them, to keep the test short) on 8 nodes x 8 H100s with
     25 GB/s between nodes: a pipeline over the nodes beats data parallelism across them; on one
     node (NVLink) tensor parallelism beats a pipeline."""
-    model, inputs = _llama_70b_shaped(8)
+    model, inputs = llama3_shaped("70b", batch=8, seq=4096, layers=8)
     slow = dataclasses.replace(PRESETS["h100-sxm"], inter_node=Link(25e9, 5e-6))
     # the LPs of the 8x8 layouts need 13-18k simplex iterations: a smaller work limit leaves them unsolved
     options = dict(optimizer="adam-mixed", microbatches=8, cache=False, solver_work_limit=25_000, offload=False)

@@ -84,7 +84,8 @@ def simulate(statements: list[Statement], graph, strategies, mesh, optimizer: st
         if now > peak:
             peak, peak_at = now, s.defines
             peak_breakdown = dict(storages.live)
-            peak_breakdown["communication"] += s.scratch
+            # a collective's buffers, or what a kernel holds while it runs (Rule.scratch_bytes)
+            peak_breakdown["communication" if s.kind != "call" else "temporaries"] += s.scratch
             peak_breakdown["parameters"] += on_device
         storages.bind(s.defines, sid)
         for var in s.frees:

@@ -23,7 +23,7 @@ import torch
 
 from autopar.ir.placement import P, R, Shard
 from autopar.ir.strategy import Option
-from autopar.ops.kinds import LetterRule, Letters, OpCall, letter_options
+from autopar.ops.kinds import LetterRule, Letters, OpCall, letter_options, numel, operand_itemsize
 
 SEQUENCE_DIM = 2  # of query, key, value, output (b, h, t, d) and log-sum-exp (b, h, t)
 FORWARD = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -126,12 +126,12 @@ class AttentionRule(LetterRule):
             return 0.0
         ranks = cost.mesh.shape[axis]
         key = local.inputs[self.query + 1]
-        key_bytes = _numel(key) * _itemsize(call, self.query + 1)
+        key_bytes = numel(key) * operand_itemsize(call, self.query + 1)
         moves = 2 * cost.collective_seconds("all_gather", key_bytes * ranks, axis)
         if self.backward:
             moves += 2 * cost.collective_seconds("reduce_scatter", key_bytes * ranks, axis)
         local_flops = self.flops(call, local.inputs, local.outputs)
-        return moves + cost.op_time((ranks - 1) * local_flops, 0.0, _itemsize(call, self.query))
+        return moves + cost.op_time((ranks - 1) * local_flops, 0.0, operand_itemsize(call, self.query))
 
     def scratch_bytes(self, in_specs, local_inputs, itemsizes, mesh_shape) -> float:
         """The sequence split: the gathered keys and values (where the kernel gathers them);
@@ -143,8 +143,8 @@ class AttentionRule(LetterRule):
             return 0.0
         key = self.query + 1
         gathers = self._gathers(in_specs, axis)
-        key_elements = _numel(local_inputs[key]) * (mesh_shape[axis] if gathers else 1)
-        query_elements = _numel(local_inputs[self.query])
+        key_elements = numel(local_inputs[key]) * (mesh_shape[axis] if gathers else 1)
+        query_elements = numel(local_inputs[self.query])
         gathered = 2 * key_elements * itemsizes[key] if gathers else 0.0
         if not self.backward:
             return gathered + 3 * query_elements * 4
@@ -158,24 +158,12 @@ def query_spec(target, in_specs):
     return in_specs[SDPA_BACKWARD.query if "backward" in str(target) else SDPA_FORWARD.query]
 
 
-def sequence_axis(query_spec) -> int | None:
+def sequence_axis(spec) -> int | None:
     """The mesh axis a query's sequence is split over (context parallel), or None."""
-    for axis, placement in enumerate(query_spec.placements):
+    for axis, placement in enumerate(spec.placements):
         if placement == Shard(SEQUENCE_DIM):
             return axis
     return None
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _itemsize(call: OpCall, operand: int) -> int:
-    dtype = call.in_dtypes[operand] if call.in_dtypes else None
-    return getattr(torch, dtype).itemsize if dtype else 4
 
 
 SDPA_FORWARD = AttentionRule(lambda c: _sdpa_letters(c, ("bhtd", "bhsd", "bhsd"), ("bhtd", "bht")),

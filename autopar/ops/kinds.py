@@ -99,7 +99,7 @@ class Rule:
         raise NotImplementedError
 
     def flops(self, call: OpCall, in_shapes, out_shapes) -> float:
-        return 1.0 * sum(_numel(s) for s in out_shapes if s is not None)  # 1.0 *, not float(): sizes may be symbols
+        return 1.0 * sum(numel(s) for s in out_shapes if s is not None)  # 1.0 *, not float(): sizes may be symbols
 
     def inner_time(self, call: OpCall, in_specs, local: LocalShapes, cost) -> float:
         """Seconds a strategy's local op takes beyond its FLOPs at its local shapes: collectives
@@ -146,7 +146,13 @@ def communicating_axis(rule: Rule, in_specs, mesh_shape) -> int | None:
     return axis if axis is not None and mesh_shape[axis] > 1 else None
 
 
-def _numel(shape) -> int:
+def operand_itemsize(call: OpCall, operand: int) -> int:
+    """The bytes per element of a call's tensor input (4 where its dtype is not known)."""
+    dtype = call.in_dtypes[operand] if call.in_dtypes else None
+    return getattr(torch, dtype).itemsize if dtype else 4
+
+
+def numel(shape) -> int:
     n = 1
     for d in shape:
         n *= d
@@ -184,7 +190,7 @@ class LetterRule(Rule):
             for s, shape in zip(lt.inputs, in_shapes):
                 for c, n in zip(s or "", shape):
                     sizes[c] = n
-            return 2.0 * _numel(sizes.values())
+            return 2.0 * numel(sizes.values())
         return super().flops(call, in_shapes, out_shapes)
 
 

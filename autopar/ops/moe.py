@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from autopar.ir.placement import R, Shard
 from autopar.ir.strategy import Option
-from autopar.ops.kinds import LetterRule, Letters, OpCall, letter_options
+from autopar.ops.kinds import LetterRule, Letters, OpCall, letter_options, operand_itemsize
 
 # what a rank runs under the expert-parallel option: a runtime kernel (Rule.kernel_axis)
 ALL_TO_ALL_FORWARD = "moe.experts_all_to_all"
@@ -153,11 +153,6 @@ def _backward(ctx, grad):
 moe_experts.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _itemsize(call: OpCall, operand: int) -> int:
-    dtype = call.in_dtypes[operand] if call.in_dtypes else None
-    return getattr(torch, dtype).itemsize if dtype else 4
-
-
 def _pairs(routing_shape) -> int:
     tokens, k = routing_shape
     return tokens * k
@@ -198,7 +193,7 @@ class ExpertsRule(LetterRule):
             return 0.0
         tokens, k = local.inputs[self.routing_operand]
         x = self.routing_operand - 1
-        itemsize = _itemsize(call, x)
+        itemsize = operand_itemsize(call, x)
         row_bytes = local.inputs[x][1] * self.row_widths * itemsize
         imbalance = cost.moe_imbalance
         sizes = cost.routed_exchange_time(8.0 * cost.mesh.shape[axis], axis)

@@ -3,9 +3,8 @@ communicates (a runtime kernel such as expert parallelism's all-to-all).
 
 Each thread runs the kernel as a rank of the emitted program does, with a stand-in for the
 runtime's RankMesh that offers what those kernels call (``mesh``, ``coords``, ``exchange_rows``,
-``all_gather``, ``reduce_scatter``); its
-collectives meet the other threads' at a barrier. So the kernel validated is the one the
-programs run, not a second implementation of it.
+``all_gather``, ``reduce_scatter``); its collectives meet the other threads' at a barrier. So
+the kernel validated is the one the programs run, not a second implementation of it.
 """
 from __future__ import annotations
 
