@@ -142,6 +142,19 @@ def test_sequence_split_training_equals_eager(name, mesh, precision, keys):
     assert report.ok, str(report)
 
 
+@pytest.mark.slow  # two pipelined runs
+@pytest.mark.parametrize("name,keys", [("gpt2", "gathered"), ("llama", "whole")])
+def test_sequence_split_inside_pipeline_stages_equals_eager(name, keys):
+    """Two stages, each on a cp=2 mesh, two micro-batches of one sequence each."""
+    model, inputs = MODELS[name](batch=2)
+    args, kwargs = (inputs, {}) if name == "gpt2" else ((), inputs)
+    plan = autopar.plan(model, args, kwargs=kwargs, mesh="pp=2,cp=2", hardware=FAST, microbatches=2,
+                        passes=[SequenceOn("cp", keys)])
+    assert plan.pipeline is not None and "context parallel: 2 of 2" in plan.summary()
+    report = autopar.check(model, args, kwargs=kwargs, plan=plan, steps=2)
+    assert report.ok, str(report)
+
+
 @pytest.mark.slow  # each rank compiles the programs
 def test_a_compiled_sequence_split_program_equals_eager():
     model, inputs = gpt2(batch=1)
@@ -211,5 +224,6 @@ def test_over_an_axis_of_one_rank_the_op_itself_runs():
     assert sequence_split_axes(plan) == {"cp"}
     code = plan.emit()
     assert "context_parallel." not in code and code.count("= kernels.attention_forward(") == 2
+    assert "context parallel:" not in plan.summary()
     chosen = [line for line in str(plan.explain("attention")).splitlines() if line.lstrip().startswith("->")]
     assert len(chosen) == 2 and not any("[cp] inside" in line for line in chosen), chosen

@@ -150,7 +150,7 @@ def _sequence_split_lines(plan) -> list[str]:
     sequence, over which axis, and where their keys and values are gathered."""
     layers = [n for n in plan.graph.nodes if n.target == ATTENTION_FORWARD]
     split = [(n, sequence_axis(plan.strategies[n.name].in_specs[0])) for n in layers]
-    split = [(n, axis) for n, axis in split if axis is not None]
+    split = [(n, axis) for n, axis in split if axis is not None and plan.mesh.shape[axis] > 1]  # one rank: whole
     if not split:
         return []
     names = ", ".join(sorted({plan.mesh.axis_names[axis] for _, axis in split}))
