@@ -63,6 +63,7 @@ from autopar.ir.placement import Shard
 from autopar.ir.precision import parse_precision
 from autopar.ir.program import descendants, output_metas, tensor_inputs
 from autopar.ir.request import DEFAULT_HARDWARE
+from autopar.ops.attention import ATTENTION_RULES, key_spec, keys_gathered, query_spec, sequence_axis
 from autopar.ops.moe import KERNEL_OPS, expert_axis
 from autopar.passes.base import Pass
 from autopar.planning.pipeline import plan_captured
@@ -338,6 +339,34 @@ class ExpertLayout(Pass):
         ctx.constraints.forbid(lambda node, strategy: node.name in layers and expert_axis(strategy.in_specs) != want)
         return f"{len(layers)} MoE ops " + ("with their experts whole" if want is None else
                                             f"expert parallel over {self.axis}")
+
+
+class SequenceSplit(Pass):
+    """A layout whose attention calls (autopar.ops.attention) split their sequence over mesh axis
+    ``axis``; ``keys``: "gathered" (inside the kernel), "whole" (by the plan's moves), or None
+    (either, as the solver prices them)."""
+
+    name = "sequence_split"
+    requires = ("strategies",)
+
+    def __init__(self, axis: str, keys: str | None = None):
+        if keys not in (None, "gathered", "whole"):
+            raise AutoparError(f"SequenceSplit(keys={keys!r}): the keys are 'gathered', 'whole' or None (either)")
+        self.axis, self.keys = axis, keys
+
+    def run(self, program, ctx) -> str:
+        axis = ctx.mesh.axis_names.index(self.axis)
+
+        def elsewhere(node, strategy) -> bool:
+            if node.target not in ATTENTION_RULES:
+                return False
+            if sequence_axis(query_spec(node.target, strategy.in_specs)) != axis:
+                return True
+            gathered = keys_gathered(key_spec(node.target, strategy.in_specs), axis)
+            return self.keys is not None and gathered != (self.keys == "gathered")
+
+        ctx.constraints.forbid(elsewhere)
+        return f"attention's sequence split over {self.axis}" + (f", its keys {self.keys}" if self.keys else "")
 
 
 class BatchOverDataParallel(_LayoutRule):

@@ -25,9 +25,7 @@ Last line: ``worst auto/best-cp-baseline ratio: X.XX`` (both parts; (a) where bo
 from __future__ import annotations
 
 import argparse
-import io
 import os
-import statistics
 import sys
 import warnings
 
@@ -36,24 +34,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import autopar  # noqa: E402
+from autopar.baseline_plans import SequenceSplit  # noqa: E402
 from autopar.ops.attention import query_spec, sequence_axis  # noqa: E402
 from autopar.units import human_bytes  # noqa: E402
 from examples.hf_zoo import llama3_shaped  # noqa: E402
-
-
-class SequenceOn(autopar.Pass):
-    """Every attention call splits its sequence over ``axis``."""
-
-    name = "sequence-on-axis"
-
-    def __init__(self, axis: str):
-        self.axis = axis
-
-    def run(self, program, ctx) -> str:
-        axis = ctx.mesh.axis_names.index(self.axis)
-        ctx.constraints.forbid(lambda node, s: "scaled_dot_product" in str(node.target)
-                               and sequence_axis(query_spec(node.target, s.in_specs)) != axis)
-        return f"attention's sequence over {self.axis}"
 
 
 def split_axes(plan) -> str:
@@ -79,7 +63,7 @@ def row(seq: int, layers: int, devices: int) -> float | None:
     model, inputs = llama3_shaped("8b", batch=1, seq=seq, layers=layers)
     auto = _plan(model, inputs, f"dp={devices}")
     pin = {name: "S(0)" for name, _ in model.named_parameters()}
-    torchtitan = _plan(model, inputs, f"cp={devices}", pin=pin, passes=[SequenceOn("cp")])
+    torchtitan = _plan(model, inputs, f"cp={devices}", pin=pin, passes=[SequenceSplit("cp")])
     cells, ratio = [], None
     for plan in (auto, torchtitan):
         if isinstance(plan, str):
@@ -99,8 +83,8 @@ def row(seq: int, layers: int, devices: int) -> float | None:
 def on_cpu(rounds: int, steps: int) -> float:
     """(b): autopar's context-parallel program / the hand-written one, measured."""
     from autopar.cost_models.hardware import calibrated_cpu_path
-    from autopar.runtime.local_cluster import get_cluster
-    from benchmarks.long_context_by_hand import LlamaStyle, train_autopar, train_by_hand
+    from benchmarks.against_by_hand import autopar_against_by_hand, print_ratio
+    from benchmarks.long_context_by_hand import LlamaStyle, train_by_hand
 
     torch.manual_seed(0)
     seq, vocab = 4096, 1024
@@ -110,25 +94,12 @@ def on_cpu(rounds: int, steps: int) -> float:
     # sequence split in every attention (and wherever else the solver finds it cheapest)
     pin = {name: "R" for name, _ in model.named_parameters()}
     hardware = calibrated_cpu_path() if os.path.exists(calibrated_cpu_path()) else "h100-sxm"
-    plan = autopar.plan(model, batch, mesh="cp=4", hardware=hardware, pin=pin, passes=[SequenceOn("cp")],
+    plan = autopar.plan(model, batch, mesh="cp=4", hardware=hardware, pin=pin, passes=[SequenceSplit("cp")],
                         cache=False)
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    cluster = get_cluster(4)
-    medians: dict[str, list[float]] = {"autopar": [], "by hand": []}
-    first: dict[str, float] = {}
-    for _ in range(rounds):
-        for name, job, args in (("autopar", train_autopar, (plan.to_json(), steps)),
-                                ("by hand", train_by_hand, (steps,))):
-            results = cluster.run(job, buffer.getvalue(), batch, *args)
-            medians[name].append(max(statistics.median(times[1:]) for times, _ in results))  # the first warms up
-            first[name] = results[0][1][0]
-    auto, hand = (statistics.median(medians[k]) for k in ("autopar", "by hand"))
+    measured = autopar_against_by_hand(model, batch, plan, train_by_hand, rounds, steps)
     print(f"\n(b) 4 CPU processes, {seq} tokens, sequence split over {split_axes(plan)} on {hardware}; "
           f"median SGD step over {rounds} rounds")
-    print(f"  autopar {auto * 1e3:.1f} ms (first loss {first['autopar']:.5f}), by hand {hand * 1e3:.1f} ms "
-          f"(first loss {first['by hand']:.5f}): ratio {auto / hand:.3f}")
-    return auto / hand
+    return print_ratio(measured)
 
 
 def main() -> None:

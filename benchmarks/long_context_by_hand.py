@@ -141,23 +141,3 @@ def train_by_hand(rank: int, world: int, model_bytes: bytes, batch, steps: int) 
         dist.all_reduce(total)
         losses.append(total.item())
     return times, losses
-
-
-def train_autopar(rank: int, world: int, model_bytes: bytes, batch, plan_json: str, steps: int) -> tuple[list, list]:
-    """The same steps under autopar's program of ``plan_json`` (every rank passes the whole batch)."""
-    import autopar
-
-    model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    plan = autopar.Plan.from_json(plan_json)
-    autopar.autoparallelize(model, mesh=plan.mesh, plan=plan, example_inputs=batch)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    times, losses = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        opt.zero_grad()
-        loss = model(*batch)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - start)
-        losses.append(loss.item())
-    return times, losses

@@ -97,12 +97,10 @@ def row(name: str, batch: int, layers: int, devices: int, work_limit: int) -> fl
 
 def on_cpu(rounds: int, steps: int) -> float:
     """(b): autopar's EP program / the hand-written one, measured."""
-    import io
-    import statistics
 
     from autopar.cost_models.hardware import calibrated_cpu_path
-    from autopar.runtime.local_cluster import get_cluster
-    from benchmarks.moe_by_hand import train_autopar, train_by_hand
+    from benchmarks.against_by_hand import autopar_against_by_hand, print_ratio
+    from benchmarks.moe_by_hand import train_by_hand
 
     torch.manual_seed(0)
     batch_size, seq = 8, 64
@@ -117,22 +115,9 @@ def on_cpu(rounds: int, steps: int) -> float:
     plan = autopar.plan(model, batch, mesh="ep=4", hardware=hardware, pin=pin, passes=layout, cache=False)
     if not splits_experts(plan):
         raise SystemExit(f"the plan on {hardware} keeps the experts whole ({moe_layouts(plan)}): nothing to compare")
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    cluster = get_cluster(4)
-    medians: dict[str, list[float]] = {"autopar": [], "by hand": []}
-    first: dict[str, float] = {}
-    for _ in range(rounds):
-        for name, job, args in (("autopar", train_autopar, (plan.to_json(), steps)),
-                                ("by hand", train_by_hand, (steps,))):
-            results = cluster.run(job, buffer.getvalue(), batch, *args)
-            medians[name].append(max(statistics.median(times[1:]) for times, _ in results))  # the first warms up
-            first[name] = results[0][1][0]
-    auto, hand = (statistics.median(medians[k]) for k in ("autopar", "by hand"))
+    measured = autopar_against_by_hand(model, batch, plan, train_by_hand, rounds, steps)
     print(f"\n(b) 4 CPU processes, {moe_layouts(plan)} on {hardware}; median SGD step over {rounds} rounds")
-    print(f"  autopar {auto * 1e3:.1f} ms (first loss {first['autopar']:.5f}), by hand {hand * 1e3:.1f} ms "
-          f"(first loss {first['by hand']:.5f}): ratio {auto / hand:.3f}")
-    return auto / hand
+    return print_ratio(measured)
 
 
 def main() -> None:

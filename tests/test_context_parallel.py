@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import autopar
+from autopar.baseline_plans import SequenceSplit
 from autopar.ir.placement import P, R, Shard
-from autopar.ops.attention import SDPA_BACKWARD, SDPA_FORWARD, query_spec, sequence_axis
+from autopar.ops.attention import SDPA_BACKWARD, SDPA_FORWARD, key_spec, keys_gathered, query_spec, sequence_axis
 from autopar.ops.kinds import OpCall
 from autopar.ops.validation import validate_rule
 from examples.gpt2 import GPT2Config, make
@@ -19,34 +20,8 @@ ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",
              "aten._scaled_dot_product_flash_attention_for_cpu_backward.default")
 
 
-class SequenceOn(autopar.Pass):
-    """Every attention of the plan splits its sequence over ``axis``, its keys and values
-    ``keys``: "gathered" by the kernel, "whole" (gathered by the plan's moves) or either: these
-    tests check the sequence-split programs themselves, whichever layout tiny models would be
-    cheapest in."""
-
-    name = "sequence_split"
-
-    def __init__(self, axis: str, keys: str | None = None):
-        self.axis, self.keys = axis, keys
-
-    def run(self, program, ctx) -> str:
-        axis = ctx.mesh.axis_names.index(self.axis)
-
-        def elsewhere(node, strategy):
-            if "scaled_dot_product" not in str(node.target):
-                return False
-            if sequence_axis(query_spec(node.target, strategy.in_specs)) != axis:
-                return True
-            return self.keys is not None and keys_form(node.target, strategy.in_specs, axis) != self.keys
-
-        ctx.constraints.forbid(elsewhere)
-        return f"attention's sequence split over {self.axis}"
-
-
 def keys_form(target, in_specs, axis: int) -> str:
-    key = in_specs[(1 if "backward" in str(target) else 0) + 1]
-    return "whole" if key.placements[axis] == R else "gathered"
+    return "gathered" if keys_gathered(key_spec(target, in_specs), axis) else "whole"
 
 
 def sequence_split_axes(plan) -> set:
@@ -133,7 +108,7 @@ def test_sequence_split_training_equals_eager(name, mesh, precision, keys):
     model, inputs = MODELS[name](batch=2 if "dp" in mesh else 1)
     args, kwargs = (inputs, {}) if name == "gpt2" else ((), inputs)
     plan = autopar.plan(model, args, kwargs=kwargs, mesh=mesh, hardware=FAST, precision=precision,
-                        passes=[SequenceOn("cp", keys)])
+                        passes=[SequenceSplit("cp", keys)])
     assert sequence_split_axes(plan) == {"cp"}
     cp = plan.mesh.axis_names.index("cp")
     assert {keys_form(n.target, plan.strategies[n.name].in_specs, cp) for n in plan.graph.nodes
@@ -149,7 +124,7 @@ def test_sequence_split_inside_pipeline_stages_equals_eager(name, keys):
     model, inputs = MODELS[name](batch=2)
     args, kwargs = (inputs, {}) if name == "gpt2" else ((), inputs)
     plan = autopar.plan(model, args, kwargs=kwargs, mesh="pp=2,cp=2", hardware=FAST, microbatches=2,
-                        passes=[SequenceOn("cp", keys)])
+                        passes=[SequenceSplit("cp", keys)])
     assert plan.pipeline is not None and "context parallel: 2 of 2" in plan.summary()
     report = autopar.check(model, args, kwargs=kwargs, plan=plan, steps=2)
     assert report.ok, str(report)
@@ -158,7 +133,7 @@ def test_sequence_split_inside_pipeline_stages_equals_eager(name, keys):
 @pytest.mark.slow  # each rank compiles the programs
 def test_a_compiled_sequence_split_program_equals_eager():
     model, inputs = gpt2(batch=1)
-    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp")])
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceSplit("cp")])
     report = autopar.check(model, inputs, plan=plan, steps=2, compile=True)
     assert report.ok, str(report)
 
@@ -168,7 +143,7 @@ def test_predicted_peak_of_a_sequence_split_matches_the_workers():
     """Activations dominate (512 tokens, width 32): the kernels' gathered keys and values and
     their gradients' sums are counted where they run. Within 10% of torch's MemTracker."""
     model, inputs = make(GPT2Config(vocab=64, seq=512, layers=2, heads=2, width=32, batch=1))
-    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, optimizer="sgd", passes=[SequenceOn("cp")])
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, optimizer="sgd", passes=[SequenceSplit("cp")])
     report = autopar.check(model, inputs, plan=plan, measure_memory=True)
     assert report.ok, str(report)
     assert max(report.peak_memory_bytes) == pytest.approx(plan.predicted.peak_memory_bytes, rel=0.1), \
@@ -177,7 +152,7 @@ def test_predicted_peak_of_a_sequence_split_matches_the_workers():
 
 def test_summary_and_explain_name_the_sequence_split():
     model, inputs = gpt2(batch=1)
-    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp", "gathered")])
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceSplit("cp", "gathered")])
     assert ("context parallel: 2 of 2 attention calls split their sequence over cp in contiguous blocks, 2 with "
             "their keys and values gathered inside the kernel") in plan.summary()
     explained = str(plan.explain("attention"))
@@ -186,7 +161,7 @@ def test_summary_and_explain_name_the_sequence_split():
     code = plan.emit()
     assert code.count("context_parallel.attention_all_gather(rt, 'cp'") == 2
     assert code.count("context_parallel.attention_all_gather_backward(rt, 'cp'") == 2
-    whole = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp", "whole")])
+    whole = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceSplit("cp", "whole")])
     assert "2 with their keys and values gathered by the plan's moves" in whole.summary()
     chosen = [line for line in str(whole.explain("attention")).splitlines() if line.lstrip().startswith("->")]
     assert len(chosen) == 2 and not any("inside" in line for line in chosen), chosen
@@ -195,7 +170,7 @@ def test_summary_and_explain_name_the_sequence_split():
 
 def test_the_jax_backend_refuses_the_sequence_split_by_name():
     model, inputs = gpt2(batch=1)
-    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceOn("cp", "gathered")])
+    plan = autopar.plan(model, inputs, mesh="cp=4", hardware=FAST, passes=[SequenceSplit("cp", "gathered")])
     with pytest.raises(autopar.AutoparError, match="does not emit context_parallel.attention_all_gather yet"):
         plan.emit("jax")
 
@@ -220,7 +195,7 @@ def test_over_an_axis_of_one_rank_the_op_itself_runs():
     """Shard(2) over an axis of size 1 (a pipeline stage's mesh, say) is the whole sequence: no
     kernel, no module import, and nothing priced or held for one."""
     model, inputs = gpt2(batch=2)
-    plan = autopar.plan(model, inputs, mesh="dp=2,cp=1", hardware=FAST, passes=[SequenceOn("cp")])
+    plan = autopar.plan(model, inputs, mesh="dp=2,cp=1", hardware=FAST, passes=[SequenceSplit("cp")])
     assert sequence_split_axes(plan) == {"cp"}
     code = plan.emit()
     assert "context_parallel." not in code and code.count("= kernels.attention_forward(") == 2

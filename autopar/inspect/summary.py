@@ -7,9 +7,8 @@ from autopar.backends.printer import shape_text
 from autopar.inspect.offload_view import offload_lines
 from autopar.inspect.pipeline_view import pipeline_lines
 from autopar.inspect.plan_layers import TOP_LEVEL, module_rows
-from autopar.ir.placement import R
 from autopar.ops.attention import FORWARD as ATTENTION_FORWARD
-from autopar.ops.attention import sequence_axis
+from autopar.ops.attention import key_spec, keys_gathered, sequence_axis
 from autopar.ops.moe import MOE_FORWARD, layout_text
 from autopar.units import human_bytes, human_seconds
 
@@ -154,7 +153,7 @@ def _sequence_split_lines(plan) -> list[str]:
     if not split:
         return []
     names = ", ".join(sorted({plan.mesh.axis_names[axis] for _, axis in split}))
-    inside = sum(1 for n, axis in split if plan.strategies[n.name].in_specs[1].placements[axis] != R)
+    inside = sum(1 for n, axis in split if keys_gathered(key_spec(n.target, plan.strategies[n.name].in_specs), axis))
     forms = [f"{count} with their keys and values {how}" for count, how in
              ((inside, "gathered inside the kernel"), (len(split) - inside, "gathered by the plan's moves")) if count]
     return [f"context parallel: {len(split)} of {len(layers)} attention calls split their sequence over {names} "

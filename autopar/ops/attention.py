@@ -100,8 +100,7 @@ class AttentionRule(LetterRule):
         return sequence_axis(in_specs[self.query])
 
     def _gathers(self, in_specs, axis: int) -> bool:
-        """Whether the kernel gathers the keys (they are split over the axis as the queries are)."""
-        return in_specs[self.query + 1].placements[axis] != R
+        return keys_gathered(in_specs[self.query + 1], axis)
 
     def kernel_collectives(self, in_specs) -> tuple[str, ...]:
         axis = self.kernel_axis(in_specs)
@@ -156,6 +155,17 @@ def query_spec(target, in_specs):
     """The query's layout among an attention call's input layouts (``target``: the op or its
     name; the query is the second input of backward, after the output's gradient)."""
     return in_specs[SDPA_BACKWARD.query if "backward" in str(target) else SDPA_FORWARD.query]
+
+
+def key_spec(target, in_specs):
+    """The key's layout among an attention call's input layouts (it follows the query)."""
+    return in_specs[(SDPA_BACKWARD.query if "backward" in str(target) else SDPA_FORWARD.query) + 1]
+
+
+def keys_gathered(key, axis: int) -> bool:
+    """Whether the kernel gathers the keys over ``axis`` (their layout ``key`` splits them as the
+    queries are), rather than taking them whole, gathered by the plan's moves."""
+    return key.placements[axis] != R
 
 
 def sequence_axis(spec) -> int | None:

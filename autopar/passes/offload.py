@@ -151,7 +151,7 @@ def _offloading(program: _Program, offloaded: list, chunk_bytes: int, budget: fl
                       offloaded=gone, chunk_bytes=on_device, to_host=to_host)
     if memory.peak_bytes > budget:
         return None
-    copy_s = hw.host_link.latency + chunk_bytes / hw.host_link.bandwidth
+    copy_s = hw.host_link.seconds(chunk_bytes)
     waited, busy = stalls(program.durations, moves, needs, copy_s, hw.host_copies_overlap)
     optimizer = _optimizer_choice(chunks, program.params, hw, request.optimizer, memory.during[-1], budget)
     offload = Offload(tuple(chunks), tuple(Move(*m) for m in moves.moves), slots, optimizer, busy, waited,
