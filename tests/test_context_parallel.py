@@ -202,3 +202,28 @@ def test_over_an_axis_of_one_rank_the_op_itself_runs():
     assert "context parallel:" not in plan.summary()
     chosen = [line for line in str(plan.explain("attention")).splitlines() if line.lstrip().startswith("->")]
     assert len(chosen) == 2 and not any("[cp] inside" in line for line in chosen), chosen
+
+
+@pytest.mark.slow  # three clipped AdamW steps on four ranks
+def test_clipped_adamw_on_dtensor_state_with_the_sequence_split_equals_eager():
+    """autoparallelize's own plan of one sequence on cp=4 splits it; torch's AdamW and
+    clip_grad_norm_ on the DTensor parameters then give eager's losses, norms and parameters."""
+    import copy
+    import io
+
+    from autopar.check import compare
+    from autopar.runtime.local_cluster import get_cluster
+    from tests import state_workers
+
+    model, batch = gpt2(batch=1)
+    assert sequence_split_axes(autopar.plan(model, batch, mesh="cp=4", hardware=FAST)) == {"cp"}
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    results = get_cluster(4).run(state_workers.train_dtensor_state, buffer.getvalue(), batch, "cp=4", "adamw", True)
+    want = state_workers.train_clipped(copy.deepcopy(model), batch, "adamw", True)
+    for got in results:
+        assert got["dtensors"]
+        assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)
+        assert got["norms"] == pytest.approx(want["norms"], rel=1e-4)
+        for param, value in want["params"].items():
+            assert compare(param, got["params"][param], value).ok, param
