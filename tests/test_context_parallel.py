@@ -204,6 +204,29 @@ def test_over_an_axis_of_one_rank_the_op_itself_runs():
     assert len(chosen) == 2 and not any("[cp] inside" in line for line in chosen), chosen
 
 
+@pytest.mark.slow  # three runs on four ranks
+def test_a_sequence_split_run_resumes_from_its_checkpoint_on_its_mesh_and_on_another(tmp_path):
+    """torch.distributed.checkpoint saves the model and AdamW state of autoparallelize's cp=4
+    plan (which splits the sequence) after 2 of 4 steps; a fresh model on cp=4 runs the last 2
+    bit-equal, and one on tp=4 (another plan: torch's checkpoint reshards) as the uninterrupted run."""
+    import io
+
+    from autopar.runtime.local_cluster import get_cluster
+    from tests import state_workers
+
+    model, batch = gpt2(batch=1)
+    assert sequence_split_axes(autopar.plan(model, batch, mesh="cp=4", hardware=FAST)) == {"cp"}
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    cluster, directory = get_cluster(4), str(tmp_path / "step2")
+    whole = cluster.run(state_workers.train_and_checkpoint, buffer.getvalue(), batch, "cp=4", 4, 2, directory)
+    same = cluster.run(state_workers.resume_from_checkpoint, buffer.getvalue(), batch, "cp=4", 2, directory)
+    other = cluster.run(state_workers.resume_from_checkpoint, buffer.getvalue(), batch, "tp=4", 2, directory)
+    for whole_run, tail, resharded in zip(whole, same, other):
+        assert tail == whole_run[2:]
+        assert resharded == pytest.approx(whole_run[2:], rel=1e-5)
+
+
 @pytest.mark.slow  # three clipped AdamW steps on four ranks
 def test_clipped_adamw_on_dtensor_state_with_the_sequence_split_equals_eager():
     """autoparallelize's own plan of one sequence on cp=4 splits it; torch's AdamW and
