@@ -97,7 +97,6 @@ def row(name: str, batch: int, layers: int, devices: int, work_limit: int) -> fl
 
 def on_cpu(rounds: int, steps: int) -> float:
     """(b): autopar's EP program / the hand-written one, measured."""
-
     from autopar.cost_models.hardware import calibrated_cpu_path
     from benchmarks.against_by_hand import autopar_against_by_hand, print_ratio
     from benchmarks.moe_by_hand import train_by_hand

@@ -209,19 +209,13 @@ def test_a_sequence_split_run_resumes_from_its_checkpoint_on_its_mesh_and_on_ano
     """torch.distributed.checkpoint saves the model and AdamW state of autoparallelize's cp=4
     plan (which splits the sequence) after 2 of 4 steps; a fresh model on cp=4 runs the last 2
     bit-equal, and one on tp=4 (another plan: torch's checkpoint reshards) as the uninterrupted run."""
-    import io
-
-    from autopar.runtime.local_cluster import get_cluster
     from tests import state_workers
 
-    model, batch = gpt2(batch=1)
-    assert sequence_split_axes(autopar.plan(model, batch, mesh="cp=4", hardware=FAST)) == {"cp"}
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    cluster, directory = get_cluster(4), str(tmp_path / "step2")
-    whole = cluster.run(state_workers.train_and_checkpoint, buffer.getvalue(), batch, "cp=4", 4, 2, directory)
-    same = cluster.run(state_workers.resume_from_checkpoint, buffer.getvalue(), batch, "cp=4", 2, directory)
-    other = cluster.run(state_workers.resume_from_checkpoint, buffer.getvalue(), batch, "tp=4", 2, directory)
+    model, batch = one_sequence_autoparallelize_splits()
+    directory = str(tmp_path / "step2")
+    whole = on_four_ranks(state_workers.train_and_checkpoint, model, batch, "cp=4", 4, 2, directory)
+    same = on_four_ranks(state_workers.resume_from_checkpoint, model, batch, "cp=4", 2, directory)
+    other = on_four_ranks(state_workers.resume_from_checkpoint, model, batch, "tp=4", 2, directory)
     for whole_run, tail, resharded in zip(whole, same, other):
         assert tail == whole_run[2:]
         assert resharded == pytest.approx(whole_run[2:], rel=1e-5)
@@ -232,17 +226,12 @@ def test_clipped_adamw_on_dtensor_state_with_the_sequence_split_equals_eager():
     """autoparallelize's own plan of one sequence on cp=4 splits it; torch's AdamW and
     clip_grad_norm_ on the DTensor parameters then give eager's losses, norms and parameters."""
     import copy
-    import io
 
     from autopar.check import compare
-    from autopar.runtime.local_cluster import get_cluster
     from tests import state_workers
 
-    model, batch = gpt2(batch=1)
-    assert sequence_split_axes(autopar.plan(model, batch, mesh="cp=4", hardware=FAST)) == {"cp"}
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    results = get_cluster(4).run(state_workers.train_dtensor_state, buffer.getvalue(), batch, "cp=4", "adamw", True)
+    model, batch = one_sequence_autoparallelize_splits()
+    results = on_four_ranks(state_workers.train_dtensor_state, model, batch, "cp=4", "adamw", True)
     want = state_workers.train_clipped(copy.deepcopy(model), batch, "adamw", True)
     for got in results:
         assert got["dtensors"]
@@ -250,3 +239,22 @@ def test_clipped_adamw_on_dtensor_state_with_the_sequence_split_equals_eager():
         assert got["norms"] == pytest.approx(want["norms"], rel=1e-4)
         for param, value in want["params"].items():
             assert compare(param, got["params"][param], value).ok, param
+
+
+def one_sequence_autoparallelize_splits():
+    """(GPT-2-style model, a batch of one sequence) whose autoparallelize plan on cp=4 (the
+    solver's own, no layout pass) splits the sequence."""
+    model, batch = gpt2(batch=1)
+    assert sequence_split_axes(autopar.plan(model, batch, mesh="cp=4", hardware=FAST)) == {"cp"}
+    return model, batch
+
+
+def on_four_ranks(job, model, *args) -> list:
+    """``job(rank, world, model_bytes, *args)`` on the four-rank worker pool: each rank's result."""
+    import io
+
+    from autopar.runtime.local_cluster import get_cluster
+
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    return get_cluster(4).run(job, buffer.getvalue(), *args)

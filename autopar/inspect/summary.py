@@ -8,7 +8,8 @@ from autopar.inspect.offload_view import offload_lines
 from autopar.inspect.pipeline_view import pipeline_lines
 from autopar.inspect.plan_layers import TOP_LEVEL, module_rows
 from autopar.ops.attention import FORWARD as ATTENTION_FORWARD
-from autopar.ops.attention import key_spec, keys_gathered, sequence_axis
+from autopar.ops.attention import SDPA_FORWARD, key_spec, keys_gathered
+from autopar.ops.kinds import communicating_axis
 from autopar.ops.moe import MOE_FORWARD, layout_text
 from autopar.units import human_bytes, human_seconds
 
@@ -148,8 +149,9 @@ def _sequence_split_lines(plan) -> list[str]:
     """Context parallelism (autopar.ops.attention): the attention calls that split their
     sequence, over which axis, and where their keys and values are gathered."""
     layers = [n for n in plan.graph.nodes if n.target == ATTENTION_FORWARD]
-    split = [(n, sequence_axis(plan.strategies[n.name].in_specs[0])) for n in layers]
-    split = [(n, axis) for n, axis in split if axis is not None and plan.mesh.shape[axis] > 1]  # one rank: whole
+    split = [(n, communicating_axis(SDPA_FORWARD, plan.strategies[n.name].in_specs, plan.mesh.shape))
+             for n in layers]
+    split = [(n, axis) for n, axis in split if axis is not None]
     if not split:
         return []
     names = ", ".join(sorted({plan.mesh.axis_names[axis] for _, axis in split}))

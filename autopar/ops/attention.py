@@ -154,12 +154,16 @@ class AttentionRule(LetterRule):
 def query_spec(target, in_specs):
     """The query's layout among an attention call's input layouts (``target``: the op or its
     name; the query is the second input of backward, after the output's gradient)."""
-    return in_specs[SDPA_BACKWARD.query if "backward" in str(target) else SDPA_FORWARD.query]
+    return in_specs[_query_index(target)]
 
 
 def key_spec(target, in_specs):
     """The key's layout among an attention call's input layouts (it follows the query)."""
-    return in_specs[(SDPA_BACKWARD.query if "backward" in str(target) else SDPA_FORWARD.query) + 1]
+    return in_specs[_query_index(target) + 1]
+
+
+def _query_index(target) -> int:
+    return SDPA_BACKWARD.query if "backward" in str(target) else SDPA_FORWARD.query
 
 
 def keys_gathered(key, axis: int) -> bool:
