@@ -18,9 +18,10 @@ DOCS = pathlib.Path(__file__).parent.parent / "docs" / "composition.md"
 
 
 def test_every_pair_is_run_refused_or_said_to_be_inexpressible():
-    """The runs cover every pair the tables do not refuse; a run holds no refused or
-    inexpressible pair (it would test nothing past the refusal) and fits four ranks."""
-    covered = {frozenset(p) for run in RUNS for p in itertools.combinations(run, 2)}
+    """The runs and the torchtitan stack's cover every pair the tables do not refuse; a run
+    holds no refused or inexpressible pair (it would test nothing past the refusal) and fits
+    four ranks."""
+    covered = {frozenset(p) for run in RUNS + [STACK] for p in itertools.combinations(run, 2)}
     for a, b in itertools.combinations(FEATURES, 2):
         pair = frozenset({a, b})
         assert (pair in covered) + (pair in REFUSED) + (pair in NOT_EXPRESSIBLE) == 1, (a, b)

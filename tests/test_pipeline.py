@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import random
+import re
 import warnings
 
 import pytest
@@ -21,6 +22,7 @@ from autopar.ir.pipeline import Pipeline
 from autopar.solvers.stage_partition import Chain, partition, pipeline_time
 from examples import gpt2
 from examples.hf_zoo import llama3_shaped
+from tests.workers import FAST
 
 # ---- the simulator on torch's action lists -------------------------------------------------
 
@@ -233,6 +235,23 @@ def test_a_budget_only_the_micro_batches_in_flight_exceed_is_met_by_recomputing(
     assert offloaded.pipeline.offload is not None and not offloaded.recompute
     with pytest.raises(AutoparError, match="no balanced partition fits the memory budget"):
         autopar.plan(model, inputs, memory_budget=budget, recompute="none", offload=False, **options)
+
+
+def test_stages_in_host_memory_fit_a_budget_only_more_micro_batches_in_flight_than_pp_meet():
+    """bf16-mixed with the stages' state in host memory, below the pipeline's peak by half its
+    activations: the first stage's two layers hold more than the pp or 2 pp micro-batches' worth
+    the micro-batch was once fitted with, so it is fitted with more (the fewest that fit), and
+    every rank's peak is under the budget."""
+    model, inputs = gpt2.make(gpt2.GPT2Config(vocab=96, seq=64, layers=2, heads=2, width=48, batch=8))
+    options = dict(mesh="pp=2,dp=2", schedule="1F1B", microbatches=4, cache=False, precision="bf16-mixed",
+                   offload=True, hardware=FAST)
+    free = autopar.plan(model, inputs, recompute="none", **options)
+    memory = free.predicted.memory_bytes
+    budget = sum(memory.values()) - 0.5 * memory["activations"]
+    plan = autopar.plan(model, inputs, memory_budget=budget, **options)
+    in_flight = int(re.search(r"with (\d+) micro-batches' saved activations in flight", plan.history[0].note)[1])
+    assert in_flight > 2 * 2 and plan.recompute and plan.pipeline.offload is not None
+    assert max(plan.pipeline.rank_peak_bytes) <= budget < max(free.pipeline.rank_peak_bytes)
 
 
 def test_pipeline_options_are_refused_where_they_cannot_apply(demo_pipeline):
