@@ -67,7 +67,10 @@ def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads:
 class LocalCluster:
     def __init__(self, world_size: int, timeout_s: float = 600.0, peers_grace_s: float = 20.0):
         """``peers_grace_s``: how long the other ranks may still answer once one rank has failed."""
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("forkserver")
+        # the workers fork from one server process that imported autopar (and torch) once, not
+        # each importing them anew (seconds a process); like spawn, they start without the parent's threads
+        ctx.set_forkserver_preload(["autopar"])
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.peers_grace_s = peers_grace_s
