@@ -477,9 +477,8 @@ def run_the_plan_of_this_rank(rank, world_size, plans_json, inputs):
 
     model, _ = mlp.make(batch=8, width=32, hidden=64)
     plan = autopar.Plan.from_json(plans_json[rank])
-    parallel = ParallelModule(model, plan, RankMesh(plan.mesh), plan.emit("torch"))
     try:
-        parallel(*inputs).backward()
+        ParallelModule(model, plan, RankMesh(plan.mesh), plan.emit("torch"))(*inputs).backward()
     except autopar.AutoparError as exc:
         return {"error": type(exc).__name__, "message": str(exc)}
     return {"error": None}

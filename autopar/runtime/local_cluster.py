@@ -32,19 +32,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _next_job(tasks, parent: int):
+def _next_job(tasks):
     """The next job from the parent; where the parent has died without closing the pool (a test
     process that ended with os._exit), nothing will come: the worker ends instead of idling in
-    its gloo group's threads for good."""
+    its gloo group's threads for good. (The pool's creator, not the fork server whose child
+    this process is.)"""
+    parent = mp.parent_process()
     while True:
         try:
             return tasks.get(timeout=1.0)
         except queue.Empty:
-            if os.getppid() != parent:
+            if parent is not None and not parent.is_alive():
                 os._exit(0)
 
 
-def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads: int, parent: int) -> None:
+def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -53,7 +55,7 @@ def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads:
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
     results.put((rank, True, "ready"))
     while True:
-        job = _next_job(tasks, parent)
+        job = _next_job(tasks)
         if job is None:
             break
         fn, args = job
@@ -79,7 +81,7 @@ class LocalCluster:
         threads = max(1, (os.cpu_count() or 1) // world_size)
         port = _free_port()
         self.procs = [ctx.Process(target=_worker_main, args=(r, world_size, port, self.tasks[r], self.results,
-                                                             threads, os.getpid()), daemon=True)
+                                                             threads), daemon=True)
                       for r in range(world_size)]
         for p in self.procs:
             p.start()

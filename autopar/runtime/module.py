@@ -104,6 +104,7 @@ class ParallelModule(nn.Module):
         ``compile``: run every program through torch.compile (autopar.runtime.program.RankProgram)."""
         super().__init__()
         check_plan_matches(plan, model)
+        agree_on_plan(rank_mesh, plan)
         self.model = model
         self.rt = rank_mesh
         self.planner, self.replan = planner, replan
@@ -221,6 +222,13 @@ class ParallelModule(nn.Module):
         if not sync:
             self._unsynced_program = program.key
         return self.unsynced
+
+
+def agree_on_plan(rank_mesh: RankMesh, plan: Plan) -> None:
+    """Every rank holds ``plan``, checked before placing the model's state: ranks holding
+    different plans would place it with collectives that do not match, and the ones left
+    unanswered would leave the process group unusable for whatever runs next."""
+    rank_mesh.agree("the plan they load", f"plan {plan.hash}")
 
 
 def check_plan_matches(plan: Plan, model: nn.Module) -> None:

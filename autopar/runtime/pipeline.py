@@ -80,7 +80,7 @@ class PipelinedModule(nn.Module):
         ``planner``: plans the model in other modes (see the module's docstring); None
         refuses calls in other modes."""
         super().__init__()
-        from autopar.runtime.module import check_plan_matches
+        from autopar.runtime.module import agree_on_plan, check_plan_matches
 
         check_plan_matches(plan, model)
         if rank_mesh.pipeline_group is None:
@@ -90,6 +90,7 @@ class PipelinedModule(nn.Module):
             raise AutoparError(f"plan {plan.hash} fills its pipeline's bubbles with {plan.pipeline.fill.optimizer} "
                                f"work, which reads the programs' operands from Python between them: run it without "
                                f"compile=True")
+        agree_on_plan(rank_mesh, plan)
         self.model, self.plan, self.rt = model, plan, rank_mesh
         self.planner, self.compile = planner, compile
         self.given = batch_blocks(plan.mesh) if local_inputs else None

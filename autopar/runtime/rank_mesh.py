@@ -70,6 +70,10 @@ class RankMesh:
         self.coords = whole.coords(self.rank)[offset:]
         self.pipeline_rank = whole.coords(self.rank)[0] if offset else 0
         self.device = torch.device(device)
+        self.timeout_s = collective_timeout_s() if timeout_s is None else timeout_s
+        # every rank makes the mesh's process groups together: ranks building other meshes would
+        # make groups that do not match, and hang whatever runs on them next
+        agree_across_world("the mesh they build process groups for", str(whole), self.device, self.timeout_s)
         full, self.sync_groups = _process_groups(self.device.type, whole, mesh.axis_names)
         self.device_mesh = full[mesh.axis_names] if offset else full
         self.groups = {name: full.get_group(name) for name in mesh.axis_names}
@@ -78,7 +82,6 @@ class RankMesh:
         self.bytes_moved: Counter = Counter()  # collective kind -> message bytes, as the cost model counts them
         self.calls: Counter = Counter()  # collective kind (or "gradient bucket") -> calls made to the library
         self.bucket_bytes = bucket_bytes
-        self.timeout_s = collective_timeout_s() if timeout_s is None else timeout_s
         self._buckets: dict[tuple, _Bucket] = {}  # (axis, dtype) -> the gradient syncs not sent yet
         self._bucket_buffers: dict[tuple, list[torch.Tensor]] = {}  # (elements, dtype) -> flat buffers
         self.given_masks = None  # a pipeline stage's dropout masks for the forward it runs (native_dropout)
@@ -252,25 +255,8 @@ class RankMesh:
         return x
 
     def agree(self, what: str, value: str) -> None:
-        """Every rank of the world states ``value`` for ``what`` (a plan's hash and a program's
-        signature): where they differ, every rank raises PlanMismatchError naming which ranks
-        hold which, and where a rank never states it (it stopped, or skipped the step), the
-        others raise CollectiveTimeoutError: never a hang."""
-        data = value.encode()[:_AGREEMENT_BYTES]
-        mine = torch.zeros(_AGREEMENT_BYTES, dtype=torch.uint8, device=self.device)
-        mine[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
-        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        work = dist.all_gather(parts, mine, async_op=True)
-        Pending(work, None, what=(f"the ranks' check that they agree on {what}", "<world>"),
-                timeout_s=self.timeout_s).wait()
-        values = [bytes(p.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for p in parts]
-        if len(set(values)) > 1:
-            held: dict = {}
-            for rank, v in enumerate(values):
-                held.setdefault(v, []).append(rank)
-            raise PlanMismatchError(f"the ranks disagree on {what}: " + "; ".join(
-                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {v}" for v, ranks in held.items())
-                + ". Every rank must load the same plan and call the model with the same inputs' shapes")
+        """Every rank of the world states ``value`` for ``what``: see agree_across_world."""
+        agree_across_world(what, value, self.device, self.timeout_s)
 
     def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
         """Dropout whose mask matches a single process's: every rank draws the global mask from the
@@ -284,6 +270,27 @@ class RankMesh:
         mask = local_shard(whole, Spec.from_json(spec), self.mesh, self.coords)
         scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
         return x.mul(mask).mul_(scale), mask
+
+
+def agree_across_world(what: str, value: str, device: torch.device, timeout_s: float) -> None:
+    """Every rank of the world states ``value`` for ``what`` (a mesh, a plan's hash, a program's
+    signature): where they differ, every rank raises PlanMismatchError naming which ranks hold
+    which, and where a rank never states it (it stopped, or skipped the step), the others raise
+    CollectiveTimeoutError: never a hang."""
+    data = value.encode()[:_AGREEMENT_BYTES]
+    mine = torch.zeros(_AGREEMENT_BYTES, dtype=torch.uint8, device=device)
+    mine[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    work = dist.all_gather(parts, mine, async_op=True)
+    Pending(work, None, what=(f"the ranks' check that they agree on {what}", "<world>"), timeout_s=timeout_s).wait()
+    values = [bytes(p.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for p in parts]
+    if len(set(values)) > 1:
+        held: dict = {}
+        for rank, v in enumerate(values):
+            held.setdefault(v, []).append(rank)
+        raise PlanMismatchError(f"the ranks disagree on {what}: " + "; ".join(
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {v}" for v, ranks in held.items())
+            + ". Every rank must load the same plan and call the model with the same inputs' shapes")
 
 
 def _alone(x: torch.Tensor) -> bool:
