@@ -240,8 +240,8 @@ def test_a_budget_only_the_micro_batches_in_flight_exceed_is_met_by_recomputing(
 def test_stages_in_host_memory_fit_a_budget_only_more_micro_batches_in_flight_than_pp_meet():
     """bf16-mixed with the stages' state in host memory, below the pipeline's peak by half its
     activations: the first stage's two layers hold more than the pp or 2 pp micro-batches' worth
-    the micro-batch was once fitted with, so it is fitted with more (the fewest that fit), and
-    every rank's peak is under the budget."""
+    the micro-batch was once fitted with, so it is fitted with more (doubling), and every
+    rank's peak is under the budget."""
     model, inputs = gpt2.make(gpt2.GPT2Config(vocab=96, seq=64, layers=2, heads=2, width=48, batch=8))
     options = dict(mesh="pp=2,dp=2", schedule="1F1B", microbatches=4, cache=False, precision="bf16-mixed",
                    offload=True, hardware=FAST)

@@ -141,8 +141,8 @@ def _state_bytes(model, optimizer: str) -> float:
 def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, pp: int, send, request: PlanRequest,
                        host: bool):
     """([(candidate, its pipeline or None)], the micro-batch plan, what the pipeline's record
-    adds): planned again, with more micro-batches' saved activations in flight, where no
-    schedule fits and some are over the budget.
+    adds): planned again, with more micro-batches' saved activations in flight, where every
+    schedule's stages are over the budget.
 
     The micro-batch is first planned under pp times the budget, as if each rank held 1/pp of
     its state and one micro-batch's activations. But a rank's stage keeps up to pp micro-batches
@@ -153,8 +153,8 @@ def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, 
     micro = _plan_microbatch(planner, micro_request, batch, m)
     priced = _priced(micro, pp, m, send, request, host)
     if request.recompute != "none" and _over_memory(priced):
-        micro_request, micro, priced = _fewest_in_flight_that_fit(planner, micro_request, micro, priced, batch, m, pp,
-                                                                  send, request, host)
+        micro_request, micro, priced = _fitted_with_more_in_flight(planner, micro_request, micro, priced, batch, m,
+                                                                   pp, send, request, host)
     note = _IN_FLIGHT.format(micro_request.activations_in_flight) if micro_request.activations_in_flight > 1 else ""
     if not host and request.offload == "auto" and request.optimizer != "kfac" and all(p is None for _, p, _ in priced):
         # offload is the last lever: only where no schedule fits with the stages' state on the device
@@ -163,47 +163,36 @@ def _fitted_microbatch(planner, micro_request: PlanRequest, batch: int, m: int, 
 
 
 def _over_memory(priced) -> bool:
-    """No schedule fits, and some are ruled out for memory alone (fewer activations could fit them)."""
-    return all(p is None for _, p, _ in priced) and any(over for _, _, over in priced)
+    """Every schedule is ruled out for memory alone (fewer activations could fit it)."""
+    return all(over for _, _, over in priced)
 
 
-def _fewest_in_flight_that_fit(planner, micro_request: PlanRequest, micro, priced, batch: int, m: int, pp: int, send,
-                               request: PlanRequest, host: bool):
-    """(request, micro-batch plan, priced schedules) with the fewest micro-batches in flight
-    that let a schedule fit: pp, doubled while none fits, then bisected between the last that
-    failed and the first that fit (fewer in flight recompute less). The doubling ends where the
-    micro-batch's budget search finds no layout, or at pp * m * pp in flight: a stage holds at
-    most the m micro-batches of a step, each at most the whole micro-batch's activations (pp
-    times a balanced stage's share). Where none fits, the last answer stands."""
-    def attempt(in_flight: int):
-        held = dataclasses.replace(micro_request, activations_in_flight=in_flight)
+def _activation_bytes(micro: _Microbatch) -> float:
+    return sum(u.activation_bytes for u in micro.units)
+
+
+def _fitted_with_more_in_flight(planner, micro_request: PlanRequest, micro, priced, batch: int, m: int, pp: int,
+                                send, request: PlanRequest, host: bool):
+    """(request, micro-batch plan, priced schedules) fitted with pp micro-batches in flight,
+    doubled until a schedule fits. Past 2 pp the doubling goes on only while it shrinks the
+    activations the stages hold (recomputing more), and it ends where the micro-batch's budget
+    search finds no layout, or at pp * m * pp in flight: a stage holds at most the m
+    micro-batches of a step, each at most the whole micro-batch's activations (pp times a
+    balanced stage's share). Where none fits, the last answer stands. (Each try is a whole
+    budget search, so the count is not bisected down to the fewest that fit.)"""
+    answer, held, in_flight = (micro_request, micro, priced), _activation_bytes(micro), pp
+    while in_flight <= pp * m * pp:
+        more = dataclasses.replace(micro_request, activations_in_flight=in_flight)
         try:
-            fitted = _plan_microbatch(planner, held, batch, m)
+            fitted = _plan_microbatch(planner, more, batch, m)
         except AutoparError as why:  # no layout fits with so many in flight
             if planner.progress:
                 planner.progress(f"pipeline: with {in_flight} micro-batches in flight, {why}")
-            return None
-        return held, fitted, _priced(fitted, pp, m, send, request, host)
-
-    answer, failed, in_flight = (micro_request, micro, priced), 1, pp
-    while in_flight <= pp * m * pp:
-        tried = attempt(in_flight)
-        if tried is None:
             return answer
-        answer = tried
-        if not _over_memory(tried[2]):
-            break
-        failed, in_flight = in_flight, in_flight * 2
-    if _over_memory(answer[2]):
-        return answer
-    fitted_at = answer[0].activations_in_flight
-    while fitted_at - failed > 1:
-        middle = (failed + fitted_at) // 2
-        tried = attempt(middle)
-        if tried is not None and not _over_memory(tried[2]):
-            answer, fitted_at = tried, middle
-        else:
-            failed = middle
+        answer = more, fitted, _priced(fitted, pp, m, send, request, host)
+        if not _over_memory(answer[2]) or (in_flight >= 2 * pp and _activation_bytes(fitted) >= held):
+            return answer  # it fits, or recomputing no more with more in flight: none will fit
+        held, in_flight = _activation_bytes(fitted), in_flight * 2
     return answer
 
 
