@@ -234,7 +234,7 @@ def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B"
         if "recompute" not in recipe:
             return megatron()
         # the baseline pins its layouts and offloads as the recipe says already
-        return megatron(memory_budget=_budget(megatron(recompute="none")), recompute="auto")
+        return megatron(memory_budget=budget_below_by_half_activations(megatron(recompute="none")), recompute="auto")
     elif {"zero3", "tp"} <= recipe:  # Megatron's layout over tp, every parameter also split over dp
         options["pin"] = megatron_pins(model, tp=2, dp=2)
     elif "zero3" in recipe:
@@ -245,7 +245,7 @@ def plan_recipe(recipe: frozenset, model, inputs, kwargs, schedule: str = "1F1B"
     if "recompute" not in recipe:
         return plan()
     free = plan(recompute="none")
-    return plan(memory_budget=_budget(free), recompute="auto", **_recompute_only(recipe, free))
+    return plan(memory_budget=budget_below_by_half_activations(free), recompute="auto", **_recompute_only(recipe, free))
 
 
 def first_call(recipe: frozenset, inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -264,7 +264,7 @@ def _precision(recipe: frozenset) -> str | None:
     return "bf16-mixed" if "bf16" in recipe else "fp16-mixed" if "fp16" in recipe else None
 
 
-def _budget(free: autopar.Plan) -> float:
+def budget_below_by_half_activations(free: autopar.Plan) -> float:
     """A memory budget below the peak of ``free`` (the recipe's plan without recomputing) by half
     its activations."""
     memory = free.predicted.memory_bytes

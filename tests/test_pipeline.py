@@ -22,6 +22,7 @@ from autopar.ir.pipeline import Pipeline
 from autopar.solvers.stage_partition import Chain, partition, pipeline_time
 from examples import gpt2
 from examples.hf_zoo import llama3_shaped
+from tests.composition import budget_below_by_half_activations
 from tests.workers import FAST
 
 # ---- the simulator on torch's action lists -------------------------------------------------
@@ -224,8 +225,7 @@ def test_a_budget_only_the_micro_batches_in_flight_exceed_is_met_by_recomputing(
     model, inputs, _ = demo_pipeline
     options = dict(mesh="pp=2", schedule="1F1B", microbatches=4, cache=False)
     free = autopar.plan(model, inputs, recompute="none", **options)
-    memory = free.predicted.memory_bytes
-    budget = sum(memory.values()) - 0.5 * memory["activations"]
+    budget = budget_below_by_half_activations(free)
     plan = autopar.plan(model, inputs, memory_budget=budget, **options)
     assert plan.recompute and not free.recompute
     assert max(plan.pipeline.rank_peak_bytes) <= budget < max(free.pipeline.rank_peak_bytes)
@@ -246,8 +246,7 @@ def test_stages_in_host_memory_fit_a_budget_only_more_micro_batches_in_flight_th
     options = dict(mesh="pp=2,dp=2", schedule="1F1B", microbatches=4, cache=False, precision="bf16-mixed",
                    offload=True, hardware=FAST)
     free = autopar.plan(model, inputs, recompute="none", **options)
-    memory = free.predicted.memory_bytes
-    budget = sum(memory.values()) - 0.5 * memory["activations"]
+    budget = budget_below_by_half_activations(free)
     plan = autopar.plan(model, inputs, memory_budget=budget, **options)
     in_flight = int(re.search(r"with (\d+) micro-batches' saved activations in flight", plan.history[0].note)[1])
     assert in_flight > 2 * 2 and plan.recompute and plan.pipeline.offload is not None

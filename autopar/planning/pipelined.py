@@ -189,10 +189,10 @@ def _fitted_with_more_in_flight(planner, micro_request: PlanRequest, micro, pric
             if planner.progress:
                 planner.progress(f"pipeline: with {in_flight} micro-batches in flight, {why}")
             return answer
-        answer = more, fitted, _priced(fitted, pp, m, send, request, host)
-        if not _over_memory(answer[2]) or (in_flight >= 2 * pp and _activation_bytes(fitted) >= held):
+        answer, now_held = (more, fitted, _priced(fitted, pp, m, send, request, host)), _activation_bytes(fitted)
+        if not _over_memory(answer[2]) or (in_flight >= 2 * pp and now_held >= held):
             return answer  # it fits, or recomputing no more with more in flight: none will fit
-        held, in_flight = _activation_bytes(fitted), in_flight * 2
+        held, in_flight = now_held, in_flight * 2
     return answer
 
 
