@@ -38,7 +38,7 @@ class OffloadLever:
         best, seen = None, set()
         for layout in filter(None, layouts):
             key = (tuple(layout.result.choice), layout.fit is not None)
-            if key in seen or layout.result.objective >= min(to_beat, best.step_s if best else math.inf):
+            if key in seen or _before_offload_s(layout) >= min(to_beat, best.step_s if best else math.inf):
                 continue
             seen.add(key)
             found = self.offload(layout)
@@ -71,6 +71,13 @@ class OffloadLever:
         plain = fitted.plain if fitted is not None else \
             fit(search.graph, strategies, moves, ctx, search.budget, "none").plain
         return Layout(result, Fit(plain, found))
+
+
+def _before_offload_s(layout: Layout) -> float:
+    """A layout's step before offload adds to it: its solved step, and the recomputation its fit
+    keeps (offload keeps it too: the pick ``chosen``, fitted by recomputing, is no faster offloaded)."""
+    recompute = layout.fit.recompute if layout.fit is not None else None
+    return layout.result.objective + (recompute.seconds if recompute is not None else 0.0)
 
 
 def because(chosen: Layout, why: str, ctx: PassContext) -> Layout:
