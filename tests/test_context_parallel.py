@@ -158,6 +158,8 @@ def test_summary_and_explain_name_the_sequence_split():
     explained = str(plan.explain("attention"))
     chosen = [line for line in explained.splitlines() if line.lstrip().startswith("->")]
     assert len(chosen) == 2 and all("all_gather[cp] inside" in line for line in chosen), explained
+    assert ("sequence split: 2 of 2 calls split it over cp. Their layouts keeping it whole are ruled out by a "
+            "constraint") in explained, explained
     code = plan.emit()
     assert code.count("context_parallel.attention_all_gather(rt, 'cp'") == 2
     assert code.count("context_parallel.attention_all_gather_backward(rt, 'cp'") == 2
@@ -166,6 +168,23 @@ def test_summary_and_explain_name_the_sequence_split():
     chosen = [line for line in str(whole.explain("attention")).splitlines() if line.lstrip().startswith("->")]
     assert len(chosen) == 2 and not any("inside" in line for line in chosen), chosen
     assert whole.emit().count("context_parallel.attention_of_block(rt, 'cp'") == 2
+
+
+def test_explain_says_why_the_sequence_is_kept_whole():
+    """Four sequences on four ranks: a sequence a rank, each whole. The plan fits its budget as it
+    is, so the split's smaller activations would buy nothing, which explain says beside their
+    prices; where the plan recomputes, it says that instead."""
+    model, inputs = gpt2(batch=4)
+    plan = autopar.plan(model, inputs, mesh="dp=4", hardware="h100-sxm")
+    assert sequence_split_axes(plan) == {None}
+    note = str(plan.explain("attention")).splitlines()[-1]
+    assert note.startswith("sequence split: kept whole. The layouts splitting it cost "), note
+    assert "over these calls than the chosen ones" in note and "without recomputation or offload" in note, note
+    recomputing = autopar.plan(model, inputs, mesh="dp=4", hardware="h100-sxm", recompute="full")
+    assert recomputing.recompute and sequence_split_axes(recomputing) == {None}
+    note = str(recomputing.explain("attention")).splitlines()[-1]
+    assert note.startswith("sequence split: kept whole.") and \
+        f"by recomputing {len(recomputing.recompute)} forward values" in note, note
 
 
 def test_the_jax_backend_refuses_the_sequence_split_by_name():
@@ -185,6 +204,7 @@ def test_the_solver_splits_the_sequence_of_long_contexts_only():
     long = autopar.plan(*llama3_shaped("8b", batch=1, seq=131072, layers=4), mesh="dp=8", hardware="h100-sxm",
                         optimizer="adam-mixed", cache=False)
     assert sequence_split_axes(long) == {"dp"}, long.summary()
+    assert "calls split it over dp" in str(long.explain("attention")).splitlines()[-1]
     assert long.predicted.peak_memory_bytes <= autopar.PRESETS["h100-sxm"].memory_bytes
     short = autopar.plan(*llama3_shaped("8b", batch=8, seq=2048, layers=4), mesh="dp=8", hardware="h100-sxm",
                          optimizer="adam-mixed", cache=False)

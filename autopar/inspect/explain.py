@@ -19,10 +19,12 @@ from autopar.ir.placement import Spec
 from autopar.ir.program import Program, tensor_inputs
 from autopar.ir.redistribute import COMMUNICATING, plan_steps
 from autopar.ops.attention import FORWARD as ATTENTION_FORWARD
+from autopar.ops.attention import query_spec, sequence_axis
 from autopar.ops.kinds import communicating_axis
 from autopar.ops.moe import MOE_FORWARD
 from autopar.ops.table import rule_for
 from autopar.passes.base import PassContext
+from autopar.passes.recompute import memory_budget
 from autopar.units import human_bytes, human_seconds
 
 _MAX_SHOWN = 12  # strategies listed per node (the chosen one always)
@@ -39,6 +41,7 @@ class PricedStrategy:
     output_bytes: float  # per device
     allowed: bool
     chosen: bool
+    sequence_axis: str | None = None  # attention's: the axis its sequence is split over (context parallel)
 
     @property
     def total_s(self) -> float:
@@ -84,17 +87,20 @@ class NodeExplanation:
 class Explanation:
     target: str
     nodes: tuple[NodeExplanation, ...]
+    note: str = ""  # for "attention": why the sequence is split or kept whole
 
     def __str__(self) -> str:
         head = [] if len(self.nodes) == 1 else [f"{self.target}: {len(self.nodes)} nodes"]
-        return "\n\n".join(head + [str(n) for n in self.nodes])
+        return "\n\n".join(head + [str(n) for n in self.nodes] + ([self.note] if self.note else []))
 
 
 def explain(plan, program: Program, ctx: PassContext, target: str) -> Explanation:
     """``target``: a node name, a parameter's name, or a module path (its parameters and ops)."""
     nodes = _resolve(plan, program, target)
     allowed = ctx.constraints.allowed(program, program.table("strategies"), ctx.mesh)
-    return Explanation(target, tuple(_explain_node(plan, program, ctx, allowed, name) for name in nodes))
+    explained = tuple(_explain_node(plan, program, ctx, allowed, name) for name in nodes)
+    note = sequence_split_note(plan, explained, memory_budget(ctx)) if target == "attention" else ""
+    return Explanation(target, explained, note)
 
 
 def _resolve(plan, program: Program, target: str) -> list[str]:
@@ -156,11 +162,65 @@ def _explain_node(plan, program: Program, ctx: PassContext, allowed: dict, name:
             if out_meta is not None else 0.0
         is_chosen = s.in_specs == chosen[name].in_specs and s.out_specs == chosen[name].out_specs
         rows.append(PricedStrategy(_layout(s), compute, reshard_in, reshard_out, tuple(sorted(set(collectives))),
-                                   nbytes, ok, is_chosen))
+                                   nbytes, ok, is_chosen, _sequence_axis(program, name, s, ctx.mesh)))
     rows.sort(key=lambda r: (not r.allowed, r.total_s, not r.chosen))
     what = program.params.get(name) or str(program.node(name).target)
     module = plan.modules.get(name, program.params.get(name, "").rpartition(".")[0])
     return NodeExplanation(name, what, module, tuple(rows), _reason(rows, len(group), plan.solver))
+
+
+def _sequence_axis(program: Program, name: str, strategy, mesh) -> str | None:
+    """The axis (of more than one rank) an attention call's layout splits its sequence over."""
+    node = program.node(name)
+    if str(node.target) != ATTENTION_FORWARD:
+        return None
+    axis = sequence_axis(query_spec(node.target, strategy.in_specs))
+    return mesh.axis_names[axis] if axis is not None and mesh.shape[axis] > 1 else None
+
+
+def sequence_split_note(plan, nodes, budget: float) -> str:
+    """Why attention's sequence is split, or kept whole: the time its calls' layouts cost each
+    way (priced as the tables price them) beside the memory the plan needs, which is what the
+    split saves (its activations shrink by the axis's size) and recomputation saves instead."""
+    split = [n for n in nodes if n.chosen.sequence_axis]
+    memory = _memory_standing(plan, budget)
+    if not split:
+        offered = [min((s for s in n.strategies if s.allowed and s.sequence_axis), key=lambda s: s.total_s,
+                       default=None) for n in nodes]
+        if not any(offered):
+            return ("sequence split: none of these calls may split its sequence (a constraint rules it out, or "
+                    "the call is cross-attention, has dropout, or a mask with the causal flag)")
+        dearer = sum(best.total_s - n.chosen.total_s for n, best in zip(nodes, offered) if best is not None)
+        priced = f"cost {human_seconds(dearer)} more over these calls than the chosen ones" if dearer >= 0 else \
+            f"look {human_seconds(-dearer)} cheaper over these calls one at a time, but not beside the layouts " \
+            f"around them (each call's why)"
+        return f"sequence split: kept whole. The layouts splitting it {priced}; {memory}"
+    axes = ", ".join(sorted({n.chosen.sequence_axis for n in split}))
+    whole = [min((s for s in n.strategies if s.allowed and not s.sequence_axis), key=lambda s: s.total_s,
+                 default=None) for n in split]
+    head = f"sequence split: {len(split)} of {len(nodes)} calls split it over {axes}."
+    if not any(whole):
+        return f"{head} Their layouts keeping it whole are ruled out by a constraint (a pass or a pin); {memory}"
+    faster = sum(n.chosen.total_s - best.total_s for n, best in zip(split, whole) if best is not None)
+    if faster <= 0:
+        return (f"{head} It is also the fastest of their layouts: keeping the sequence whole costs "
+                f"{human_seconds(-faster)} more over these calls; {memory}")
+    return (f"{head} Keeping the sequence whole would be {human_seconds(faster)} faster over these calls, but "
+            f"holds the whole sequence's activations around attention: the split is taken for memory; {memory}")
+
+
+def _memory_standing(plan, budget: float) -> str:
+    """The plan's peak against its budget, and what else it takes to fit (recomputation, offload)."""
+    peak = f"the plan peaks at {human_bytes(plan.predicted.peak_memory_bytes)} of its {human_bytes(budget)} budget"
+    levers = []
+    if plan.recompute:
+        levers.append(f"recomputing {len(plan.recompute)} forward values "
+                      f"(+{human_seconds(plan.predicted.recompute_s)} a step)")
+    if plan.offload is not None:
+        levers.append("offloading parameters to host memory")
+    if not levers:
+        return f"{peak} without recomputation or offload: smaller activations would buy nothing here"
+    return f"{peak} by {' and '.join(levers)}"
 
 
 def _inner_collectives(program: Program, name: str, strategy, mesh) -> list[str]:
