@@ -30,6 +30,7 @@ ALL_TO_ALL_FORWARD = "moe.experts_all_to_all"
 ALL_TO_ALL_BACKWARD = "moe.experts_all_to_all_backward"
 MOE_FORWARD = "autopar.moe_experts.default"
 KERNEL_OPS = (MOE_FORWARD, "autopar.moe_experts_backward.default")
+_INDEX_BYTES = 8  # a top-k expert index (int64), as the kernels all-gather the routing
 
 
 def expert_forward(rows: torch.Tensor, counts: list[int], gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -183,11 +184,11 @@ class ExpertsRule(LetterRule):
         return letter_options(lt) + [expert_parallel]
 
     def inner_time(self, call, in_specs, local, cost) -> float:
-        """Expert parallel: the split sizes' exchange, then each (token, expert) pair's row to
-        its expert's rank and the result back (backward sends the row with its gradient and gets
-        the output with the row's gradient: twice the width). The step waits for the busiest
-        rank, whose experts get ``cost.moe_imbalance`` times the mean: it receives and computes
-        that much more."""
+        """Expert parallel: the routing's all-gather (every rank's top-k indices), then each
+        (token, expert) pair's row to its expert's rank and the result back (backward sends the
+        row with its gradient and gets the output with the row's gradient: twice the width). The
+        step waits for the busiest rank, whose experts get ``cost.moe_imbalance`` times the mean:
+        it receives and computes that much more."""
         axis = expert_axis(in_specs)
         if axis is None:
             return 0.0
@@ -196,16 +197,16 @@ class ExpertsRule(LetterRule):
         itemsize = operand_itemsize(call, x)
         row_bytes = local.inputs[x][1] * self.row_widths * itemsize
         imbalance = cost.moe_imbalance
-        sizes = cost.routed_exchange_time(8.0 * cost.mesh.shape[axis], axis)
+        routing = cost.collective_seconds("all_gather", tokens * k * _INDEX_BYTES * cost.mesh.shape[axis], axis)
         rows = 2 * cost.routed_exchange_time(imbalance * tokens * k * row_bytes, axis)
         busiest = (imbalance - 1.0) * cost.op_time(self.flops(call, local.inputs, local.outputs), 0.0, itemsize)
-        return sizes + rows + busiest
+        return routing + rows + busiest
 
     def kernel_axis(self, in_specs) -> int | None:
         return expert_axis(in_specs)
 
     def kernel_collectives(self, in_specs) -> tuple[str, ...]:
-        return ("all_to_all",) if expert_axis(in_specs) is not None else ()
+        return ("all_gather", "all_to_all") if expert_axis(in_specs) is not None else ()
 
     def local_call(self, call, local):
         if local.inputs[-1][0] == call.in_shapes[-1][0]:  # every expert here: the op itself, on this rank's tokens

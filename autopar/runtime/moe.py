@@ -1,10 +1,13 @@
 """Expert parallelism: a mixture-of-experts layer whose experts are split over a mesh axis.
 
 Each rank holds ``E / n`` consecutive experts (``Shard(0)`` of the stacked expert weights) and
-its own tokens. The layer sends every (token, expert) pair's row to the rank of its expert by
-an all-to-all whose split sizes are exchanged first (they depend on the routing), the experts
-run on what they received, and a second all-to-all brings the outputs back, where the routing
-weights combine them. No token is dropped, so the result equals the layer on one device.
+its own tokens. The ranks first all-gather their routing (the top-k expert indices: a few bytes
+a token), from which each knows how many rows it sends to and receives from every rank and for
+which of its experts each received row is (exchanging the sizes, then the experts' indices,
+would be two collectives where this is one). The layer then sends every (token, expert) pair's
+row to the rank of its expert by an uneven all-to-all, the experts run on what they received,
+and a second all-to-all brings the outputs back, where the routing weights combine them. No
+token is dropped, so the result equals the layer on one device.
 
 Backward makes the same trip once: each pair's token row and its output gradient (weighted)
 go to the expert, which recomputes its output and returns it with the row's gradient; the
@@ -30,12 +33,16 @@ class _Dispatch:
 
     def __init__(self, rt, axis: str, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, local_experts: int):
         self.rt, self.axis = rt, axis
-        ranks = rt.mesh.shape[rt.mesh.axis_names.index(axis)]
+        index = rt.mesh.axis_names.index(axis)
+        rank, ranks = rt.coords[index], rt.mesh.shape[index]
         self.routing = Routing(top_k_index, top_k_weights)
-        send = torch.bincount(self.routing.experts // local_experts, minlength=ranks)
-        self.send = send.tolist()
-        self.received = rt.exchange_rows(send, axis, [1] * ranks, [1] * ranks).tolist()
-        arrived = self.to_experts(self.routing.experts % local_experts)
+        # each rank's pairs' experts in the order it sends them (sorted, as Routing sorts its own)
+        everyone = torch.sort(rt.all_gather(top_k_index.contiguous(), axis, 0).reshape(ranks, -1), dim=1).values
+        owner = everyone // local_experts
+        self.send = torch.bincount(owner[rank], minlength=ranks).tolist()
+        here = owner == rank
+        self.received = here.sum(dim=1).tolist()
+        arrived = everyone[here] % local_experts  # rank 0's rows first, each rank's in its order
         # rows from different ranks interleave their experts: group them by expert for the GEMMs
         self.by_expert = torch.argsort(arrived, stable=True)
         self.counts = torch.bincount(arrived, minlength=local_experts).tolist()
