@@ -64,7 +64,7 @@ from autopar.ir.precision import parse_precision
 from autopar.ir.program import descendants, output_metas, tensor_inputs
 from autopar.ir.request import DEFAULT_HARDWARE
 from autopar.ops.attention import ATTENTION_RULES, key_spec, keys_gathered, query_spec, sequence_axis
-from autopar.ops.moe import KERNEL_OPS, expert_axis
+from autopar.ops.moe import KERNEL_OPS, expert_axis, tokens_whole
 from autopar.passes.base import Pass
 from autopar.planning.pipeline import plan_captured
 
@@ -224,10 +224,10 @@ def _expert_parallel_layouts(model, devices: int, degrees: list, program, tokens
             layouts.update({name: why for name in names})
         elif t == 1:
             pin = {n: "S(0)" if n in experts else _fsdp(p, devices) for n, p in params.items()}
-            layouts["zero3-ep"] = (Mesh.of(dp=devices), pin, None, (ExpertLayout("dp"),))
+            layouts["zero3-ep"] = (Mesh.of(dp=devices), pin, None, (ExpertLayout("dp", tokens="routed"),))
         else:
             pin = {**megatron_pins(model, t), **{n: "S(0),R" for n in experts}}
-            mesh, ep = Mesh.of(dp=dp, tp=t), (ExpertLayout("dp"),)
+            mesh, ep = Mesh.of(dp=dp, tp=t), (ExpertLayout("dp", tokens="routed"),)
             layouts[names[0]] = (mesh, pin, _no_sequence_split(program, tokens, axis=1), ep)
             layouts[names[1]] = (mesh, pin, None, ((NormsOverSequence(tokens[1]),) if tokens else ()) + ep)
     return layouts
@@ -325,20 +325,34 @@ class _LayoutRule(Pass):
 
 class ExpertLayout(Pass):
     """A baseline's mixture-of-experts layers (autopar.ops.moe): expert parallel over mesh axis
-    ``axis``, or with ``axis`` None never (their experts whole, or sharded and gathered per use)."""
+    ``axis``, or with ``axis`` None never (their experts whole, or sharded and gathered per use).
+    ``tokens``: "routed" (split over the axis too, sent to their experts by all-to-all),
+    "whole" (every token on each rank of the axis, the outputs partial sums) or None (either,
+    as the solver prices them)."""
 
     name = "expert_layout"
     requires = ("strategies",)
 
-    def __init__(self, axis: str | None):
-        self.axis = axis
+    def __init__(self, axis: str | None, tokens: str | None = None):
+        if tokens not in (None, "routed", "whole"):
+            raise AutoparError(f"ExpertLayout(tokens={tokens!r}): the tokens are 'routed', 'whole' or None (either)")
+        self.axis, self.tokens = axis, tokens
 
     def run(self, program, ctx) -> str:
         want = None if self.axis is None else ctx.mesh.axis_names.index(self.axis)
         layers = {n.name for n in program.gm.graph.nodes if str(n.target) in KERNEL_OPS}
-        ctx.constraints.forbid(lambda node, strategy: node.name in layers and expert_axis(strategy.in_specs) != want)
+
+        def other(node, strategy) -> bool:
+            if node.name not in layers:
+                return False
+            if expert_axis(strategy.in_specs) != want:
+                return True
+            return self.tokens is not None and want is not None and \
+                tokens_whole(strategy.in_specs, want) != (self.tokens == "whole")
+        ctx.constraints.forbid(other)
+        tokens = "" if self.tokens is None else f", tokens {self.tokens}"
         return f"{len(layers)} MoE ops " + ("with their experts whole" if want is None else
-                                            f"expert parallel over {self.axis}")
+                                            f"expert parallel over {self.axis}{tokens}")
 
 
 class SequenceSplit(Pass):

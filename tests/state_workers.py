@@ -40,15 +40,16 @@ def train_clipped(model, batch, optimizer: str, foreach: bool, steps: int = 3, m
             "state_dtypes": sorted(state), "next_loss": next_loss}
 
 
-def train_dtensor_state(rank, world_size, model_bytes, batch, mesh, optimizer, foreach):
-    """The model autoparallelized with example inputs (sharded at once), then ``train_clipped``;
-    also what the parameters, gradients and optimizer state are: types and placements."""
+def train_dtensor_state(rank, world_size, model_bytes, batch, mesh, optimizer, foreach, passes=()):
+    """The model autoparallelized with example inputs (sharded at once; ``passes`` added to its
+    plan's), then ``train_clipped``; also what the parameters, gradients and optimizer state
+    are: types and placements."""
     import io
 
     from torch.distributed.tensor import DTensor
 
     model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch)
+    autopar.autoparallelize(model, mesh=mesh, hardware=FAST, example_inputs=batch, passes=passes)
     out = train_clipped(model, batch, optimizer, foreach)
     plan = autopar.plan_of(model)
     placements = {fqn: plan.param_spec(fqn).to_dtensor() for fqn in plan.graph.params.values()}

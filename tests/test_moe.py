@@ -11,6 +11,7 @@ from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
 import autopar
+from autopar.baseline_plans import ExpertLayout
 from autopar.capture.export import capture
 from autopar.check import compare
 from autopar.errors import AutoparError
@@ -83,16 +84,24 @@ def _run(job, model, *args):
     return get_cluster(4).run(job, buffer.getvalue(), *args)
 
 
+# the two dispatches: the tokens routed to their experts by all-to-all over ep; over tp, where
+# tensor parallelism leaves every rank all tokens (split over dp), each rank's experts' share
+_DISPATCH = {"ep=4": ExpertLayout("ep", tokens="routed"), "dp=2,tp=2": ExpertLayout("tp", tokens="whole")}
+
+
 @pytest.mark.parametrize("name,mesh", sampled(
     [(name, mesh) for name in sorted(MODELS) for mesh in ("ep=4", "dp=2,tp=2")],
     inner_loop=[("mixtral", "ep=4"), ("deepseek_v3", "ep=4"), ("qwen2_moe", "dp=2,tp=2")]))
 def test_expert_parallel_training_equals_eager(name, mesh):
-    """Three clipped AdamW steps on DTensor parameters, the experts split over a mesh axis:
-    eager's losses, norms and parameters."""
+    """Three clipped AdamW steps on DTensor parameters, the experts split over a mesh axis, the
+    tokens routed by all-to-all (ep=4) or whole on the axis (dp=2,tp=2): eager's losses, norms
+    and parameters."""
     model, batch = _model(name)
-    plan = autopar.plan(model, batch, mesh=mesh, hardware=FAST)
-    assert expert_parallel_axes(plan), plan.summary()
-    results = _run(state_workers.train_dtensor_state, model, batch, mesh, "adamw", True)
+    dispatch = _DISPATCH[mesh]
+    plan = autopar.plan(model, batch, mesh=mesh, hardware=FAST, passes=[dispatch])
+    kernel = "experts_of_rank" if dispatch.tokens == "whole" else "experts_all_to_all"
+    assert expert_parallel_axes(plan) == {dispatch.axis} and f"moe.{kernel}(rt, " in plan.emit(), plan.summary()
+    results = _run(state_workers.train_dtensor_state, model, batch, mesh, "adamw", True, [dispatch])
     want = state_workers.train_clipped(copy.deepcopy(model), batch, "adamw", True)
     for got in results:
         assert got["dtensors"] and got["sharded"] > 0
@@ -106,8 +115,8 @@ def test_expert_parallelism_is_dropless_when_routing_crowds_one_expert():
     """Every token the same: each layer sends all of them to the same two experts' ranks."""
     model, (ids, labels) = _model("mixtral")
     same = torch.full_like(ids, 7)
-    plan = autopar.plan(model, (same, same), mesh="ep=4", hardware=FAST)
-    assert expert_parallel_axes(plan) == {"ep"}
+    plan = autopar.plan(model, (same, same), mesh="ep=4", hardware=FAST, passes=[ExpertLayout("ep", tokens="routed")])
+    assert expert_parallel_axes(plan) == {"ep"} and "moe.experts_all_to_all(rt, " in plan.emit()
     report = autopar.check(model, (same, same), plan=plan, steps=2)
     assert report.ok, str(report)
 
@@ -168,9 +177,11 @@ def test_the_jax_backend_runs_the_experts_op_and_refuses_expert_parallelism():
     assert not expert_parallel_axes(data_parallel)
     report = autopar.check(model, batch, plan=data_parallel, backend="jax")
     assert report.ok, str(report)
-    expert_parallel = autopar.plan(model, batch, mesh="ep=4", hardware=FAST)
-    with pytest.raises(AutoparError, match=r"does not emit moe.experts_all_to_all yet.*axis 'ep', as expert"):
-        expert_parallel.emit("jax")
+    for tokens in ("routed", "whole"):
+        expert_parallel = autopar.plan(model, batch, mesh="ep=4", hardware=FAST, passes=[ExpertLayout("ep", tokens)])
+        kernel = "experts_all_to_all" if tokens == "routed" else "experts_of_rank"
+        with pytest.raises(AutoparError, match=rf"does not emit moe.{kernel} yet.*axis 'ep', as expert"):
+            expert_parallel.emit("jax")
 
 
 def _mixtral_8x7b(layers: int):

@@ -151,7 +151,7 @@ def local_call(plan, node) -> tuple[str, list]:
     local = LocalShapes(
         tuple(spec.local_shape(m.shape, plan.mesh) for spec, m in zip(strategy.in_specs, in_metas)),
         tuple(None if m is None else spec.local_shape(m.shape, plan.mesh)
-              for spec, m in zip(strategy.out_specs, node.outputs)))
+              for spec, m in zip(strategy.out_specs, node.outputs)), strategy.in_specs)
     target, args = rule.local_call(call, local)
     return (target if isinstance(target, str) else str(target).replace("aten::", "aten.")), args
 

@@ -46,10 +46,12 @@ class OpCall:
 @dataclass(frozen=True)
 class LocalShapes:
     """The shapes of one call's tensors as a rank holds them under one strategy: what a rule
-    rewrites size-like arguments from (``Rule.local_args``)."""
+    rewrites size-like arguments from (``Rule.local_args``); with that strategy's input layouts,
+    where shapes alone leave two kernels apart (``Rule.local_call``)."""
 
     inputs: tuple[tuple[int, ...], ...]
     outputs: tuple[tuple[int, ...] | None, ...]
+    in_specs: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,11 @@ per-op rule may split by expert. Capture replaces the whole module by this op
 - the tokens split, experts replicated (data parallel: a rank runs its own tokens);
 - expert parallel over an axis: tokens and experts both split over it; each rank sends its
   tokens to their experts' ranks by all-to-all and gets the results back (a runtime kernel,
-  autopar.runtime.moe, which the rule names as the op a rank runs).
+  autopar.runtime.moe, which the rule names as the op a rank runs);
+- expert parallel over an axis the tokens are whole on (Megatron-Core's all-gather dispatcher,
+  where tensor parallelism left every rank of the axis all tokens): each rank runs its experts
+  for every token routed to them, and its output is a partial sum that the plan reduces (the
+  tokens gathered and the outputs reduced by the plan's own moves, where they are cheapest).
 
 The math of an expert (SwiGLU: ``down @ (silu(gate) * up)``) lives here once, in
 ``expert_forward`` / ``expert_backward`` over rows grouped by expert; the reference op and
@@ -21,13 +25,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autopar.ir.placement import R, Shard
+from autopar.ir.placement import P, R, Shard
 from autopar.ir.strategy import Option
 from autopar.ops.kinds import LetterRule, Letters, OpCall, letter_options, operand_itemsize
 
 # what a rank runs under the expert-parallel option: a runtime kernel (Rule.kernel_axis)
 ALL_TO_ALL_FORWARD = "moe.experts_all_to_all"
 ALL_TO_ALL_BACKWARD = "moe.experts_all_to_all_backward"
+OF_RANK_FORWARD = "moe.experts_of_rank"  # the tokens whole on the axis: this rank's experts' share
+OF_RANK_BACKWARD = "moe.experts_of_rank_backward"
 MOE_FORWARD = "autopar.moe_experts.default"
 KERNEL_OPS = (MOE_FORWARD, "autopar.moe_experts_backward.default")
 _INDEX_BYTES = 8  # a top-k expert index (int64), as the kernels all-gather the routing
@@ -165,23 +171,28 @@ def _flops_per_pair(in_shapes) -> float:
 
 
 class ExpertsRule(LetterRule):
-    """The tokens split (T: experts replicated), or expert parallel over an axis: tokens,
-    routing and both expert weights ``Shard(0)`` there, run by the all-to-all kernel. The
-    hidden and intermediate dims stay whole (SwiGLU pairs gate row i with up row I + i, which
-    one Shard of the stacked gate_up cannot keep together)."""
+    """The tokens split (T: experts replicated), or expert parallel over an axis: both expert
+    weights ``Shard(0)`` there, with the tokens and routing ``Shard(0)`` too (the all-to-all
+    kernel) or whole (each rank's experts for every token; the token-sized outputs partial
+    sums). The hidden and intermediate dims stay whole (SwiGLU pairs gate row i with up row
+    I + i, which one Shard of the stacked gate_up cannot keep together)."""
 
-    def __init__(self, make, routing_operand: int, kernel: str, flop_factor: float):
+    def __init__(self, make, routing_operand: int, kernels: tuple[str, str], flop_factor: float):
         """``routing_operand``: where top_k_index is among the tensor inputs (the expert weights
-        are the last two); ``flop_factor``: the call's FLOPs per pair, in forwards."""
+        are the last two); ``kernels``: the all-to-all kernel and the one for tokens whole on
+        the axis; ``flop_factor``: the call's FLOPs per pair, in forwards."""
         super().__init__(make, flop_fn=lambda i, o: flop_factor * _pairs(i[routing_operand]) * _flops_per_pair(i))
-        self.routing_operand, self.kernel = routing_operand, kernel
+        self.routing_operand, (self.kernel, self.of_rank_kernel) = routing_operand, kernels
         self.row_widths = 1 if routing_operand == 1 else 2  # backward's rows carry a gradient beside
 
     def options(self, call: OpCall) -> list[Option]:
         lt = self.make(call)
-        expert_parallel = Option(tuple(Shard(0) if s is not None else R for s in lt.inputs),
-                                 tuple(Shard(0) for _ in lt.outputs))
-        return letter_options(lt) + [expert_parallel]
+        experts = len(lt.inputs) - 2  # the stacked weights, the last two inputs
+        expert_parallel = Option((Shard(0),) * len(lt.inputs), tuple(Shard(0) for _ in lt.outputs))
+        # token-sized outputs (the tokens' or routing weights' gradients) are this rank's experts' summands
+        every_token = Option((R,) * experts + (Shard(0), Shard(0)),
+                             tuple(Shard(0) if "E" in out else P for out in lt.outputs))
+        return letter_options(lt) + [expert_parallel, every_token]
 
     def inner_time(self, call, in_specs, local, cost) -> float:
         """Expert parallel: the routing's all-gather (every rank's top-k indices), then each
@@ -195,6 +206,12 @@ class ExpertsRule(LetterRule):
         tokens, k = local.inputs[self.routing_operand]
         x = self.routing_operand - 1
         itemsize = operand_itemsize(call, x)
+        if tokens_whole(in_specs, axis):
+            # ``flops`` at the local shapes counts every token's pairs; this rank computes those
+            # of its experts: 1/n of them, the busiest ``cost.moe_imbalance`` times that
+            every = self.flops(call, local.inputs, local.outputs)
+            share = every * cost.moe_imbalance / cost.mesh.shape[axis]
+            return cost.op_time(share, 0.0, itemsize) - cost.op_time(every, 0.0, itemsize)
         row_bytes = local.inputs[x][1] * self.row_widths * itemsize
         imbalance = cost.moe_imbalance
         routing = cost.collective_seconds("all_gather", tokens * k * _INDEX_BYTES * cost.mesh.shape[axis], axis)
@@ -206,12 +223,16 @@ class ExpertsRule(LetterRule):
         return expert_axis(in_specs)
 
     def kernel_collectives(self, in_specs) -> tuple[str, ...]:
-        return ("all_gather", "all_to_all") if expert_axis(in_specs) is not None else ()
+        axis = expert_axis(in_specs)
+        if axis is None or tokens_whole(in_specs, axis):
+            return ()
+        return "all_gather", "all_to_all"
 
     def local_call(self, call, local):
         if local.inputs[-1][0] == call.in_shapes[-1][0]:  # every expert here: the op itself, on this rank's tokens
             return super().local_call(call, local)
-        return self.kernel, list(call.args)
+        whole = tokens_whole(local.in_specs, expert_axis(local.in_specs))
+        return (self.of_rank_kernel if whole else self.kernel), list(call.args)
 
 
 def _forward_letters(call: OpCall) -> Letters:
@@ -231,6 +252,12 @@ def expert_axis(in_specs) -> int | None:
     return None
 
 
+def tokens_whole(in_specs, axis: int) -> bool:
+    """Whether a strategy of either op keeps every token on each rank of the experts' ``axis``
+    (its routing, the fourth input from the end, whole there) rather than routing them by all-to-all."""
+    return in_specs[-4].placements[axis] == R
+
+
 def splits_experts(plan) -> bool:
     """Whether a plan runs any MoE layer expert parallel."""
     return any(n.target in KERNEL_OPS and expert_axis(plan.strategies[n.name].in_specs) is not None
@@ -240,15 +267,18 @@ def splits_experts(plan) -> bool:
 def layout_text(in_specs, axis_names) -> str:
     """A strategy of either op in words: expert parallel, data parallel or replicated."""
     axis = expert_axis(in_specs)
+    routing = in_specs[-4]  # top_k_index, in either op: split as the tokens are
+    if axis is not None and tokens_whole(in_specs, axis):
+        return f"expert parallel over {axis_names[axis]} (every token there: each device's experts, outputs summed)"
     if axis is not None:
         return f"expert parallel over {axis_names[axis]} (tokens to their experts by all-to-all)"
-    routing = in_specs[-4]  # top_k_index, in either op: split as the tokens are
     split = [axis_names[a] for a, p in enumerate(routing.placements) if isinstance(p, Shard)]
     return f"experts replicated, tokens split over {', '.join(split)}" if split else "replicated"
 
 
 # the forward reads 6HI flops per (token, expert) pair; backward recomputes it and doubles it
 MOE_RULES: dict = {
-    torch.ops.autopar.moe_experts.default: ExpertsRule(_forward_letters, 1, ALL_TO_ALL_FORWARD, 1.0),
-    torch.ops.autopar.moe_experts_backward.default: ExpertsRule(_backward_letters, 2, ALL_TO_ALL_BACKWARD, 3.0),
+    torch.ops.autopar.moe_experts.default: ExpertsRule(_forward_letters, 1, (ALL_TO_ALL_FORWARD, OF_RANK_FORWARD), 1.0),
+    torch.ops.autopar.moe_experts_backward.default: ExpertsRule(_backward_letters, 2,
+                                                                (ALL_TO_ALL_BACKWARD, OF_RANK_BACKWARD), 3.0),
 }

@@ -149,7 +149,7 @@ def _run_strategy(op, rule: Rule, call: OpCall, tensors: list, expected: list, i
     coords_list = list(itertools.product(*(range(n) for n in mesh.shape)))
     local = LocalShapes(tuple(s.local_shape(t.shape, mesh) for s, t in zip(in_specs, tensors)),
                         tuple(None if not isinstance(o, torch.Tensor) else s.local_shape(o.shape, mesh)
-                              for s, o in zip(out_specs, expected)))
+                              for s, o in zip(out_specs, expected)), tuple(in_specs))
     local_op, local_args = rule.local_call(call, local)
     per_rank, rank_calls = {}, {}
     for coords in coords_list:

@@ -180,7 +180,7 @@ def compute_time(rule, call, in_specs, out_specs, in_metas, out_metas, mesh, cos
             nbytes += math.prod(shape) * m.itemsize
             if m.is_floating:
                 itemsize = m.itemsize
-    inner = rule.inner_time(call, in_specs, LocalShapes(tuple(in_local), tuple(out_local)), cost)
+    inner = rule.inner_time(call, in_specs, LocalShapes(tuple(in_local), tuple(out_local), tuple(in_specs)), cost)
     return cost.op_time(rule.flops(call, in_local, out_local), nbytes, itemsize) + inner
 
 

@@ -14,14 +14,20 @@ go to the expert, which recomputes its output and returns it with the row's grad
 experts' weight gradients stay where the experts are (they already sum over every rank's
 tokens). The expert math is autopar.ops.moe's, shared with the single-device op.
 
-Under compile=True each of the two kernels is a graph break: the program's statements around
+Where the tokens are whole on the experts' axis (tensor parallelism left every rank of it all
+tokens), no token moves: each rank runs its experts for the pairs routed to them, and returns
+its summand of the layer's output (``experts_of_rank``); backward likewise returns summands of
+the tokens' and routing weights' gradients, and its experts' weight gradients. The plan reduces
+the summands with its own moves.
+
+Under compile=True each of these kernels is a graph break: the program's statements around
 it compile, and the kernel runs as written on the rank's RankMesh.
 """
 from __future__ import annotations
 
 import torch
 
-from autopar.ops.moe import Routing, expert_backward, expert_forward
+from autopar.ops.moe import Routing, expert_backward, expert_forward, result_dtype
 from autopar.runtime.graph_breaks import between_graphs
 
 
@@ -89,3 +95,41 @@ def experts_all_to_all_backward(rt, axis: str, grad, x, top_k_index, top_k_weigh
     grad_x = torch.zeros_like(x).index_add_(0, routing.tokens, returned[:, width:])
     grad_weights = routing.unsort((token_grads * returned[:, :width]).sum(-1), top_k_weights)
     return grad_x, grad_weights, grad_gate_up, grad_down
+
+
+class _OwnPairs:
+    """The pairs of a call routed to this rank's experts (every token here), sorted by expert,
+    with each local expert's count; the other pairs sorted after them."""
+
+    def __init__(self, rt, axis: str, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, local_experts: int):
+        first = rt.coords[rt.mesh.axis_names.index(axis)] * local_experts
+        here = (top_k_index >= first) & (top_k_index < first + local_experts)
+        # another rank's expert counts as one past the last local one: sorted after every own pair
+        self.routing = Routing(torch.where(here, top_k_index - first, local_experts), top_k_weights)
+        counts = torch.bincount(self.routing.experts, minlength=local_experts + 1).tolist()
+        self.counts, self.n = counts[:local_experts], sum(counts[:local_experts])
+        self.tokens, self.weights = self.routing.tokens[:self.n], self.routing.weights[:self.n]
+
+
+@between_graphs
+def experts_of_rank(rt, axis: str, x, top_k_index, top_k_weights, gate_up, down):
+    """autopar::moe_experts with every token on this rank and its experts split over ``axis``:
+    this rank's summand of the output (its experts' weighted outputs)."""
+    own = _OwnPairs(rt, axis, top_k_index, top_k_weights, gate_up.shape[0])
+    outputs = expert_forward(x[own.tokens], own.counts, gate_up, down)
+    weighted = (outputs * own.weights[:, None]).to(result_dtype(x, top_k_weights))
+    return x.new_zeros(x.shape, dtype=weighted.dtype).index_add_(0, own.tokens, weighted)
+
+
+@between_graphs
+def experts_of_rank_backward(rt, axis: str, grad, x, top_k_index, top_k_weights, gate_up, down):
+    """autopar::moe_experts_backward with every token on this rank: (this rank's summands of
+    grad x and grad top_k_weights, grad gate_up, grad down of its experts)."""
+    own = _OwnPairs(rt, axis, top_k_index, top_k_weights, gate_up.shape[0])
+    rows_grad = grad[own.tokens]
+    outputs, grad_rows, grad_gate_up, grad_down = expert_backward(
+        x[own.tokens], (rows_grad * own.weights[:, None]).to(x.dtype), own.counts, gate_up, down)
+    grad_x = torch.zeros_like(x).index_add_(0, own.tokens, grad_rows.to(x.dtype))
+    per_pair = rows_grad.new_zeros(len(own.routing.tokens))
+    per_pair[:own.n] = (rows_grad * outputs).sum(-1)
+    return grad_x, own.routing.unsort(per_pair, top_k_weights), grad_gate_up, grad_down

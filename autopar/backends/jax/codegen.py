@@ -169,8 +169,8 @@ class _Printer:
         axis = kernel_axis(self.plan, node)
         if axis is not None:
             raise AutoparError(f"the JAX backend does not emit {target} yet ({self._origin(node)}, runs it under "
-                               f"this plan: its ranks communicate inside it over mesh axis {axis!r}, as expert "
-                               f"parallelism and context parallelism do); emit this plan for torch, or plan with "
+                               f"this plan: a runtime kernel of the ranks of mesh axis {axis!r}, as expert "
+                               f"parallelism and context parallelism run); emit this plan for torch, or plan with "
                                f"that layout forbidden (docs/moe.md and docs/context-parallel.md show the pass)")
         function = TABLE.get(target, USER_TRANSLATIONS.get(target))
         if function is None and has_decomposition(target):
