@@ -172,7 +172,9 @@ def test_structure_fuzz_loads_or_is_refused_never_crashes(planned):
                         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                                      max_size=4), max_leaves=12)
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    # derandomized: CI sees the same 300 files every run (27 random seeds passed when this was set)
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None,
+              derandomize=True)
     @given(st.sampled_from(sites), st.sampled_from(["drop", "replace"]), junk)
     def fuzz(path, how, value):
         d = copy.deepcopy(original)
@@ -226,6 +228,22 @@ def test_huge_numbers_and_unknown_fields_are_refused_by_name(planned):
     d = json.loads(text)
     d["graph"]["nodes"][-2]["args"] = [{"ref": "no_such_node"}]
     with pytest.raises(PlanFormatError, match="no_such_node"):
+        autopar.Plan.from_json(json.dumps(d))
+
+
+def test_a_graph_without_the_loss_it_returns_is_refused_by_name(planned):
+    """A training step's graph names its loss (found by the structure fuzz: a null loss loaded,
+    and emitting it raised a ValueError); the output tree's loss leaf and the loss agree."""
+    _, _, text, _ = planned
+    d = json.loads(text)
+    d["graph"]["loss"] = None
+    with pytest.raises(PlanFormatError, match=r"graph\.loss must name the loss of a training step's graph"):
+        autopar.Plan.from_json(json.dumps(d))
+    d["graph"]["kind"] = "forward"
+    with pytest.raises(PlanFormatError, match=r"graph\.loss is null and the graph returns no values"):
+        autopar.Plan.from_json(json.dumps(d))
+    d["graph"]["values"] = [d["graph"]["nodes"][-2]["name"]]
+    with pytest.raises(PlanFormatError, match=r"graph\.loss must name a node exactly where graph\.output_tree"):
         autopar.Plan.from_json(json.dumps(d))
 
 

@@ -270,7 +270,21 @@ def _check_references(d: dict) -> None:
     if nodes[-1]["op"] != "output":
         fail(f"graph.nodes[{len(nodes) - 1}].op", "must be 'output': the graph ends with its outputs")
     _check_named_nodes(d, names)
+    _check_returns(d["graph"])
     _check_redistributions(d, names)
+
+
+def _check_returns(graph: dict) -> None:
+    """The forward returns something, and its loss where the graph says it has one: a training
+    step's loss (it differentiates it), as the output tree's loss leaf says."""
+    loss = graph["loss"]
+    if graph.get("kind", "step") == "step" and loss is None:
+        fail("graph.loss", "must name the loss of a training step's graph (backward differentiates it)")
+    if loss is None and not graph.get("values") and not graph.get("mutated"):
+        fail("graph.loss", "is null and the graph returns no values and no buffers: its forward returns nothing")
+    tree = graph.get("output_tree")
+    if tree is not None and any("loss" in leaf for leaf in tree["leaves"]) != (loss is not None):
+        fail("graph.loss", "must name a node exactly where graph.output_tree has a loss leaf")
 
 
 def _check_layouts(d: dict, node: dict, inputs: list, path: str) -> None:
