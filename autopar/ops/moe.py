@@ -89,10 +89,25 @@ class Routing:
         self.weights = top_k_weights.reshape(-1)[self.order]
 
     def combine(self, outputs: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """Each token's weighted sum of its experts' ``outputs`` (one row per sorted pair), in
-        the tokens' and weights' common dtype (float32 under mixed precision, as eager's sum)."""
-        weighted = (outputs * self.weights[:, None]).to(result_dtype(like, self.weights))
-        return like.new_zeros(like.shape, dtype=weighted.dtype).index_add_(0, self.tokens, weighted)
+        """Each token's weighted sum of its experts' ``outputs`` (one row per sorted pair, for
+        the first ``len(outputs)`` pairs), in the tokens' and weights' common dtype (float32
+        under mixed precision, as eager's sum)."""
+        n = len(outputs)
+        weighted = (outputs * self.weights[:n, None]).to(result_dtype(like, self.weights))
+        return like.new_zeros(like.shape, dtype=weighted.dtype).index_add_(0, self.tokens[:n], weighted)
+
+    def backward(self, pairs: int, counts: list[int], grad, x, top_k_weights, gate_up, down):
+        """(grad x, grad top_k_weights, grad gate_up, grad down) of the first ``pairs`` sorted
+        pairs' share of the layer (``counts``: theirs per expert of ``gate_up``); the other
+        pairs' routing weights get no gradient from them."""
+        tokens, weights = self.tokens[:pairs], self.weights[:pairs]
+        rows_grad = grad[tokens]
+        y, grad_rows, grad_gate_up, grad_down = expert_backward(
+            x[tokens], (rows_grad * weights[:, None]).to(x.dtype), counts, gate_up, down)
+        grad_x = torch.zeros_like(x).index_add_(0, tokens, grad_rows.to(x.dtype))
+        per_pair = rows_grad.new_zeros(len(self.tokens))
+        per_pair[:pairs] = (rows_grad * y).sum(-1)
+        return grad_x, self.unsort(per_pair, top_k_weights), grad_gate_up, grad_down
 
     def unsort(self, per_pair: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """A value per sorted pair, back in the (T, k) layout of ``like``."""
@@ -111,12 +126,7 @@ def experts_reference(x, top_k_index, top_k_weights, gate_up, down):
 def experts_backward_reference(grad, x, top_k_index, top_k_weights, gate_up, down):
     routing = Routing(top_k_index, top_k_weights)
     counts = torch.bincount(routing.experts, minlength=gate_up.shape[0]).tolist()
-    rows_grad = grad[routing.tokens]
-    y, grad_rows, grad_gate_up, grad_down = expert_backward(
-        x[routing.tokens], (rows_grad * routing.weights[:, None]).to(x.dtype), counts, gate_up, down)
-    grad_x = torch.zeros_like(x).index_add_(0, routing.tokens, grad_rows.to(x.dtype))
-    grad_weights = routing.unsort((rows_grad * y).sum(-1), top_k_weights)
-    return grad_x, grad_weights, grad_gate_up, grad_down
+    return routing.backward(len(routing.tokens), counts, grad, x, top_k_weights, gate_up, down)
 
 
 @torch.library.custom_op("autopar::moe_experts", mutates_args=())

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from autopar.ops.moe import Routing, expert_backward, expert_forward, result_dtype
+from autopar.ops.moe import Routing, expert_backward, expert_forward
 from autopar.runtime.graph_breaks import between_graphs
 
 
@@ -108,7 +108,6 @@ class _OwnPairs:
         self.routing = Routing(torch.where(here, top_k_index - first, local_experts), top_k_weights)
         counts = torch.bincount(self.routing.experts, minlength=local_experts + 1).tolist()
         self.counts, self.n = counts[:local_experts], sum(counts[:local_experts])
-        self.tokens, self.weights = self.routing.tokens[:self.n], self.routing.weights[:self.n]
 
 
 @between_graphs
@@ -116,9 +115,7 @@ def experts_of_rank(rt, axis: str, x, top_k_index, top_k_weights, gate_up, down)
     """autopar::moe_experts with every token on this rank and its experts split over ``axis``:
     this rank's summand of the output (its experts' weighted outputs)."""
     own = _OwnPairs(rt, axis, top_k_index, top_k_weights, gate_up.shape[0])
-    outputs = expert_forward(x[own.tokens], own.counts, gate_up, down)
-    weighted = (outputs * own.weights[:, None]).to(result_dtype(x, top_k_weights))
-    return x.new_zeros(x.shape, dtype=weighted.dtype).index_add_(0, own.tokens, weighted)
+    return own.routing.combine(expert_forward(x[own.routing.tokens[:own.n]], own.counts, gate_up, down), x)
 
 
 @between_graphs
@@ -126,10 +123,4 @@ def experts_of_rank_backward(rt, axis: str, grad, x, top_k_index, top_k_weights,
     """autopar::moe_experts_backward with every token on this rank: (this rank's summands of
     grad x and grad top_k_weights, grad gate_up, grad down of its experts)."""
     own = _OwnPairs(rt, axis, top_k_index, top_k_weights, gate_up.shape[0])
-    rows_grad = grad[own.tokens]
-    outputs, grad_rows, grad_gate_up, grad_down = expert_backward(
-        x[own.tokens], (rows_grad * own.weights[:, None]).to(x.dtype), own.counts, gate_up, down)
-    grad_x = torch.zeros_like(x).index_add_(0, own.tokens, grad_rows.to(x.dtype))
-    per_pair = rows_grad.new_zeros(len(own.routing.tokens))
-    per_pair[:own.n] = (rows_grad * outputs).sum(-1)
-    return grad_x, own.routing.unsort(per_pair, top_k_weights), grad_gate_up, grad_down
+    return own.routing.backward(own.n, own.counts, grad, x, top_k_weights, gate_up, down)
