@@ -84,6 +84,11 @@ def _run(job, model, *args):
     return get_cluster(4).run(job, buffer.getvalue(), *args)
 
 
+def _kernel_call(tokens: str) -> str:
+    """How the emitted program calls the experts kernel of a dispatch."""
+    return f"moe.{'experts_of_rank' if tokens == 'whole' else 'experts_all_to_all'}(rt, "
+
+
 # the two dispatches: the tokens routed to their experts by all-to-all over ep; over tp, where
 # tensor parallelism leaves every rank all tokens (split over dp), each rank's experts' share
 _DISPATCH = {"ep=4": ExpertLayout("ep", tokens="routed"), "dp=2,tp=2": ExpertLayout("tp", tokens="whole")}
@@ -99,8 +104,8 @@ def test_expert_parallel_training_equals_eager(name, mesh):
     model, batch = _model(name)
     dispatch = _DISPATCH[mesh]
     plan = autopar.plan(model, batch, mesh=mesh, hardware=FAST, passes=[dispatch])
-    kernel = "experts_of_rank" if dispatch.tokens == "whole" else "experts_all_to_all"
-    assert expert_parallel_axes(plan) == {dispatch.axis} and f"moe.{kernel}(rt, " in plan.emit(), plan.summary()
+    assert expert_parallel_axes(plan) == {dispatch.axis}, plan.summary()
+    assert _kernel_call(dispatch.tokens) in plan.emit(), plan.summary()
     results = _run(state_workers.train_dtensor_state, model, batch, mesh, "adamw", True, [dispatch])
     want = state_workers.train_clipped(copy.deepcopy(model), batch, "adamw", True)
     for got in results:
@@ -116,26 +121,32 @@ def test_expert_parallelism_is_dropless_when_routing_crowds_one_expert():
     model, (ids, labels) = _model("mixtral")
     same = torch.full_like(ids, 7)
     plan = autopar.plan(model, (same, same), mesh="ep=4", hardware=FAST, passes=[ExpertLayout("ep", tokens="routed")])
-    assert expert_parallel_axes(plan) == {"ep"} and "moe.experts_all_to_all(rt, " in plan.emit()
+    assert expert_parallel_axes(plan) == {"ep"} and _kernel_call("routed") in plan.emit()
     report = autopar.check(model, (same, same), plan=plan, steps=2)
     assert report.ok, str(report)
 
 
 def test_experts_split_inside_pipeline_stages_train_as_eager():
-    """Two stages of two ranks each, each stage's experts split over its pair: what a stage sends
-    is made contiguous (a stage may end on a view, and torch's sends take none)."""
+    """Two stages of two ranks each, each stage's experts split over its pair, the tokens routed
+    by all-to-all: what a stage sends is made contiguous (a stage may end on a view, and torch's
+    sends take none)."""
     model, batch = _model("mixtral")
-    plan = autopar.plan(model, batch, mesh="pp=2,ep=2", hardware=FAST, microbatches=2)
-    assert expert_parallel_axes(plan) == {"ep"}, plan.summary()
+    plan = autopar.plan(model, batch, mesh="pp=2,ep=2", hardware=FAST, microbatches=2,
+                        passes=[ExpertLayout("ep", tokens="routed")])
+    assert expert_parallel_axes(plan) == {"ep"} and _kernel_call("routed") in plan.emit(), plan.summary()
     report = autopar.check(model, batch, plan=plan, steps=2)
     assert report.ok, str(report)
 
 
 @pytest.mark.slow  # a 4-rank pipeline of Mixtral under autocast
 def test_experts_split_inside_bf16_pipeline_stages_train_within_bf16_tolerance():
+    """Each stage's pair holds every token and runs its experts' share (the other dispatch than
+    the float32 pipeline's)."""
     model, batch = _model("mixtral")
-    plan = autopar.plan(model, batch, mesh="pp=2,ep=2", hardware=FAST, microbatches=2, precision="bf16-mixed")
-    assert expert_parallel_axes(plan) == {"ep"} and plan.graph.autocast == "bfloat16", plan.summary()
+    plan = autopar.plan(model, batch, mesh="pp=2,ep=2", hardware=FAST, microbatches=2, precision="bf16-mixed",
+                        passes=[ExpertLayout("ep", tokens="whole")])
+    assert expert_parallel_axes(plan) == {"ep"} and _kernel_call("whole") in plan.emit(), plan.summary()
+    assert plan.graph.autocast == "bfloat16"
     report = autopar.check(model, batch, plan=plan, steps=2)
     assert report.ok, str(report)
 
@@ -254,10 +265,12 @@ def test_baselines_keep_experts_whole_except_the_expert_parallel_ones():
 
 
 @pytest.mark.slow  # compiles the programs on 4 ranks
-def test_a_compiled_expert_parallel_program_equals_eager():
-    """The experts' all-to-all kernels are graph breaks: the statements around them compile."""
+@pytest.mark.parametrize("tokens", ["routed", "whole"])
+def test_a_compiled_expert_parallel_program_equals_eager(tokens):
+    """The experts' kernels (all-to-all, or each rank's share of every token) are graph breaks:
+    the statements around them compile."""
     model, batch = _model("mixtral")
-    plan = autopar.plan(model, batch, mesh="ep=4", hardware=FAST)
-    assert expert_parallel_axes(plan) == {"ep"}
+    plan = autopar.plan(model, batch, mesh="ep=4", hardware=FAST, passes=[ExpertLayout("ep", tokens=tokens)])
+    assert expert_parallel_axes(plan) == {"ep"} and _kernel_call(tokens) in plan.emit(), plan.summary()
     report = autopar.check(model, batch, plan=plan, compile=True, steps=2)
     assert report.ok, str(report)

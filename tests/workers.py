@@ -323,6 +323,7 @@ def functional_and_eager_collectives(rank, world_size):
     x = torch.arange(24.0).reshape(2, 4, 3) * (rank + 1)
     calls = {
         "all_reduce": lambda m: m.all_reduce(x, "dp"),
+        "all_gather dim 0": lambda m: m.all_gather(x, "dp", 0),
         "all_gather dim 1": lambda m: m.all_gather(x, "dp", 1),
         "reduce_scatter dim 1": lambda m: m.reduce_scatter(x, "dp", 1),
         "all_to_all 0->1": lambda m: m.all_to_all(x, "dp", src_dim=0, dst_dim=1),

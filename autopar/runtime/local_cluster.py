@@ -47,9 +47,12 @@ def _next_job(tasks):
 
 
 def _worker_main(rank: int, world_size: int, port: int, tasks, results, threads: int) -> None:
+    import faulthandler
+
     import torch
     import torch.distributed as dist
 
+    faulthandler.enable()  # a rank that crashes in native code (SIGSEGV) prints where, not just its exit code
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
