@@ -125,6 +125,18 @@ def test_a_worker_that_dies_is_reported_at_once():
     assert time.monotonic() - start < 60
 
 
+def test_a_worker_that_crashes_in_native_code_is_named_and_prints_where():
+    """A segmentation fault is named, and the workers print a native crash's Python stack (to
+    the stderr their fork server was started with): where a collective or a compiled kernel
+    corrupts memory, that stack is all there is to go on."""
+    from autopar.runtime.local_cluster import LocalCluster, WorkerError, get_cluster
+    from tests.workers import crash_in_native_code, prints_native_crashes
+
+    with pytest.raises(WorkerError, match=r"killed by SIGSEGV\).*printed where it crashed"):
+        LocalCluster(2).run(crash_in_native_code)
+    assert get_cluster(2).run(prints_native_crashes) == [True, True]
+
+
 def test_a_rank_that_raises_while_its_peers_wait_is_reported_without_waiting_them_out():
     """A pipeline stage that raises leaves the others blocked in a send for good: the parent
     reports the failure once the peers' grace has passed, not at the pool's timeout."""

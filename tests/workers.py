@@ -84,6 +84,19 @@ def die(rank, world_size):
     os._exit(3)
 
 
+def crash_in_native_code(rank, world_size):
+    """A job whose worker reads address 0 (SIGSEGV), from a function named to be found in the stack."""
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def prints_native_crashes(rank, world_size) -> bool:
+    import faulthandler
+
+    return faulthandler.is_enabled()
+
+
 def raise_on_rank_0_while_rank_1_waits(rank, world_size):
     import torch.distributed as dist
 

@@ -133,7 +133,8 @@ class LocalCluster:
                     how = ", ".join(f"rank {r}: {_exit_status(self.procs[r].exitcode)}" for r in dead)
                     raise WorkerError(f"local worker rank(s) {dead} exited before answering ({how}); if a script "
                                       "calls autopar at import time, put that code under `if __name__ == "
-                                      "'__main__':`; a rank killed by SIGKILL often ran out of memory")
+                                      "'__main__':`; a rank killed by SIGKILL often ran out of memory; one killed by "
+                                      "SIGSEGV or SIGABRT printed where it crashed (its Python stack) on stderr")
                 return None
 
     @property
