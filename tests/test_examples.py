@@ -1,4 +1,5 @@
 """The examples run as their docstrings say (under torchrun, on local CPU processes)."""
+import os
 import re
 import shutil
 import subprocess
@@ -12,9 +13,13 @@ pytestmark = pytest.mark.slow  # each example starts torchrun and its processes
 
 
 def _torchrun(script: str, *args: str, processes: int = 4) -> list[str]:
+    """The script's output lines. A rank that aborts (a pipeline's rank 0 was seen to, rarely,
+    under load: "terminate called without an active exception") prints its Python stack
+    (PYTHONFAULTHANDLER), and the failure shows how far the script's output got."""
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={processes}", script, *args], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+                           f"--nproc-per-node={processes}", script, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert done.returncode == 0, f"stdout: {done.stdout[-1500:]}\nstderr: {done.stderr[-6000:]}"
     return done.stdout.splitlines()
 
 
