@@ -4,6 +4,7 @@ equals the model on one device in training, also when routing crowds one expert;
 resumes it; the JAX backend runs the op and refuses expert parallelism by name."""
 import copy
 import io
+import re
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from autopar.baseline_plans import ExpertLayout
 from autopar.capture.export import capture
 from autopar.check import compare
 from autopar.errors import AutoparError
-from autopar.ops.moe import KERNEL_OPS, expert_axis
+from autopar.ops.moe import ALL_TO_ALL_FORWARD, KERNEL_OPS, OF_RANK_FORWARD, expert_axis
 from autopar.runtime.local_cluster import get_cluster
 from examples import hf_zoo
 from tests import moe_workers, state_workers
@@ -84,9 +85,12 @@ def _run(job, model, *args):
     return get_cluster(4).run(job, buffer.getvalue(), *args)
 
 
+_KERNEL = {"routed": ALL_TO_ALL_FORWARD, "whole": OF_RANK_FORWARD}  # the forward kernel of each dispatch
+
+
 def _kernel_call(tokens: str) -> str:
     """How the emitted program calls the experts kernel of a dispatch."""
-    return f"moe.{'experts_of_rank' if tokens == 'whole' else 'experts_all_to_all'}(rt, "
+    return f"{_KERNEL[tokens]}(rt, "
 
 
 # the two dispatches: the tokens routed to their experts by all-to-all over ep; over tp, where
@@ -190,8 +194,8 @@ def test_the_jax_backend_runs_the_experts_op_and_refuses_expert_parallelism():
     assert report.ok, str(report)
     for tokens in ("routed", "whole"):
         expert_parallel = autopar.plan(model, batch, mesh="ep=4", hardware=FAST, passes=[ExpertLayout("ep", tokens)])
-        kernel = "experts_all_to_all" if tokens == "routed" else "experts_of_rank"
-        with pytest.raises(AutoparError, match=rf"does not emit moe.{kernel} yet.*axis 'ep', as expert"):
+        refusal = rf"does not emit {re.escape(_KERNEL[tokens])} yet.*axis 'ep', as expert"
+        with pytest.raises(AutoparError, match=refusal):
             expert_parallel.emit("jax")
 
 

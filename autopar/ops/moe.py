@@ -197,10 +197,10 @@ class ExpertsRule(LetterRule):
 
     def options(self, call: OpCall) -> list[Option]:
         lt = self.make(call)
-        experts = len(lt.inputs) - 2  # the stacked weights, the last two inputs
+        token_inputs = len(lt.inputs) - 2  # the tokens, routing (and gradient): all but the stacked weights
         expert_parallel = Option((Shard(0),) * len(lt.inputs), tuple(Shard(0) for _ in lt.outputs))
         # token-sized outputs (the tokens' or routing weights' gradients) are this rank's experts' summands
-        every_token = Option((R,) * experts + (Shard(0), Shard(0)),
+        every_token = Option((R,) * token_inputs + (Shard(0), Shard(0)),
                              tuple(Shard(0) if "E" in out else P for out in lt.outputs))
         return letter_options(lt) + [expert_parallel, every_token]
 

@@ -60,7 +60,7 @@ class TracedCollectives:
         p = self._sizes[axis]
         copies = x.unsqueeze(0).expand(p, *x.shape).reshape(p, -1).contiguous()  # row i for rank i
         received = funcol.all_to_all_single(copies, None, None, self._groups[axis])
-        return torch.cat(received.reshape(p, *x.shape).unbind(0), dim=dim)
+        return _joined(received, (p, *x.shape), dim)
 
     def reduce_scatter(self, x: torch.Tensor, axis: str, dim: int, last_read: bool = False) -> torch.Tensor:
         return self._reduce_scatter(x, axis, dim, self._groups[axis])
@@ -72,7 +72,7 @@ class TracedCollectives:
         blocks = torch.stack(x.chunk(p, dst_dim))  # [p, *block]: block i for rank i
         received = funcol.all_to_all_single(blocks.reshape(p, -1).contiguous(), None, None,
                                             self._groups[axis])
-        return torch.cat(received.reshape(blocks.shape).unbind(0), dim=src_dim)
+        return _joined(received, blocks.shape, src_dim)
 
     def start_all_gather(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
         return self.all_gather(x, axis, dim)
@@ -108,6 +108,12 @@ class TracedCollectives:
     @torch.compiler.disable  # draws a global mask and keeps this rank's block: Python the graph breaks around
     def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
         return self.rank_mesh.native_dropout(x, p, train, global_shape, spec)
+
+
+def _joined(received: torch.Tensor, blocks_shape, dim: int) -> torch.Tensor:
+    """An all-to-all's ``received`` rows (rank i's block in row i) as ``blocks_shape``'s blocks
+    joined along ``dim`` in rank order."""
+    return torch.cat(received.reshape(blocks_shape).unbind(0), dim=dim)
 
 
 def _alias(name: str, group) -> str:
