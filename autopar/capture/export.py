@@ -34,7 +34,6 @@ from torch._functorch._aot_autograd.descriptors import (
     PlainAOTOutput,
     TangentAOTInput,
 )
-from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autopar.capture.canonicalize import canonicalize, capture_decompositions, drop_assertions
@@ -253,6 +252,10 @@ def _trace_joint(traced: _Traced, fake_inputs: tuple, fake_mode: FakeTensorMode,
     # dtypes it sees in eager autocast (``x.to(input_dtype)``), and the joint graph gets the casts
     autocast = contextlib.nullcontext() if traced.autocast_dtype is None else \
         torch.autocast("cpu", dtype=traced.autocast_dtype)
+    # imported here: it loads Dynamo and Inductor's modules (a second a process), which a rank
+    # that only runs programs never needs
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
     try:
         with autocast:
             exported = torch.export.export(traced, fake_inputs, strict=False)

@@ -18,20 +18,19 @@ from __future__ import annotations
 import types
 
 from torch import nn
-from torch.distributed.pipelining import schedules as torch_schedules
 
 from autopar.errors import AutoparError
 from autopar.ir.pipeline import Action, ActionKind
 
-# schedule name (torch's class name without "Schedule") -> (class, the stages per rank it can
-# hold). InterleavedZeroBubble on one stage per rank is ZB-H1 (Qi et al. 2023).
+# schedule name (torch's class name without "Schedule") -> the stages per rank it can hold.
+# InterleavedZeroBubble on one stage per rank is ZB-H1 (Qi et al. 2023).
 SCHEDULES = {
-    "GPipe": (torch_schedules.ScheduleGPipe, (1,)),
-    "1F1B": (torch_schedules.Schedule1F1B, (1,)),
-    "Interleaved1F1B": (torch_schedules.ScheduleInterleaved1F1B, (2, 4)),
-    "InterleavedZeroBubble": (torch_schedules.ScheduleInterleavedZeroBubble, (1, 2)),
-    "ZBVZeroBubble": (torch_schedules.ScheduleZBVZeroBubble, (2,)),
-    "DualPipeV": (torch_schedules.ScheduleDualPipeV, (2,)),
+    "GPipe": (1,),
+    "1F1B": (1,),
+    "Interleaved1F1B": (2, 4),
+    "InterleavedZeroBubble": (1, 2),
+    "ZBVZeroBubble": (2,),
+    "DualPipeV": (2,),
 }
 # schedules whose two stages per rank run in a V: rank r holds stages r and 2p-1-r
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -47,7 +46,7 @@ def check_schedule(name: str) -> None:
 def virtual_choices(name: str) -> tuple[int, ...]:
     """The numbers of stages per rank schedule ``name`` runs."""
     check_schedule(name)
-    return SCHEDULES[name][1]
+    return SCHEDULES[name]
 
 
 def stage_ranks(name: str, pp: int, virtual: int) -> tuple[int, ...]:
@@ -65,7 +64,11 @@ def action_lists(name: str, pp: int, microbatches: int, virtual: int = 1) -> dic
     ``virtual`` stages per rank. A combination the schedule refuses (too few micro-batches for
     its rounds) is an AutoparError that says why."""
     ranks = stage_ranks(name, pp, virtual)  # an unknown schedule or stage count fails here
-    cls, n = SCHEDULES[name][0], len(ranks)
+    # imported here: torch's pipelining package takes most of a second to load, which planning
+    # a model without a pipeline, or running a program, never needs
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    cls, n = getattr(torch_schedules, f"Schedule{name}"), len(ranks)
     if microbatches < 1:
         raise AutoparError(f"a pipeline needs at least one micro-batch, got microbatches={microbatches}")
     if name == "GPipe":

@@ -6,6 +6,7 @@ fx graph or torch's tracing machinery.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import operator
@@ -71,6 +72,11 @@ class GraphIR:
     def fingerprint(self) -> str:
         """Identifies the computation: same model structure, shapes and dtypes, same call and output
         structure -> same hash (autocast's casts are ops of the graph: the computation holds them)."""
+        return self._fingerprint
+
+    @functools.cached_property
+    def _fingerprint(self) -> str:
+        # once per graph (the graph is frozen): runtimes name their plan by it on every program they load
         body = [[n.op, n.target, n.args, n.kwargs, [_meta_json(m) for m in n.outputs]] for n in self.nodes]
         body += [self.kind, self.training, self.modes, list(self.frozen), self.params, self.buffers, self.grads,
                  list(self.values), self.mutated, self.input_structure,

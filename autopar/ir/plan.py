@@ -1,6 +1,7 @@
 """Plan: the solved layout as pure data. JSON round trip, summary, emission."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -93,9 +94,10 @@ class Plan:
     def fingerprint(self) -> str:
         return self.graph.fingerprint()
 
-    @property
+    @functools.cached_property
     def hash(self) -> str:
-        """Identifies the decisions: graph, mesh, hardware and every layout (not timings)."""
+        """Identifies the decisions: graph, mesh, hardware and every layout (not timings); computed
+        once per plan (a plan is frozen)."""
         body = {"graph": self.fingerprint, "mesh": self.mesh.to_json(), "hardware": self.hardware,
                 "strategies": {n: _strategy_json(s) for n, s in sorted(self.strategies.items())},
                 "recompute": sorted(self.recompute)}

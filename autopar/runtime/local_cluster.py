@@ -13,6 +13,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -20,6 +21,8 @@ from datetime import timedelta
 import torch.multiprocessing as mp
 
 from autopar.errors import AutoparError
+
+_PRELOADED_WHERE_USED = ("transformers",)
 
 
 class WorkerError(AutoparError):
@@ -74,8 +77,10 @@ class LocalCluster:
         """``peers_grace_s``: how long the other ranks may still answer once one rank has failed."""
         ctx = mp.get_context("forkserver")
         # the workers fork from one server process that imported autopar (and torch) once, not
-        # each importing them anew (seconds a process); like spawn, they start without the parent's threads
-        ctx.set_forkserver_preload(["autopar"])
+        # each importing them anew (seconds a process); like spawn, they start without the parent's
+        # threads. Hugging Face's library, where the parent uses it, too: each worker would import
+        # it again to unpickle a model of it (two to three seconds a worker)
+        ctx.set_forkserver_preload(["autopar"] + [m for m in _PRELOADED_WHERE_USED if m in sys.modules])
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.peers_grace_s = peers_grace_s

