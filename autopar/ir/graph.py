@@ -60,14 +60,11 @@ class GraphIR:
     tied: dict = field(default_factory=dict)
 
     def node(self, name: str) -> IRNode:
-        return self._by_name()[name]
+        return self._by_name[name]
 
+    @functools.cached_property
     def _by_name(self) -> dict:
-        cache = self.__dict__.get("_cache")
-        if cache is None:
-            cache = {n.name: n for n in self.nodes}
-            object.__setattr__(self, "_cache", cache)
-        return cache
+        return {n.name: n for n in self.nodes}
 
     def fingerprint(self) -> str:
         """Identifies the computation: same model structure, shapes and dtypes, same call and output
