@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from autopar.ir.offload import Chunk, Move, Offload, OptimizerChoice
 from autopar.lowering.memory import optimizer_bytes_per_element, simulate
 from autopar.lowering.offload import gradients_to_host
@@ -137,8 +139,8 @@ def _offloading(program: _Program, offloaded: list, chunk_bytes: int, budget: fl
     of = {p: c.index for c in chunks for p in c.params}
     placeholder = {p.name: p.placeholder for p in program.params}
     gone = frozenset(placeholder[p] for p in of)
-    needs = [frozenset(of[program.graph.params[ph]] for ph in read if program.graph.params[ph] in of)
-             for read in program.reads]
+    chunk_of = {ph: of[name] for ph, name in program.graph.params.items() if name in of}
+    needs = [frozenset(chunk_of[ph] for ph in read if ph in chunk_of) if read else read for read in program.reads]
     to_host = frozenset(gradients_to_host(program.statements, program.graph, set(of)))
     base = simulate(program.statements, program.graph, program.strategies, ctx.mesh, request.optimizer,
                     offloaded=gone, to_host=to_host).during
@@ -164,9 +166,10 @@ def _fewest_fetches_within(needs, base, chunk_bytes: int, budget: float, chunks:
     peak fits; None when even the fewest slots every statement needs do not."""
     least = max((len(n) for n in needs), default=0)
     room = math.floor((budget - min(base)) / chunk_bytes)
+    base = np.asarray(base, dtype=float)
     for slots in range(min(chunks, room), max(least, 1) - 1, -1):
         moves = furthest_in_future(needs, slots)
-        if max(b + n * chunk_bytes for b, n in zip(base, moves.resident)) <= budget:
+        if (base + np.asarray(moves.resident, dtype=float) * chunk_bytes).max() <= budget:
             return slots, moves
     return None
 

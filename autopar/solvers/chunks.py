@@ -57,14 +57,17 @@ def furthest_in_future(needs: list[frozenset], slots: int) -> Schedule:
 the last statement)."""
     if any(len(n) > slots for n in needs):
         raise ValueError(f"a statement needs {max(len(n) for n in needs)} chunks at once and only {slots} fit")
+    # only statements that need a chunk move anything: a step's program is mostly statements
+    # that read no parameter, and walking them all for every candidate slot count was the cost
+    needing = [(i, need) for i, need in enumerate(needs) if need]
     uses: dict[int, list[int]] = {}
-    for i, need in enumerate(needs):
+    for i, need in needing:
         for c in need:
             uses.setdefault(c, []).append(i)
     cursor = {c: 0 for c in uses}  # index into uses[c] of its next need
     resident: dict[int, int] = {}  # chunk -> the statement that needed it last
     moves, fetches = [], 0
-    for i, need in enumerate(needs):
+    for i, need in needing:
         for c in need:
             cursor[c] += 1
         for c in sorted(need - resident.keys()):
