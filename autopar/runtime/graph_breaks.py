@@ -15,3 +15,15 @@ def between_graphs(kernel):
     def eager(rt, *args, **kwargs):
         return kernel(getattr(rt, "rank_mesh", rt), *args, **kwargs)
     return torch.compiler.disable(eager, recursive=True)
+
+
+def methods_between_graphs(cls, *names: str) -> None:
+    """``cls``'s methods ``names`` as graph breaks under torch.compile (their statements run as
+    Python), made once per class when its first instance is built: at class definition,
+    torch.compiler.disable would load Dynamo on ``import autopar`` (half a second in every
+    process, most of which never compile)."""
+    if cls.__dict__.get("_methods_between_graphs"):
+        return
+    for name in names:
+        setattr(cls, name, torch.compiler.disable(cls.__dict__[name], recursive=True))
+    cls._methods_between_graphs = True

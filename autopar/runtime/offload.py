@@ -28,13 +28,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from autopar.errors import AutoparError
 from autopar.ir.offload import Offload
+from autopar.runtime.graph_breaks import methods_between_graphs
 from autopar.runtime.state import local
 
-
-def _between_graphs(move):
-    """A move the programs call: under compile=True, a graph break, so the statements between
-    the moves compile and the moves run as Python (their streams, events and byte counts)."""
-    return torch.compiler.disable(move, recursive=True)
+# the moves the programs call: under compile=True, graph breaks, so the statements between the
+# moves compile and the moves run as Python (their streams, events and byte counts)
+_MOVES = ("begin_step", "fetch", "evict", "_wait_for")
 
 
 class ChunkStore:
@@ -53,6 +52,7 @@ class ChunkStore:
         self.moved: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # the gradients to_host made
         self.stepped: dict[int, str] = {}  # id of a parameter stepped on the device -> its name
         self.device_steps = 0  # chunks stepped on the device so far
+        methods_between_graphs(ChunkStore, *_MOVES)
 
     def host_block(self, name: str, shape) -> torch.Tensor | None:
         """The host view that holds parameter ``name``'s block of ``shape`` (None: not offloaded)."""
@@ -75,13 +75,11 @@ class ChunkStore:
                                    f"plan's programs read it from there: load values in place (model.load_state_dict"
                                    f"(state_dict), torch.distributed.checkpoint) or copy_ into the parameter")
 
-    @_between_graphs
     def begin_step(self) -> None:
         """Forward starts with no chunk on the device: the optimizer has stepped the host copies."""
         for chunk in list(self.on_device):
             self.evict(chunk)
 
-    @_between_graphs
     def fetch(self, chunk: int) -> None:
         source = self.host[chunk]
         if chunk in self.on_device:
@@ -101,7 +99,6 @@ class ChunkStore:
         self.fetched_bytes += nbytes
         self.peak = max(self.peak, self.device_bytes)
 
-    @_between_graphs
     def evict(self, chunk: int) -> None:
         """Drop the device copy (the host's is current: parameters do not change during a step)."""
         copy = self.on_device.pop(chunk, None)
@@ -120,7 +117,6 @@ class ChunkStore:
             self._wait_for(chunk)
         return copy[offset:offset + numel].view(shape)
 
-    @_between_graphs
     def _wait_for(self, chunk: int) -> None:
         """The compute stream waits for chunk's copy to the device."""
         torch.cuda.current_stream(self.device).wait_event(self.ready.pop(chunk))

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch._C._distributed_c10d import _register_process_group, _resolve_process_group, _unregister_process_group
 
+from autopar.runtime.graph_breaks import methods_between_graphs
 from autopar.runtime.rank_mesh import RankMesh
 
 
@@ -37,6 +38,8 @@ class TracedCollectives:
         self._groups = {axis: _alias(f"{prefix}:{axis}", group) for axis, group in rank_mesh.groups.items()}
         self._sync_groups = {axis: _alias(f"{prefix}:{axis}:sync", group)
                              for axis, group in rank_mesh.sync_groups.items()}
+        # native_dropout draws a global mask and keeps this rank's block: Python the graph breaks around
+        methods_between_graphs(TracedCollectives, "native_dropout")
         # torch 2.13's functional all-gather corrupts gloo's heap when several are in flight, as a
         # compiled graph issues them ahead of their waits (eight ranks issuing six at a time
         # crashed in every run of 1,500 rounds; all_to_all_single, all_reduce and RankMesh's
@@ -105,7 +108,6 @@ class TracedCollectives:
     def zero_partial(self, x: torch.Tensor, axis: str) -> torch.Tensor:
         return torch.where(self._coords[axis] == 0, x, torch.zeros_like(x))
 
-    @torch.compiler.disable  # draws a global mask and keeps this rank's block: Python the graph breaks around
     def native_dropout(self, x: torch.Tensor, p: float, train, global_shape, spec: str):
         return self.rank_mesh.native_dropout(x, p, train, global_shape, spec)
 
