@@ -209,6 +209,27 @@ def test_the_same_problem_at_a_new_memory_limit_is_re_optimized_not_rebuilt():
     assert checked >= 5
 
 
+def test_a_re_optimized_lp_proves_only_true_bounds_at_a_raised_or_lowered_limit():
+    """The kept LP's memory row moves with the limit, and so does the bound its prices prove: read
+    against the old limit, a raised one gave bounds above the optimum and a false "optimal"."""
+    rng = random.Random(35)
+    checked = 0
+    for _ in range(60):
+        node_costs, edges = random_problem(rng)
+        memory = random_memory(rng, node_costs)
+        leanest, heaviest = sum(min(r) for r in memory.bytes), sum(max(r) for r in memory.bytes)
+        for share in (0.2, 0.6, 0.3):  # raised, then lowered
+            limit = MemoryLimit(memory.bytes, leanest + share * (heaviest - leanest))
+            best = brute_force_within(node_costs, edges, limit)
+            if math.isinf(best):
+                continue
+            result = solve(node_costs, edges, memory=limit)
+            assert result.bound <= best * (1 + 1e-9) + 1e-12, (result, best)
+            assert result.objective == pytest.approx(best, rel=1e-4, abs=1e-12)
+            checked += 1
+    assert checked >= 60
+
+
 def test_the_lp_relaxation_leaves_no_thread_behind():
     """HiGHS runs serially: a worker thread of its own would outlive the solve and can abort a
     process at exit (a torchrun rank that planned)."""

@@ -77,6 +77,13 @@ class LocalPolytope:
             builder.memory_row = len(builder.rows) - 1
         return builder.finish(cls)
 
+    def set_memory_limit(self, limit: float) -> None:
+        """The memory row's bound at a new ``limit``: ``dual_bound`` prices the row at its bound,
+        so a re-optimized LP read against the old one would prove a wrong bound (above the
+        optimum, where the limit was raised)."""
+        self.rows[self.memory_row].upper = limit / self.memory_unit
+        self.__dict__.pop("row_bounds", None)  # the cached arrays, rebuilt from the rows
+
     def proto(self, hint=None):
         """The integer program as an MPModelProto (minimised; ``hint``: one strategy per node)."""
         from ortools.linear_solver import linear_solver_pb2
@@ -221,8 +228,9 @@ class Relaxation:
             self.upper = upper.copy()
 
     def set_memory_limit(self, limit: float) -> None:
-        polytope = self.polytope
-        self.highs.changeRowBounds(polytope.memory_row, -self.highs.getInfinity(), limit / polytope.memory_unit)
+        row = self.polytope.memory_row
+        self.polytope.set_memory_limit(limit)
+        self.highs.changeRowBounds(row, -self.highs.getInfinity(), self.polytope.rows[row].upper)
 
     def solve(self, limits: SolveLimits) -> Solution:
         """The optimum under the current bounds, its row prices and the bound they prove (SCALE
