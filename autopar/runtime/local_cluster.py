@@ -79,8 +79,11 @@ class LocalCluster:
         # the workers fork from one server process that imported autopar (and torch) once, not
         # each importing them anew (seconds a process); like spawn, they start without the parent's
         # threads. Hugging Face's library, where the parent uses it, too: each worker would import
-        # it again to unpickle a model of it (two to three seconds a worker)
-        ctx.set_forkserver_preload(["autopar"] + [m for m in _PRELOADED_WHERE_USED if m in sys.modules])
+        # it again to unpickle a model of it (two to three seconds a worker). Dynamo too, which
+        # `import autopar` leaves out: workers that compile or offload would each load it mid-run
+        # (half a second a worker), as they did before it left autopar's import
+        ctx.set_forkserver_preload(["autopar", "torch._dynamo"] + [m for m in _PRELOADED_WHERE_USED
+                                                                   if m in sys.modules])
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.peers_grace_s = peers_grace_s
