@@ -109,3 +109,16 @@ def test_the_architecture_page_states_these_rules():
     assert {room: rows.pop(room) for room in ALLOWED_ONLY} == ALLOWED_ONLY
     assert rows.pop("every room") == PUBLIC_FACE
     assert rows == FORBIDDEN
+
+
+def test_importing_autopar_loads_no_dynamo():
+    """`import autopar` stays clear of Dynamo (half a second in every torchrun rank and CLI
+    process): graph breaks are made when a compiled program's objects are first built."""
+    import subprocess
+    import sys
+
+    probe = "import sys, autopar; print('torch._dynamo' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

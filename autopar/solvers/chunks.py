@@ -55,11 +55,12 @@ def furthest_in_future(needs: list[frozenset], slots: int) -> Schedule:
     last need, and the fetch in its freed slot at once, so the copy has the most compute to hide
     under. Every chunk is evicted after its last need (``at`` may then be ``len(needs)``: after
 the last statement)."""
-    if any(len(n) > slots for n in needs):
-        raise ValueError(f"a statement needs {max(len(n) for n in needs)} chunks at once and only {slots} fit")
     # only statements that need a chunk move anything: a step's program is mostly statements
     # that read no parameter, and walking them all for every candidate slot count was the cost
     needing = [(i, need) for i, need in enumerate(needs) if need]
+    most = max((len(need) for _, need in needing), default=0)
+    if most > slots:
+        raise ValueError(f"a statement needs {most} chunks at once and only {slots} fit")
     uses: dict[int, list[int]] = {}
     for i, need in needing:
         for c in need:
