@@ -324,7 +324,11 @@ def _refuse_another_graph(plan: Plan, fingerprint: str) -> None:
             f"these inputs with autopar.plan and use that plan")
 
 
-_RUNNERS: weakref.WeakKeyDictionary[nn.Module, _Runner] = weakref.WeakKeyDictionary()
+# where a model holds its runner: on the instance, not in a table keyed by it, since the runner
+# holds the model (its parallel module wraps it), so a WeakKeyDictionary's entry would keep the
+# model, its parameters and its process groups alive until the interpreter ends (and its gloo
+# threads into the interpreter's finalization: autopar.runtime.rank_mesh._SharedGroups.release)
+_RUNNER_ATTRIBUTE = "_autopar_runner"
 _RUNNER_FACTORIES: dict[type, Callable[[], _Runner]] = {}  # a decorated class -> how its instances get a runner
 
 
@@ -370,7 +374,7 @@ def autoparallelize(model=None, **options):
     if _runner_of(model, create=False) is not None:
         raise AutoparError(f"this {type(model).__name__} is autoparallelized already")
     model.__class__ = _routed(type(model))
-    _RUNNERS[model] = runner()
+    model.__dict__[_RUNNER_ATTRIBUTE] = runner()
     if o.example_inputs is not None or o.example_kwargs:
         prepare(model, *program_inputs(o.example_inputs if o.example_inputs is not None else ()),
                 **(o.example_kwargs or {}))
@@ -420,7 +424,7 @@ def _routed(cls: type) -> type:
         return _runner_of(self).no_sync()
 
     def __reduce_ex__(self, protocol):
-        return _plain_copy, (cls, dict(self.__dict__))
+        return _plain_copy, (cls, {k: v for k, v in self.__dict__.items() if k != _RUNNER_ATTRIBUTE})
 
     routed = type(cls.__name__, (cls,), {"__call__": __call__, "no_sync": no_sync, "__reduce_ex__": __reduce_ex__,
                                          "__module__": cls.__module__, "__qualname__": cls.__qualname__,
@@ -437,11 +441,11 @@ def _plain_copy(cls: type, state: dict) -> nn.Module:
 
 
 def _runner_of(model: nn.Module, create: bool = True) -> _Runner | None:
-    runner = _RUNNERS.get(model)
+    runner = model.__dict__.get(_RUNNER_ATTRIBUTE)
     if runner is None and create:
         factory = next((_RUNNER_FACTORIES[c] for c in type(model).__mro__ if c in _RUNNER_FACTORIES), None)
         if factory is not None:
-            runner = _RUNNERS[model] = factory()
+            runner = model.__dict__[_RUNNER_ATTRIBUTE] = factory()
     return runner
 
 

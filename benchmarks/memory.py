@@ -13,8 +13,8 @@ curve of large models under shrinking budgets.
    2022's s*b*h*(34 + 5*a*s/h) bytes; and the recompute solver's time on a
    12-layer model (--solve-layers).
 3. CPU (4 gloo processes, SGD): the GPT-2-style decoder planned under several
-   budgets, and with full recomputation; predicted peak against the peak torch's
-   MemTracker measures in each worker, and the error.
+   budgets, with full recomputation, and as the ZeRO-3 baseline; predicted peak
+   against the peak torch's MemTracker measures in each worker, and the error.
 
 The last line reads ``worst peak-memory error: X.X%`` (CPU part).
 """
@@ -123,13 +123,17 @@ def cpu_accuracy() -> float:
     print("\nGPT-2-style 'tiny' on 4 local processes (gloo), SGD: predicted vs measured peak per device")
     loose = autopar.plan(model, inputs, mesh="dp=4", hardware=FAST, optimizer="sgd", cache=False)
     worst = 0.0
-    for share in (None, 0.9, 0.8, 0.75, 0.7, "full"):
-        budget = None if share in (None, "full") else share * loose.predicted.peak_memory_bytes
-        label = {None: "no budget", "full": "full recompute"}.get(share) or f"{share:.0%} budget"
+    for share in (None, 0.9, 0.8, 0.75, 0.7, "full", "zero3"):
+        budget = None if share in (None, "full", "zero3") else share * loose.predicted.peak_memory_bytes
+        label = {None: "no budget", "full": "full recompute", "zero3": "ZeRO-3"}.get(share) or f"{share:.0%} budget"
         try:
-            plan = loose if share is None else autopar.plan(
-                model, inputs, mesh="dp=4", hardware=FAST, optimizer="sgd", memory_budget=budget,
-                recompute="full" if share == "full" else "auto", cache=False)
+            if share == "zero3":
+                plan = autopar.baselines(model, inputs, devices=4, hardware=FAST, tp_degrees=[],
+                                         optimizer="sgd")["zero3"]
+            else:
+                plan = loose if share is None else autopar.plan(
+                    model, inputs, mesh="dp=4", hardware=FAST, optimizer="sgd", memory_budget=budget,
+                    recompute="full" if share == "full" else "auto", cache=False)
         except AutoparError as exc:
             print(f"  {label}: {exc}")
             continue

@@ -501,6 +501,38 @@ def test_rank_meshes_of_one_mesh_share_their_process_groups():
         assert got == {"same": True, "threads unchanged": True, "distinct": True, "summed": 3.0}
 
 
+def test_a_dropped_autoparallelized_model_is_collected():
+    assert get_cluster(2).run(workers.an_autoparallelized_model_once_dropped) == [True, True]
+
+
+def test_a_process_destroys_its_meshes_process_groups_before_the_interpreter_finalizes():
+    """Process groups destroyed during finalization join gloo threads that may still be freeing
+    a finished collective's tensor: they take the GIL there, and the process aborts after all its
+    output ("terminate called without an active exception"). At exit, the groups autopar made
+    are destroyed while the interpreter runs: the last exit handler sees no gloo thread left."""
+    import subprocess
+    import sys
+
+    probe = """
+import atexit, os, collections
+def threads():
+    return collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+atexit.register(lambda: print("at exit", dict(threads())))  # registered first: runs last
+import torch.distributed as dist
+import autopar
+from autopar.runtime.rank_mesh import RankMesh
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+RankMesh(autopar.Mesh.of(dp=1)).all_reduce(__import__("torch").ones(2), "dp")
+print("running", dict(threads()))
+dist.destroy_process_group()
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    running, at_exit = (eval(line.split(" ", 1)[1].replace("exit ", "")) for line in done.stdout.splitlines())
+    assert running.get("pt_gloo_runloop", 0) >= 2  # the world's group and the mesh's, two threads each
+    assert "pt_gloo_runloop" not in at_exit, at_exit
+
+
 def test_an_all_reduce_at_its_inputs_last_read_reuses_its_memory_only_where_nothing_else_reads_it():
     for rank, got in enumerate(get_cluster(2).run(workers.all_reduces_at_their_inputs_last_read)):
         assert got["in place"] and got["reduced"] == [3.0] * 4

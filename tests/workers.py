@@ -284,6 +284,20 @@ def process_groups_of_rank_meshes(rank, world_size):
     return {"same": same, "threads unchanged": unchanged, "distinct": distinct, "summed": summed}
 
 
+def an_autoparallelized_model_once_dropped(rank, world_size):
+    """Whether an autoparallelized model that has trained a step, and that nothing holds any
+    more, is collected (its runner holds it: a table keyed by the model kept both alive)."""
+    import gc
+    import weakref
+
+    model = autopar.autoparallelize(DecoratedMLP.__mro__[1](), mesh={"dp": 2}, hardware=FAST)
+    model(torch.randn(4, 32), torch.randn(4, 32)).backward()
+    dropped = weakref.ref(model)
+    del model
+    gc.collect()
+    return dropped() is None
+
+
 def step_counting_gradient_buckets(rank, world_size, model_bytes, batch, plan_json, bucket_bytes):
     """One training step of the plan with gradient syncs bucketed at ``bucket_bytes``: the loss,
     the gradients (whole) and how many buckets went out."""

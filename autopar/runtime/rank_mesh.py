@@ -16,7 +16,9 @@ parameter gather the program starts a layer ahead of its use (ZeRO-3 prefetch).
 """
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import os
 import traceback
 from collections import Counter
@@ -181,11 +183,16 @@ class RankMesh:
             offset += x.numel()
 
     def _bucket_buffer(self, bucket: _Bucket) -> torch.Tensor:
-        """A flat buffer for ``bucket``, reused from an earlier step where no tensor shares its
-        memory any more (no gradient handed out from it is alive, in ``.grad`` say), as DDP keeps
-        its buckets: allocating tens of MB anew costs its page faults on every step, four times
-        the copy into it on a CPU."""
+        """A flat buffer for ``bucket``. On gloo (CPU processes) one is kept for the next step and
+        reused where no tensor shares its memory any more (no gradient handed out from it is
+        alive, in ``.grad`` say), as DDP keeps its buckets: allocating tens of MB anew costs its
+        page faults on every step, four times the copy into it (autopar.lowering.memory does not
+        count them yet: a step after the first holds their bytes through forward). On an
+        accelerator the caching allocator hands freed memory out again at no such cost, and a
+        kept buffer would hold the gradients' bytes through the next forward."""
         numel, dtype = sum(x.numel() for x in bucket.tensors), bucket.tensors[0].dtype
+        if not self._gloo:
+            return torch.empty(numel, dtype=dtype, device=self.device)
         buffers = self._bucket_buffers.setdefault((numel, dtype), [])
         free = next((b for b in buffers if _tensors_sharing_memory(b) == 1), None)
         if free is None:
@@ -315,17 +322,33 @@ class _SharedGroups:
     def __init__(self):
         self.world = None  # the default process group the groups below belong to
         self.meshes: dict = {}
+        self.release_registered = False
 
     def of(self, device_type: str, whole: Mesh) -> tuple:
         if self.world is not dist.group.WORLD:  # a new process group: the old one's groups are gone with it
             self.meshes.clear()
             self.world = dist.group.WORLD
+        if not self.release_registered:
+            atexit.register(self.release)
+            self.release_registered = True
         if (device_type, whole) not in self.meshes:
             from torch.distributed.device_mesh import init_device_mesh
 
             self.meshes[device_type, whole] = (init_device_mesh(device_type, whole.shape,
                                                                 mesh_dim_names=whole.axis_names), {})
         return self.meshes[device_type, whole]
+
+    def release(self) -> None:
+        """At exit, while the interpreter still runs: drop the groups, and collect the modules
+        that are garbage by now, so that every group no live object holds is destroyed here, its
+        gloo threads joined. Destroyed during the interpreter's finalization instead, a gloo
+        thread still freeing a finished collective's tensor would take the GIL there and abort
+        the process ("terminate called without an active exception", after all its output;
+        pytorch PR 179291 describes it); destroy_process_group does not join a group's threads
+        while anything holds the group."""
+        self.meshes.clear()
+        self.world = None
+        gc.collect()
 
 
 _SHARED = _SharedGroups()
