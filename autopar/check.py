@@ -188,14 +188,19 @@ def check(model: nn.Module, example_inputs=(), **options) -> CheckReport:
 
     if plan.pipeline is not None:  # a pipelined step returns the outputs its last stage computes (the others None)
         reference_values = {path: v for path, v in reference_values.items() if path in results[0]["values"]}
+    return CheckReport(plan, _compared(results, reference_losses, reference_grads, reference_values, tolerance,
+                                       rounding),
+                       results[0]["losses"], reference_losses, _bytes_moved(results),
+                       tuple(r["peak_memory"] for r in results) if measure_memory else ())
+
+
+def _bytes_moved(results: list) -> dict:
+    """Every rank's bytes moved, by collective kind, summed."""
     moved = {}
     for r in results:
         for kind, n in r["bytes_moved"].items():
             moved[kind] = moved.get(kind, 0) + n
-    return CheckReport(plan, _compared(results, reference_losses, reference_grads, reference_values, tolerance,
-                                       rounding),
-                       results[0]["losses"], reference_losses, moved,
-                       tuple(r["peak_memory"] for r in results) if measure_memory else ())
+    return moved
 
 
 check.__signature__ = signature(CHECK, [

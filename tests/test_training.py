@@ -510,27 +510,29 @@ def test_a_process_destroys_its_meshes_process_groups_before_the_interpreter_fin
     a finished collective's tensor: they take the GIL there, and the process aborts after all its
     output ("terminate called without an active exception"). At exit, the groups autopar made
     are destroyed while the interpreter runs: the last exit handler sees no gloo thread left."""
+    import json
     import subprocess
     import sys
 
     probe = """
-import atexit, os, collections
-def threads():
-    return collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
-atexit.register(lambda: print("at exit", dict(threads())))  # registered first: runs last
-import torch.distributed as dist
+import atexit, json, os
+def gloo_threads():
+    names = (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    return sum(name == "pt_gloo_runloop" for name in names)
+atexit.register(lambda: print(json.dumps({"at exit": gloo_threads()})))  # registered first: runs last
+import torch, torch.distributed as dist
 import autopar
 from autopar.runtime.rank_mesh import RankMesh
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
-RankMesh(autopar.Mesh.of(dp=1)).all_reduce(__import__("torch").ones(2), "dp")
-print("running", dict(threads()))
+RankMesh(autopar.Mesh.of(dp=1)).all_reduce(torch.ones(2), "dp")
+print(json.dumps({"running": gloo_threads()}))
 dist.destroy_process_group()
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    running, at_exit = (eval(line.split(" ", 1)[1].replace("exit ", "")) for line in done.stdout.splitlines())
-    assert running.get("pt_gloo_runloop", 0) >= 2  # the world's group and the mesh's, two threads each
-    assert "pt_gloo_runloop" not in at_exit, at_exit
+    counts = {k: v for line in done.stdout.splitlines() for k, v in json.loads(line).items()}
+    assert counts["running"] >= 2  # the world's group and the mesh's, two threads each
+    assert counts["at exit"] == 0, counts
 
 
 def test_an_all_reduce_at_its_inputs_last_read_reuses_its_memory_only_where_nothing_else_reads_it():

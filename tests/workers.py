@@ -290,8 +290,12 @@ def an_autoparallelized_model_once_dropped(rank, world_size):
     import gc
     import weakref
 
-    model = autopar.autoparallelize(DecoratedMLP.__mro__[1](), mesh={"dp": 2}, hardware=FAST)
-    model(torch.randn(4, 32), torch.randn(4, 32)).backward()
+    from examples import mlp
+
+    plain, inputs = mlp.make(batch=4, width=32, hidden=64)
+    model = autopar.autoparallelize(plain, mesh={"dp": 2}, hardware=FAST)
+    del plain
+    model(*inputs).backward()
     dropped = weakref.ref(model)
     del model
     gc.collect()
