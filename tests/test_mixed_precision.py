@@ -103,6 +103,18 @@ def test_a_mixed_precision_comparison_allows_eagers_own_rounding_and_no_more():
     assert not compare("grad w", torch.ones(3) * 1.03, torch.ones(3), tolerance, rounding=4e-3).ok  # bf16's 2^-8
 
 
+def test_an_overflow_in_eager_mixed_precision_widens_no_comparison():
+    """Eager's fp16 gradients overflowing to inf is no rounding allowance: autopar's finite but
+    wrong gradient still fails against it."""
+    from autopar.check import _eagers_rounding
+
+    model, batch = mlp.make(batch=4, width=8, hidden=16)
+    overflowed = {n: torch.full_like(p, math.inf) for n, p in model.named_parameters()}
+    rounding = _eagers_rounding(model, batch, {}, 1, 0.1, None, ([1.0], overflowed, {}))
+    assert rounding and all(math.isfinite(r) for r in rounding.values())
+    assert not any(name.startswith("grad") for name in rounding)
+
+
 def test_bf16_mixed_check_equals_eager_autocast_over_three_steps():
     """autopar.check runs eager under torch.autocast and compares loss, every gradient and the
     logits at the bf16 tolerance; a plan that drops its forward all-reduces fails it."""
